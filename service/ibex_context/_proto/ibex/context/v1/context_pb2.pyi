@@ -1,0 +1,348 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DegradationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEGRADATION_LEVEL_UNSPECIFIED: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_FULL: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_HOT_ONLY: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_DIRECTIVE_ONLY: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_PASS_THROUGH: _ClassVar[DegradationLevel]
+
+class MemorySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_SOURCE_UNSPECIFIED: _ClassVar[MemorySource]
+    MEMORY_SOURCE_HOT: _ClassVar[MemorySource]
+    MEMORY_SOURCE_COLD: _ClassVar[MemorySource]
+    MEMORY_SOURCE_HOT_AND_COLD: _ClassVar[MemorySource]
+
+class SourceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SOURCE_STATUS_UNSPECIFIED: _ClassVar[SourceStatus]
+    SOURCE_STATUS_OK: _ClassVar[SourceStatus]
+    SOURCE_STATUS_TIMEOUT: _ClassVar[SourceStatus]
+    SOURCE_STATUS_ERROR: _ClassVar[SourceStatus]
+    SOURCE_STATUS_SKIPPED: _ClassVar[SourceStatus]
+
+class UpsertOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPSERT_OUTCOME_UNSPECIFIED: _ClassVar[UpsertOutcome]
+    UPSERT_OUTCOME_CREATED: _ClassVar[UpsertOutcome]
+    UPSERT_OUTCOME_UPDATED: _ClassVar[UpsertOutcome]
+    UPSERT_OUTCOME_UNCHANGED: _ClassVar[UpsertOutcome]
+
+class Feedback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEEDBACK_UNSPECIFIED: _ClassVar[Feedback]
+    FEEDBACK_POSITIVE: _ClassVar[Feedback]
+    FEEDBACK_NEGATIVE: _ClassVar[Feedback]
+    FEEDBACK_NEUTRAL: _ClassVar[Feedback]
+DEGRADATION_LEVEL_UNSPECIFIED: DegradationLevel
+DEGRADATION_LEVEL_FULL: DegradationLevel
+DEGRADATION_LEVEL_HOT_ONLY: DegradationLevel
+DEGRADATION_LEVEL_DIRECTIVE_ONLY: DegradationLevel
+DEGRADATION_LEVEL_PASS_THROUGH: DegradationLevel
+MEMORY_SOURCE_UNSPECIFIED: MemorySource
+MEMORY_SOURCE_HOT: MemorySource
+MEMORY_SOURCE_COLD: MemorySource
+MEMORY_SOURCE_HOT_AND_COLD: MemorySource
+SOURCE_STATUS_UNSPECIFIED: SourceStatus
+SOURCE_STATUS_OK: SourceStatus
+SOURCE_STATUS_TIMEOUT: SourceStatus
+SOURCE_STATUS_ERROR: SourceStatus
+SOURCE_STATUS_SKIPPED: SourceStatus
+UPSERT_OUTCOME_UNSPECIFIED: UpsertOutcome
+UPSERT_OUTCOME_CREATED: UpsertOutcome
+UPSERT_OUTCOME_UPDATED: UpsertOutcome
+UPSERT_OUTCOME_UNCHANGED: UpsertOutcome
+FEEDBACK_UNSPECIFIED: Feedback
+FEEDBACK_POSITIVE: Feedback
+FEEDBACK_NEGATIVE: Feedback
+FEEDBACK_NEUTRAL: Feedback
+
+class AssembleContextRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "session_id", "model", "request_id", "messages")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    session_id: str
+    model: str
+    request_id: str
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class AssembleContextResponse(_message.Message):
+    __slots__ = ("messages", "metadata")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    metadata: InjectionMetadata
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., metadata: _Optional[_Union[InjectionMetadata, _Mapping]] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class InjectionMetadata(_message.Message):
+    __slots__ = ("directive_injected", "memories_injected", "memories_available", "total_tokens_injected", "context_window_used", "was_truncated", "fallback_reason", "memory_ids", "degradation_level", "timings", "memories", "tokens", "sources", "degradation_reasons", "profile", "request_id")
+    DIRECTIVE_INJECTED_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_INJECTED_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_INJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_USED_FIELD_NUMBER: _ClassVar[int]
+    WAS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATION_REASONS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    directive_injected: bool
+    memories_injected: int
+    memories_available: int
+    total_tokens_injected: int
+    context_window_used: int
+    was_truncated: bool
+    fallback_reason: str
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    degradation_level: DegradationLevel
+    timings: StageTimings
+    memories: _containers.RepeatedCompositeFieldContainer[InjectedMemory]
+    tokens: TokenAccounting
+    sources: _containers.RepeatedCompositeFieldContainer[SourceOutcome]
+    degradation_reasons: _containers.RepeatedScalarFieldContainer[str]
+    profile: str
+    request_id: str
+    def __init__(self, directive_injected: _Optional[bool] = ..., memories_injected: _Optional[int] = ..., memories_available: _Optional[int] = ..., total_tokens_injected: _Optional[int] = ..., context_window_used: _Optional[int] = ..., was_truncated: _Optional[bool] = ..., fallback_reason: _Optional[str] = ..., memory_ids: _Optional[_Iterable[str]] = ..., degradation_level: _Optional[_Union[DegradationLevel, str]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., memories: _Optional[_Iterable[_Union[InjectedMemory, _Mapping]]] = ..., tokens: _Optional[_Union[TokenAccounting, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceOutcome, _Mapping]]] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class StageTimings(_message.Message):
+    __slots__ = ("budget_us", "directive_us", "hot_us", "embed_us", "cold_us", "score_us", "pack_us", "format_us", "total_us", "retrieval_us")
+    BUDGET_US_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_US_FIELD_NUMBER: _ClassVar[int]
+    HOT_US_FIELD_NUMBER: _ClassVar[int]
+    EMBED_US_FIELD_NUMBER: _ClassVar[int]
+    COLD_US_FIELD_NUMBER: _ClassVar[int]
+    SCORE_US_FIELD_NUMBER: _ClassVar[int]
+    PACK_US_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_US_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_US_FIELD_NUMBER: _ClassVar[int]
+    budget_us: int
+    directive_us: int
+    hot_us: int
+    embed_us: int
+    cold_us: int
+    score_us: int
+    pack_us: int
+    format_us: int
+    total_us: int
+    retrieval_us: int
+    def __init__(self, budget_us: _Optional[int] = ..., directive_us: _Optional[int] = ..., hot_us: _Optional[int] = ..., embed_us: _Optional[int] = ..., cold_us: _Optional[int] = ..., score_us: _Optional[int] = ..., pack_us: _Optional[int] = ..., format_us: _Optional[int] = ..., total_us: _Optional[int] = ..., retrieval_us: _Optional[int] = ...) -> None: ...
+
+class InjectedMemory(_message.Message):
+    __slots__ = ("id", "category", "tokens", "score", "relevance", "recency", "usefulness", "confidence", "frequency", "source")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    RECENCY_FIELD_NUMBER: _ClassVar[int]
+    USEFULNESS_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    category: str
+    tokens: int
+    score: float
+    relevance: float
+    recency: float
+    usefulness: float
+    confidence: float
+    frequency: float
+    source: MemorySource
+    def __init__(self, id: _Optional[str] = ..., category: _Optional[str] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., usefulness: _Optional[float] = ..., confidence: _Optional[float] = ..., frequency: _Optional[float] = ..., source: _Optional[_Union[MemorySource, str]] = ...) -> None: ...
+
+class TokenAccounting(_message.Message):
+    __slots__ = ("encoding", "exact", "context_window", "messages_tokens", "directive_tokens", "response_reserve", "safety_buffer", "memory_budget", "memory_tokens_used", "constrained", "approximation_reason")
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_RESERVE_FIELD_NUMBER: _ClassVar[int]
+    SAFETY_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
+    APPROXIMATION_REASON_FIELD_NUMBER: _ClassVar[int]
+    encoding: str
+    exact: bool
+    context_window: int
+    messages_tokens: int
+    directive_tokens: int
+    response_reserve: int
+    safety_buffer: int
+    memory_budget: int
+    memory_tokens_used: int
+    constrained: bool
+    approximation_reason: str
+    def __init__(self, encoding: _Optional[str] = ..., exact: _Optional[bool] = ..., context_window: _Optional[int] = ..., messages_tokens: _Optional[int] = ..., directive_tokens: _Optional[int] = ..., response_reserve: _Optional[int] = ..., safety_buffer: _Optional[int] = ..., memory_budget: _Optional[int] = ..., memory_tokens_used: _Optional[int] = ..., constrained: _Optional[bool] = ..., approximation_reason: _Optional[str] = ...) -> None: ...
+
+class SourceOutcome(_message.Message):
+    __slots__ = ("source", "status", "duration_us", "count", "detail")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_US_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    status: SourceStatus
+    duration_us: int
+    count: int
+    detail: str
+    def __init__(self, source: _Optional[str] = ..., status: _Optional[_Union[SourceStatus, str]] = ..., duration_us: _Optional[int] = ..., count: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class MemoryInput(_message.Message):
+    __slots__ = ("id", "content", "category", "confidence", "usefulness", "metadata", "embedding")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    USEFULNESS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    content: str
+    category: str
+    confidence: float
+    usefulness: float
+    metadata: _struct_pb2.Struct
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., usefulness: _Optional[float] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class UpsertMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "memories")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    memories: _containers.RepeatedCompositeFieldContainer[MemoryInput]
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., memories: _Optional[_Iterable[_Union[MemoryInput, _Mapping]]] = ...) -> None: ...
+
+class UpsertResult(_message.Message):
+    __slots__ = ("id", "outcome")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    outcome: UpsertOutcome
+    def __init__(self, id: _Optional[str] = ..., outcome: _Optional[_Union[UpsertOutcome, str]] = ...) -> None: ...
+
+class UpsertMemoriesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[UpsertResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[UpsertResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "ids")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteMemoriesResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class SetDirectiveRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "content")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    content: str
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class SetDirectiveResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class ClearDirectiveRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class ClearDirectiveResponse(_message.Message):
+    __slots__ = ("cleared",)
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    cleared: bool
+    def __init__(self, cleared: _Optional[bool] = ...) -> None: ...
+
+class MemoryFeedback(_message.Message):
+    __slots__ = ("memory_id", "feedback")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    feedback: Feedback
+    def __init__(self, memory_id: _Optional[str] = ..., feedback: _Optional[_Union[Feedback, str]] = ...) -> None: ...
+
+class RecordFeedbackRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "session_id", "feedback")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    session_id: str
+    feedback: _containers.RepeatedCompositeFieldContainer[MemoryFeedback]
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., feedback: _Optional[_Iterable[_Union[MemoryFeedback, _Mapping]]] = ...) -> None: ...
+
+class MemoryScoreUpdate(_message.Message):
+    __slots__ = ("memory_id", "previous_usefulness", "new_usefulness")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_USEFULNESS_FIELD_NUMBER: _ClassVar[int]
+    NEW_USEFULNESS_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    previous_usefulness: float
+    new_usefulness: float
+    def __init__(self, memory_id: _Optional[str] = ..., previous_usefulness: _Optional[float] = ..., new_usefulness: _Optional[float] = ...) -> None: ...
+
+class RecordFeedbackResponse(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[MemoryScoreUpdate]
+    def __init__(self, updates: _Optional[_Iterable[_Union[MemoryScoreUpdate, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,30 @@
+"""One small interface for every embedder.
+
+Implementations: ``embedding.hashing`` (deterministic, lexical, for tests and load
+tests), ``embedding.minilm`` (all-MiniLM-L6-v2 run offline with numpy, off the
+event loop) and ``embedding.openai`` (an OpenAI-compatible ``/v1/embeddings``
+endpoint). ``embedding.cache`` wraps any of them with an LRU for queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ibex_context.models import FloatVector
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors of ``dim`` dimensions."""
+
+    @property
+    def name(self) -> str:
+        """Identifies the model; part of the query-cache key."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,45 @@
+"""Exceptions of ibex-context.
+
+IbexError
+├── InvalidRequest            bad input; becomes gRPC INVALID_ARGUMENT naming the field
+│   └── RequestTooLarge       becomes RESOURCE_EXHAUSTED
+├── ConfigurationError        bad settings or profiles, found at start-up or reload
+├── StoreError                Redis or PostgreSQL failed
+│   └── StoreUnavailable      the store cannot be reached at all
+└── EmbeddingError            the embedder failed
+"""
+
+from __future__ import annotations
+
+
+class IbexError(Exception):
+    """Base of every error raised by ibex-context."""
+
+
+class InvalidRequest(IbexError):
+    """A request field is invalid. ``field`` is its path, e.g. ``messages[3].role``."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request exceeds a size limit."""
+
+
+class ConfigurationError(IbexError):
+    """Settings or profiles are invalid."""
+
+
+class StoreError(IbexError):
+    """A store operation failed."""
+
+
+class StoreUnavailable(StoreError):
+    """A store could not be reached."""
+
+
+class EmbeddingError(IbexError):
+    """The embedder failed or returned a vector of the wrong shape."""

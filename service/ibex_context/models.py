@@ -1,0 +1,110 @@
+"""Plain values passed between the stages of the pipeline.
+
+Stages take and return these; nothing here does I/O. Times are seconds since the
+epoch (floats) so the scorer can vectorise them without datetime objects.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatVector = npt.NDArray[np.float32]
+
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+class Category(enum.StrEnum):
+    """Memory categories, in the order the formatter injects them."""
+
+    PROCEDURAL = "procedural"
+    FACTUAL = "factual"
+    PREFERENCE = "preference"
+    BEHAVIORAL = "behavioral"
+    EPISODIC = "episodic"
+
+
+CATEGORY_ORDER: tuple[str, ...] = tuple(c.value for c in Category)
+
+
+class Source(enum.IntEnum):
+    """Where a candidate came from; values match the wire enum MemorySource."""
+
+    HOT = 1
+    COLD = 2
+    HOT_AND_COLD = 3
+
+
+class Degradation(enum.IntEnum):
+    """How much of the assembly ran; values match the wire enum DegradationLevel."""
+
+    FULL = 1
+    HOT_ONLY = 2
+    DIRECTIVE_ONLY = 3
+    PASS_THROUGH = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    content: str
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """A stored memory as retrieval hands it to scoring.
+
+    ``similarity`` is the cosine similarity to the query when the source computed
+    it (cold search); hot memories carry their ``embedding`` instead so the
+    scorer can compute a real relevance for them.
+    """
+
+    id: str
+    content: str
+    category: str
+    confidence: float | None = None
+    usefulness: float | None = None
+    retrieval_count: int = 0
+    created_at: float | None = None
+    last_injected_at: float | None = None
+    token_counts: Mapping[str, int] = field(default_factory=dict)
+    embedding: FloatVector | None = None
+    similarity: float | None = None
+    source: Source = Source.COLD
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredMemory:
+    """A candidate with its composite score and every component of it."""
+
+    memory: MemoryRecord
+    score: float
+    relevance: float
+    recency: float
+    usefulness: float
+    confidence: float
+    frequency: float
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewMemory:
+    """A memory to write (the write side), already validated."""
+
+    content: str
+    category: str
+    confidence: float = 0.8
+    usefulness: float = 0.5
+    id: str | None = None
+    metadata: Mapping[str, object] = field(default_factory=dict)
+    embedding: FloatVector | None = None

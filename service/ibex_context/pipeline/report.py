@@ -1,0 +1,108 @@
+"""What one assembly did: the single record metrics, traces and logs are built from.
+
+The assembler fills an ``AssemblyReport`` as it goes; observability reads it
+after the response (``observability``), so the request path carries no
+metrics or tracing calls of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ibex_context.models import Degradation
+
+STAGES: tuple[str, ...] = (
+    "budget",
+    "directive",
+    "hot",
+    "embed",
+    "cold",
+    "score",
+    "pack",
+    "format",
+    "serialize",
+)
+SOURCES: tuple[str, ...] = ("directive", "hot", "embed", "cold")
+
+
+class Outcome(enum.StrEnum):
+    """The outcome label of the assembly duration histogram."""
+
+    FULL = "full"  # everything asked for answered
+    DEGRADED = "degraded"  # some source failed; memories or directive still injected
+    FALLBACK = "fallback"  # directive only or pass-through
+    INVALID = "invalid"  # rejected with INVALID_ARGUMENT
+
+
+class SourceStatus(enum.IntEnum):
+    """Values match the wire enum SourceStatus."""
+
+    OK = 1
+    TIMEOUT = 2
+    ERROR = 3
+    SKIPPED = 4
+
+
+@dataclass(slots=True)
+class StageSpan:
+    """A stage's wall-clock interval, ``time.perf_counter_ns()`` based."""
+
+    stage: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_us(self) -> int:
+        return (self.end_ns - self.start_ns) // 1000
+
+
+@dataclass(slots=True)
+class SourceResult:
+    source: str
+    status: SourceStatus
+    duration_us: int = 0
+    count: int = 0
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class AssemblyReport:
+    request_id: str
+    model: str = ""
+    profile: str = ""
+    started_ns: int = 0
+    finished_ns: int = 0
+    outcome: Outcome = Outcome.FULL
+    degradation: Degradation = Degradation.FULL
+    # Most severe first; the first is the wire's fallback_reason.
+    reasons: list[str] = field(default_factory=list)
+    stages: list[StageSpan] = field(default_factory=list)
+    sources: list[SourceResult] = field(default_factory=list)
+    candidates_evaluated: int = 0
+    memories_available: int = 0
+    memories_injected: int = 0
+    directive_injected: bool = False
+    tokens_injected: int = 0
+    memory_budget: int = 0
+    memory_tokens_used: int = 0
+    encoding: str = ""
+    exact_tokens: bool = True
+    invalid_field: str = ""
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(0, self.finished_ns - self.started_ns) / 1e9
+
+    @property
+    def budget_utilisation(self) -> float:
+        """Share of the memory budget the injected memories used (0..1)."""
+        if self.memory_budget <= 0:
+            return 0.0
+        return min(1.0, self.memory_tokens_used / self.memory_budget)
+
+    def add_stage(self, stage: str, start_ns: int, end_ns: int) -> None:
+        self.stages.append(StageSpan(stage, start_ns, end_ns))
+
+    def stage_us(self, stage: str) -> int:
+        return sum(s.duration_us for s in self.stages if s.stage == stage)

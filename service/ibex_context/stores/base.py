@@ -1,0 +1,100 @@
+"""The narrow interfaces the pipeline and the write side use to reach the stores.
+
+PostgreSQL is the source of truth; Redis caches the directive and the hot set.
+Every method takes ``org_id`` and ``agent_id``: there is no unscoped read or write.
+Implementations: ``stores.postgres`` and ``stores.redis``; the composition of the
+two (write-through, cache fill on miss) is ``stores.repository``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ibex_context.models import Directive, FloatVector, MemoryRecord
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMemory:
+    """A memory ready to store: validated, hashed, embedded and token-counted."""
+
+    id: str
+    content: str
+    content_hash: bytes
+    category: str
+    confidence: float
+    usefulness: float
+    metadata: Mapping[str, object]
+    token_counts: Mapping[str, int]
+    embedding: FloatVector
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One memory injected into one response (recorded after the response)."""
+
+    org_id: str
+    agent_id: str
+    memory_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertResult:
+    id: str
+    outcome: str  # "created" | "updated" | "unchanged"
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackUpdate:
+    memory_id: str
+    previous_usefulness: float
+    new_usefulness: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    ok: bool
+    detail: str = ""
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class DirectiveReader(Protocol):
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None: ...
+
+
+class HotMemoryReader(Protocol):
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]: ...
+
+
+class ColdMemorySearch(Protocol):
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
+    ) -> list[MemoryRecord]: ...
+
+
+class MemoryWriter(Protocol):
+    async def upsert_memories(
+        self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
+    ) -> list[UpsertResult]: ...
+
+    async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int: ...
+
+    async def set_directive(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> int: ...
+
+    async def clear_directive(self, org_id: str, agent_id: str) -> bool: ...
+
+    async def record_feedback(
+        self, org_id: str, agent_id: str, session_id: str | None, feedback: Sequence[tuple[str, str]]
+    ) -> list[FeedbackUpdate]: ...
+
+
+class InjectionRecorder(Protocol):
+    async def record_injections(self, injections: Sequence[Injection]) -> None: ...
+
+
+class HealthProbe(Protocol):
+    async def check_health(self) -> StoreHealth: ...
