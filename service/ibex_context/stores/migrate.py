@@ -1,0 +1,114 @@
+"""Versioned SQL migrations: ``stores/migrations/NNNN_name.sql``, applied in order.
+
+Each migration runs in its own transaction, holding a transaction-scoped advisory
+lock, and is recorded in ``schema_migrations``; a migrator that finds it already
+recorded skips it. Several replicas starting at once are therefore safe: one
+applies, the others wait on the lock and then see it done.
+
+``{embedding_dim}`` in the SQL is replaced by the embedder's dimension. The value
+is recorded in ``ibex_meta`` by the first migration and checked on every start:
+vectors of another dimension cannot be compared with the stored ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from ibex_context.errors import ConfigurationError
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# An arbitrary constant shared by every migrator of this schema ("ibex" in ASCII).
+ADVISORY_LOCK_KEY = 0x69626578
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migrations in ``directory``, ordered by version; versions must be unique."""
+    migrations: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise ConfigurationError(f"migration file name {path.name!r} is not NNNN_name.sql")
+        migrations.append(Migration(int(match.group(1)), path.stem, path.read_text(encoding="utf-8")))
+    versions = [m.version for m in migrations]
+    if len(set(versions)) != len(versions):
+        raise ConfigurationError(f"duplicate migration versions in {directory}")
+    return migrations
+
+
+def render(sql: str, embedding_dim: int) -> str:
+    # str.replace, not str.format: the SQL contains literal braces ('{}'::jsonb).
+    return sql.replace("{embedding_dim}", str(int(embedding_dim)))
+
+
+async def recorded_embedding_dim(conn: asyncpg.Connection) -> int | None:
+    """The dimension the schema was created with, or None before the first migration."""
+    exists = await conn.fetchval("SELECT to_regclass('ibex_meta') IS NOT NULL")
+    if not exists:
+        return None
+    value = await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'")
+    return int(value) if value is not None else None
+
+
+async def check_embedding_dim(conn: asyncpg.Connection, dim: int) -> None:
+    """Raises ConfigurationError when the database stores vectors of another dimension."""
+    recorded = await recorded_embedding_dim(conn)
+    if recorded is not None and recorded != dim:
+        raise ConfigurationError(
+            f"embedding_dim: the database stores {recorded}-dimensional embeddings but the "
+            f"embedder produces {dim}; use an embedder of the same dimension or a new database"
+        )
+
+
+async def apply_migrations(
+    conn: asyncpg.Connection, embedding_dim: int, migrations: list[Migration] | None = None
+) -> list[str]:
+    """Applies the pending migrations on ``conn``; returns the names applied."""
+    applied: list[str] = []
+    for migration in migrations if migrations is not None else load_migrations():
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", ADVISORY_LOCK_KEY)
+            await conn.execute(
+                """
+                CREATE TABLE IF NOT EXISTS schema_migrations (
+                    version    integer     PRIMARY KEY,
+                    name       text        NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT now()
+                )
+                """
+            )
+            await check_embedding_dim(conn, embedding_dim)
+            done = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)", migration.version
+            )
+            if done:
+                continue
+            await conn.execute(render(migration.sql, embedding_dim))
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                migration.version,
+                migration.name,
+            )
+            applied.append(migration.name)
+    await check_embedding_dim(conn, embedding_dim)
+    return applied
+
+
+async def migrate(dsn: str, embedding_dim: int) -> list[str]:
+    """Brings the schema at ``dsn`` up to date; returns the names of the migrations applied."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await apply_migrations(conn, embedding_dim)
+    finally:
+        await conn.close()

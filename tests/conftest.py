@@ -1,0 +1,93 @@
+"""Session-wide real stores: ONE Redis and ONE PostgreSQL+pgvector per test session.
+
+Both run in a temporary directory on free ports (Redis) / a Unix socket (PostgreSQL)
+and are stopped at the end of the session. Tests do not truncate tables: each test
+uses fresh random tenants (``org_id``, ``agent_id``, ``new_tenant``), so tests never
+see each other's rows.
+
+Fault tests: ``throwaway_redis`` is a private Redis per test that may be stopped and
+restarted at will (``.stop()`` / ``.start()`` on the same port). Stopping the shared
+``redis_server`` is possible too but must be undone before the test ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from ibex_context.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
+from ibex_context.stores.migrate import migrate
+
+TEST_EMBEDDING_DIM = 384
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    org_id: str
+    agent_id: str
+
+
+@pytest.fixture(scope="session")
+def stores_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stores")
+
+
+@pytest.fixture(scope="session")
+def redis_server(stores_dir: Path) -> Iterator[RedisProcess]:
+    """The session's Redis. A test that stops it must ``start()`` it again before returning."""
+    server = start_redis(stores_dir / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisProcess) -> str:
+    if not redis_server.running:
+        redis_server.start()
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_server(stores_dir: Path) -> Iterator[PostgresProcess]:
+    server = start_postgres(stores_dir, remove_on_stop=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+async def postgres_dsn(postgres_server: PostgresProcess) -> AsyncIterator[str]:
+    """DSN of the session's PostgreSQL, migrated with ``TEST_EMBEDDING_DIM`` (384)."""
+    await migrate(postgres_server.dsn, TEST_EMBEDDING_DIM)
+    yield postgres_server.dsn
+
+
+@pytest.fixture
+def throwaway_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A Redis of this test only: stop and restart it freely (fault tests)."""
+    server = start_redis(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def org_id() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture
+def agent_id() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture
+def tenant(org_id: str, agent_id: str) -> Tenant:
+    return Tenant(org_id=org_id, agent_id=agent_id)
+
+
+@pytest.fixture
+def new_tenant() -> Callable[[], Tenant]:
+    """Makes further fresh tenants: ``new_tenant()`` -> Tenant(org_id, agent_id)."""
+    return lambda: Tenant(org_id=str(uuid.uuid4()), agent_id=str(uuid.uuid4()))

@@ -1,0 +1,159 @@
+"""The embedded stores are real servers that start, answer, stop and clean up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from ibex_context.embedded import (
+    RedisProcess,
+    _postgres_data_root,
+    embedded_stores,
+    start_redis,
+)
+from ibex_context.errors import ConfigurationError
+from ibex_context.stores.migrate import apply_migrations, load_migrations, migrate
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _wait_dead(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+async def test_session_redis_answers_ping(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
+async def test_session_postgres_has_pgvector_and_the_migrated_schema(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        extension = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        versions = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        dim = await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'")
+    finally:
+        await conn.close()
+    assert extension is not None
+    assert [r["name"] for r in versions] == [m.name for m in load_migrations()]
+    assert dim == "384"
+
+
+async def test_migrating_twice_applies_nothing_the_second_time(postgres_dsn: str) -> None:
+    assert await migrate(postgres_dsn, 384) == []
+
+
+async def test_migrating_with_another_embedding_dim_is_a_configuration_error(postgres_dsn: str) -> None:
+    with pytest.raises(ConfigurationError, match="embedding_dim"):
+        await migrate(postgres_dsn, 1024)
+
+
+async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    database = f"concurrent_{os.getpid()}_{time.monotonic_ns()}"
+    await conn.execute(f'CREATE DATABASE "{database}"')
+    await conn.close()
+    dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
+    results = await asyncio.gather(*(migrate(dsn, 384) for _ in range(4)))
+    applied = [name for result in results for name in result]
+    assert sorted(applied) == sorted(m.name for m in load_migrations())
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(load_migrations())
+        assert await apply_migrations(conn, 384) == []
+    finally:
+        await conn.close()
+
+
+def test_redis_restarts_on_the_same_port(throwaway_redis: RedisProcess) -> None:
+    port, first_pid = throwaway_redis.port, throwaway_redis.pid
+    throwaway_redis.stop()
+    assert first_pid is not None and _wait_dead(first_pid)
+    assert not throwaway_redis.running
+    throwaway_redis.start()
+    assert throwaway_redis.port == port
+    assert throwaway_redis.running and throwaway_redis.pid != first_pid
+
+
+def test_stop_is_idempotent(tmp_path: Path) -> None:
+    server = start_redis(tmp_path)
+    pid = server.pid
+    server.stop()
+    server.stop()
+    assert pid is not None and _wait_dead(pid)
+
+
+def test_a_path_other_users_cannot_traverse_falls_back_under_tmp(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    root, is_fallback = _postgres_data_root(private / "data")
+    if os.geteuid() == 0:
+        assert is_fallback and root.parent == Path("/tmp")
+        assert root == _postgres_data_root(private / "data")[0]  # stable for the same path
+    else:
+        assert not is_fallback and root == private / "data"
+
+
+def test_embedded_stores_start_both_and_stop_both(tmp_path: Path) -> None:
+    with embedded_stores(tmp_path, remove_on_stop=True) as stores:
+        redis_pid, postgres_pid = stores.redis.pid, stores.postgres.pid
+        assert redis_pid is not None and postgres_pid is not None
+        assert _alive(redis_pid) and _alive(postgres_pid)
+        pgdata = stores.postgres.pgdata
+        assert (pgdata / "PG_VERSION").exists()
+    assert _wait_dead(redis_pid) and _wait_dead(postgres_pid)
+    assert not pgdata.exists()
+
+
+def test_stores_are_stopped_when_their_process_is_killed(tmp_path: Path) -> None:
+    """SIGKILL runs no atexit handler: the watchdogs must stop both servers."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from pathlib import Path
+        from ibex_context.embedded import start_postgres, start_redis
+        redis = start_redis(Path({str(tmp_path)!r}) / "redis")
+        postgres = start_postgres(Path({str(tmp_path)!r}))
+        print(redis.pid, postgres.pid, postgres.pgdata, flush=True)
+        sys.stdin.read()
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None
+        redis_pid, postgres_pid, pgdata = child.stdout.readline().split()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert _wait_dead(int(redis_pid))
+    assert _wait_dead(int(postgres_pid))
+    root, is_fallback = _postgres_data_root(tmp_path.resolve())
+    assert Path(pgdata).is_relative_to(root)
+    if is_fallback:
+        shutil.rmtree(root, ignore_errors=True)
