@@ -1,0 +1,3 @@
+from ibex_context.cli import main
+
+main()

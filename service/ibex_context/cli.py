@@ -1,0 +1,346 @@
+"""The ``ibex-context`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from google.protobuf import json_format
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
+
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.settings import Settings
+
+T = TypeVar("T")
+log = logging.getLogger("ibex_context.cli")
+
+
+def _run(main: Callable[[], Awaitable[T]], *, use_uvloop: bool = False) -> T:
+    if use_uvloop:
+        try:
+            import uvloop
+
+            return uvloop.run(main())
+        except ImportError:
+            pass
+    return asyncio.run(main())
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**overrides)
+    except Exception as exc:  # pydantic's ValidationError names the variable
+        raise click.ClickException(f"invalid settings: {exc}") from None
+
+
+def _setup_logging(settings: Settings) -> None:
+    from ibex_context.observability.logging import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+
+
+def _target(target: str) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {target!r}", param_hint="--target")
+    return host, int(port)
+
+
+@click.group()
+@click.version_option(package_name="ibex-context")
+def main() -> None:
+    """ibex-context: context assembly for LLM agents."""
+
+
+@main.command()
+@click.option("--workers", type=int, default=1, show_default=True, help="Processes sharing the port (SO_REUSEPORT).")
+def serve(workers: int) -> None:
+    """Serve gRPC with the settings from the environment (IBEX_*)."""
+    if workers > 1:
+        _serve_workers(workers)
+        return
+    settings = _settings()
+    _setup_logging(settings)
+    _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop)
+
+
+async def _serve(settings: Settings) -> None:
+    from ibex_context.server.app import ContextService
+
+    service = ContextService(settings)
+    await service.start()
+    await service.serve_until_signal()
+
+
+def _serve_workers(workers: int) -> None:
+    import signal
+    import subprocess
+
+    env = dict(os.environ, IBEX_GRPC_REUSE_PORT="true")
+    base_metrics = int(env.get("IBEX_METRICS_PORT", "9464"))
+    procs = []
+    for i in range(workers):
+        worker_env = dict(env, IBEX_METRICS_PORT=str(base_metrics + i) if base_metrics else "0")
+        procs.append(subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=worker_env))
+
+    def forward(signum: int, _frame: object) -> None:
+        for p in procs:
+            p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [p.wait() for p in procs]
+    raise SystemExit(max(codes))
+
+
+@main.command()
+def migrate() -> None:
+    """Apply the SQL migrations to IBEX_POSTGRES_DSN (idempotent)."""
+    from ibex_context.stores.migrate import migrate as run_migrations
+
+    settings = _settings()
+    applied = _run(lambda: run_migrations(settings.postgres_dsn, settings.embedding_dim))
+    click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Run the demo call, then stop (no serving).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where the stores keep data.")
+def dev(once: bool, data_dir: Path | None) -> None:
+    """Start local Redis and PostgreSQL+pgvector, load demo data, make a sample call, serve."""
+    from ibex_context.dev import run_dev
+
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    base = _settings(**overrides)
+    _setup_logging(base)
+    _run(lambda: run_dev(base, once=once))
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@click.option("--org", "org_id", default="", help="Default org id for lines without one.")
+@click.option("--agent", "agent_id", default="", help="Default agent id for lines without one.")
+@click.option("--batch", default=200, show_default=True)
+def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: int) -> None:
+    """Import memories from JSONL: {"content", "category", ["org_id", "agent_id", "id", "confidence",
+    "usefulness", "metadata"]} per line."""
+    host, port = _target(target)
+
+    async def run() -> int:
+        groups: dict[tuple[str, str], list[pb.MemoryInput]] = {}
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise click.ClickException(f"{path}:{n}: not JSON: {exc.msg}") from None
+                key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
+                if not all(key):
+                    raise click.ClickException(f"{path}:{n}: no org_id/agent_id (give --org/--agent)")
+                item = pb.MemoryInput()
+                try:
+                    json_format.ParseDict(row, item)
+                except json_format.ParseError as exc:
+                    raise click.ClickException(f"{path}:{n}: {exc}") from None
+                groups.setdefault(key, []).append(item)
+        total = 0
+        async with Channel(host, port) as channel:
+            stub = context_grpc.MemoryServiceStub(channel)
+            for (org, agent), items in groups.items():
+                for i in range(0, len(items), batch):
+                    reply = await stub.UpsertMemories(
+                        pb.UpsertMemoriesRequest(org_id=org, agent_id=agent, memories=items[i : i + batch]),
+                        timeout=60,
+                    )
+                    total += len(reply.results)
+        return total
+
+    try:
+        count = _run(run)
+    except GRPCError as exc:
+        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    click.echo(f"imported {count} memories")
+
+
+@main.command()
+@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@click.option("--org", "org_id", required=True)
+@click.option("--agent", "agent_id", required=True)
+@click.option("--session", "session_id", default="")
+@click.option("--model", default="gpt-4o", show_default=True)
+@click.option("--system", default="", help="A system message to send first.")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole response as JSON.")
+@click.argument("message", nargs=-1, required=True)
+def assemble(
+    target: str,
+    org_id: str,
+    agent_id: str,
+    session_id: str,
+    model: str,
+    system: str,
+    timeout: float,
+    as_json: bool,
+    message: tuple[str, ...],
+) -> None:
+    """Make one AssembleContext call and print the enriched messages and the metadata.
+
+    MESSAGE is the user's message (words are joined).
+    """
+    host, port = _target(target)
+    messages = ([pb.Message(role="system", content=system)] if system else []) + [
+        pb.Message(role="user", content=" ".join(message))
+    ]
+    request = pb.AssembleContextRequest(
+        org_id=org_id,
+        agent_id=agent_id,
+        session_id=session_id,
+        model=model,
+        request_id=uuid.uuid4().hex,
+        messages=messages,
+    )
+
+    async def run() -> pb.AssembleContextResponse:
+        async with Channel(host, port) as channel:
+            return await context_grpc.ContextAssemblyServiceStub(channel).AssembleContext(request, timeout=timeout)
+
+    try:
+        response = _run(run)
+    except GRPCError as exc:
+        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    except (OSError, TimeoutError) as exc:
+        raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
+    if as_json:
+        click.echo(json_format.MessageToJson(response))
+    else:
+        click.echo(render_response(response))
+
+
+def render_response(response: pb.AssembleContextResponse) -> str:
+    """A human-readable view of a response: messages, then what was injected and why."""
+    lines = []
+    for m in response.messages:
+        lines.append(f"── {m.role} " + "─" * max(0, 60 - len(m.role)))
+        lines.append(m.content)
+    md = response.metadata
+    level = pb.DegradationLevel.Name(md.degradation_level).removeprefix("DEGRADATION_LEVEL_")
+    lines.append("── metadata " + "─" * 52)
+    lines.append(
+        f"level={level} directive_injected={md.directive_injected} memories={md.memories_injected}/"
+        f"{md.memories_available} tokens_injected={md.total_tokens_injected} window_used={md.context_window_used}% "
+        f"truncated={md.was_truncated} profile={md.profile}"
+    )
+    if md.fallback_reason:
+        lines.append(f"fallback_reason={md.fallback_reason} reasons={list(md.degradation_reasons)}")
+    t = md.tokens
+    lines.append(
+        f"encoding={t.encoding} exact={t.exact} budget={t.memory_budget} used={t.memory_tokens_used} "
+        f"window={t.context_window} reserve={t.response_reserve} safety={t.safety_buffer}"
+    )
+    for mem in md.memories:
+        lines.append(
+            f"  {mem.id} {mem.category:<10} score={mem.score:.3f} rel={mem.relevance:.3f} "
+            f"rec={mem.recency:.3f} use={mem.usefulness:.2f} conf={mem.confidence:.2f} "
+            f"freq={mem.frequency:.2f} tokens={mem.tokens}"
+        )
+    tm = md.timings
+    lines.append(
+        f"timings µs: total={tm.total_us} budget={tm.budget_us} directive={tm.directive_us} hot={tm.hot_us} "
+        f"embed={tm.embed_us} cold={tm.cold_us} score={tm.score_us} pack={tm.pack_us} format={tm.format_us}"
+    )
+    return "\n".join(lines)
+
+
+@main.group()
+def directive() -> None:
+    """Set or clear an agent's directive."""
+
+
+@directive.command("set")
+@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@click.option("--org", "org_id", required=True)
+@click.option("--agent", "agent_id", required=True)
+@click.option("--file", "file", type=click.File("r"), default=None, help="Read the directive from a file (- for stdin).")
+@click.argument("text", nargs=-1)
+def directive_set(target: str, org_id: str, agent_id: str, file: Any, text: tuple[str, ...]) -> None:
+    content = file.read() if file is not None else " ".join(text)
+    host, port = _target(target)
+
+    async def run() -> int:
+        async with Channel(host, port) as channel:
+            reply = await context_grpc.MemoryServiceStub(channel).SetDirective(
+                pb.SetDirectiveRequest(org_id=org_id, agent_id=agent_id, content=content), timeout=10
+            )
+            return int(reply.version)
+
+    try:
+        version = _run(run)
+    except GRPCError as exc:
+        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    click.echo(f"directive set (version {version})")
+
+
+@directive.command("clear")
+@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@click.option("--org", "org_id", required=True)
+@click.option("--agent", "agent_id", required=True)
+def directive_clear(target: str, org_id: str, agent_id: str) -> None:
+    host, port = _target(target)
+
+    async def run() -> bool:
+        async with Channel(host, port) as channel:
+            reply = await context_grpc.MemoryServiceStub(channel).ClearDirective(
+                pb.ClearDirectiveRequest(org_id=org_id, agent_id=agent_id), timeout=10
+            )
+            return bool(reply.cleared)
+
+    try:
+        cleared = _run(run)
+    except GRPCError as exc:
+        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    click.echo("directive cleared" if cleared else "no directive was set")
+
+
+@main.command()
+@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@click.option("--service", default="", help="Service name to check ('' = overall, 'liveness').")
+@click.option("--timeout", type=float, default=2.0, show_default=True)
+def health(target: str, service: str, timeout: float) -> None:
+    """Check gRPC health; exits 0 only when SERVING."""
+    from grpclib.health.v1.health_grpc import HealthStub
+    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+
+    host, port = _target(target)
+
+    async def run() -> int:
+        async with Channel(host, port) as channel:
+            reply = await HealthStub(channel).Check(HealthCheckRequest(service=service), timeout=timeout)
+            return int(reply.status)
+
+    try:
+        status = _run(run)
+    except (GRPCError, OSError, TimeoutError) as exc:
+        raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
+    name = HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
+    click.echo(name)
+    if name != "SERVING":
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

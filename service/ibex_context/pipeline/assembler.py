@@ -1,0 +1,419 @@
+"""The assembly of one call: budget -> retrieval -> scoring -> packing -> formatting,
+under one deadline, degrading instead of failing.
+
+The degradation ladder (ADR-0002):
+
+* FULL            every source asked answered in time;
+* HOT_ONLY        part of memory retrieval failed (usually cold search): the memories
+                  that arrived in time are used;
+* DIRECTIVE_ONLY  no memory source answered, or the call's deadline ran out: the
+                  directive is injected if it was fetched;
+* PASS_THROUGH    nothing could be injected: the client's messages unchanged.
+
+Every reason is recorded, most severe first. An exception inside assembly
+degrades like a deadline; only invalid input (checked before this module) is
+an error for the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from ibex_context.models import ChatMessage, Degradation, ScoredMemory
+from ibex_context.pipeline.budget import TokenBudget, compute_budget
+from ibex_context.pipeline.formatting import FormattedContext, format_context, memory_cost
+from ibex_context.pipeline.packing import pack
+from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever
+from ibex_context.pipeline.scoring import score_candidates
+from ibex_context.profiles.model import Profile
+from ibex_context.tokens.catalogue import resolve_model
+from ibex_context.tokens.counting import MessageTokenCounter
+from ibex_context.tokens.encodings import Encoding, EncodingRegistry
+
+log = logging.getLogger(__name__)
+
+# Reason order, most severe first: the first reason becomes fallback_reason.
+_REASON_SEVERITY: tuple[str, ...] = (
+    "deadline_exceeded",
+    "assembly_error",
+    "directive_timeout",
+    "directive_error",
+    "hot_timeout",
+    "hot_error",
+    "embed_timeout",
+    "embed_error",
+    "cold_timeout",
+    "cold_error",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyRequest:
+    """A validated AssembleContext request."""
+
+    org_id: str
+    agent_id: str
+    session_id: str
+    model: str
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """The result of one assembly, before it is put on the wire."""
+
+    messages: tuple[ChatMessage, ...]
+    directive_injected: bool
+    memories: tuple[ScoredMemory, ...]
+    memories_available: int
+    tokens_injected: int
+    context_window_used: int
+    was_truncated: bool
+    degradation: Degradation
+    reasons: tuple[str, ...]
+    budget: TokenBudget | None
+    memory_tokens_used: int
+    report: AssemblyReport
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblerConfig:
+    hot_limit: int
+    cold_limit: int
+    query_max_chars: int
+    nonce_secret: bytes
+    # Kept for scoring, packing and formatting after retrieval stops waiting.
+    compute_reserve_seconds: float = 0.003
+
+
+class Assembler:
+    def __init__(
+        self,
+        *,
+        retriever: Retriever,
+        encodings: EncodingRegistry,
+        message_counter: MessageTokenCounter,
+        config: AssemblerConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._retriever = retriever
+        self._encodings = encodings
+        self._counter = message_counter
+        self._config = config
+        self._clock = clock
+        # Cancelled retrieval tasks finish in the background; keep references so
+        # they are not garbage-collected mid-cancellation.
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def assemble(self, request: AssemblyRequest, profile: Profile, deadline: float) -> Assembly:
+        """Assemble within ``deadline`` seconds (already reduced to the caller's deadline)."""
+        report = AssemblyReport(
+            request_id=request.request_id,
+            model=request.model,
+            profile=profile.name,
+            started_ns=time.perf_counter_ns(),
+        )
+        state = RetrievalState()
+        tasks: list[asyncio.Task[None]] = []
+        call = _Call(request, profile, report, state)
+        try:
+            if deadline <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(deadline):
+                assembly = await self._assemble(call, tasks, deadline)
+        except TimeoutError:
+            assembly = self._fallback(call, "deadline_exceeded")
+        except Exception:
+            log.exception("assembly failed; degrading", extra={"request_id": request.request_id})
+            assembly = self._fallback(call, "assembly_error")
+        finally:
+            self._cancel(tasks)
+        report.finished_ns = time.perf_counter_ns()
+        return assembly
+
+    # -- the full path --------------------------------------------------------------------
+
+    async def _assemble(self, call: _Call, tasks: list[asyncio.Task[None]], deadline: float) -> Assembly:
+        request, profile, report, state = call.request, call.profile, call.report, call.state
+        t0 = time.perf_counter_ns()
+        model = resolve_model(request.model, profile.models)
+        encoding = self._encodings.get(model.encoding)
+        exact = model.exact and encoding.exact
+        approximation = encoding.approximation_reason or (
+            "" if model.exact else f"{model.name} is counted with {encoding.name} (approximate)"
+        )
+        messages_tokens = self._counter.count_messages(request.messages, encoding)
+        preliminary = compute_budget(
+            model,
+            messages_tokens=messages_tokens,
+            directive_tokens=0,
+            limits=profile.budget,
+            exact=exact,
+            approximation_reason=approximation,
+        )
+        call.encoding, call.messages_tokens, call.budget = encoding, messages_tokens, preliminary
+        report.encoding, report.exact_tokens = encoding.name, exact
+        report.add_stage("budget", t0, time.perf_counter_ns())
+
+        plan = RetrievalPlan(
+            org_id=request.org_id,
+            agent_id=request.agent_id,
+            query=_query_text(request.messages, self._config.query_max_chars),
+            hot_limit=self._config.hot_limit,
+            cold_limit=self._config.cold_limit,
+            directive_timeout=profile.deadlines.directive_ms / 1000,
+            hot_timeout=profile.deadlines.hot_ms / 1000,
+            cold_timeout=profile.deadlines.cold_ms / 1000,
+            skip_cold_reason="memory budget below 1000 tokens" if preliminary.is_constrained else "",
+        )
+        tasks.extend(self._retriever.start(plan, state))
+        elapsed = (time.perf_counter_ns() - report.started_ns) / 1e9
+        wait = deadline - elapsed - self._config.compute_reserve_seconds
+        if wait > 0:
+            await asyncio.wait(tasks, timeout=wait)
+        self._cancel(tasks)
+        _close_sources(state)
+        for source, (start, end) in state.intervals.items():
+            report.add_stage(source, start, end)
+        return self._compose(call, _reasons(state))
+
+    def _compose(self, call: _Call, reasons: list[str]) -> Assembly:
+        request, profile, report, state = call.request, call.profile, call.report, call.state
+        encoding, budget = call.encoding, call.budget
+        assert encoding is not None and budget is not None
+        directive = state.directive.content if state.directive else None
+        nonce = self._nonce(request)
+
+        t0 = time.perf_counter_ns()
+        candidates = state.candidates()
+        scored = score_candidates(candidates, state.query_embedding, profile.scoring, now=self._clock())
+        report.add_stage("score", t0, time.perf_counter_ns())
+        report.candidates_evaluated = len(candidates)
+        report.memories_available = len(scored)
+
+        t0 = time.perf_counter_ns()
+        base = format_context(
+            request.messages, directive=directive, memories=(), fmt=profile.format,
+            mode=profile.injection_mode, nonce=nonce,
+        )
+        directive_tokens = self._injection_tokens(base, encoding, call.messages_tokens)
+        budget = compute_budget(
+            budget.model,
+            messages_tokens=call.messages_tokens,
+            directive_tokens=directive_tokens,
+            limits=profile.budget,
+            exact=budget.exact,
+            approximation_reason=budget.approximation_reason,
+        )
+        call.budget = budget
+        costed = [replace(m, tokens=memory_cost(m, encoding, profile.format)) for m in scored]
+        packed = pack(costed, budget.memory_budget, max_items=profile.budget.max_memories)
+        report.add_stage("pack", t0, time.perf_counter_ns())
+
+        t0 = time.perf_counter_ns()
+        selected = list(packed.selected)
+        formatted = base
+        injected_tokens = directive_tokens
+        was_truncated = packed.was_truncated
+        while True:
+            formatted = (
+                format_context(
+                    request.messages, directive=directive, memories=selected, fmt=profile.format,
+                    mode=profile.injection_mode, nonce=nonce,
+                )
+                if selected
+                else base
+            )
+            injected_tokens = self._injection_tokens(formatted, encoding, call.messages_tokens)
+            # The packer works on per-memory costs; the exact count of the whole
+            # injected text is the one that must fit. Drop the weakest until it does.
+            if not selected or injected_tokens <= directive_tokens + budget.memory_budget:
+                break
+            selected.pop()
+            was_truncated = True
+        report.add_stage("format", t0, time.perf_counter_ns())
+
+        memory_tokens = max(0, injected_tokens - directive_tokens) if selected else 0
+        degradation = _degradation(state, reasons)
+        return self._finish(
+            call,
+            messages=formatted.messages,
+            directive_injected=directive is not None and formatted.injected,
+            memories=tuple(selected),
+            tokens_injected=injected_tokens if formatted.injected else 0,
+            memory_tokens=memory_tokens,
+            was_truncated=was_truncated,
+            degradation=degradation,
+            reasons=reasons,
+        )
+
+    # -- degraded paths -------------------------------------------------------------------
+
+    def _fallback(self, call: _Call, reason: str) -> Assembly:
+        """Answer at once: the directive if it was fetched, else the messages unchanged."""
+        state = call.state
+        _close_sources(state)
+        reasons = [reason, *(r for r in _reasons(state) if r != reason)]
+        directive = state.directive.content if state.directive else None
+        if directive is not None and call.encoding is not None:
+            try:
+                formatted = format_context(
+                    call.request.messages, directive=directive, memories=(), fmt=call.profile.format,
+                    mode=call.profile.injection_mode, nonce=self._nonce(call.request),
+                )
+                tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
+                return self._finish(
+                    call,
+                    messages=formatted.messages,
+                    directive_injected=formatted.injected,
+                    memories=(),
+                    tokens_injected=tokens,
+                    memory_tokens=0,
+                    was_truncated=False,
+                    degradation=Degradation.DIRECTIVE_ONLY,
+                    reasons=reasons,
+                )
+            except Exception:
+                log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
+                reasons.append("assembly_error")
+        level = Degradation.DIRECTIVE_ONLY if state.directive_done else Degradation.PASS_THROUGH
+        return self._finish(
+            call,
+            messages=call.request.messages,
+            directive_injected=False,
+            memories=(),
+            tokens_injected=0,
+            memory_tokens=0,
+            was_truncated=False,
+            degradation=level,
+            reasons=reasons,
+        )
+
+    def _finish(
+        self,
+        call: _Call,
+        *,
+        messages: tuple[ChatMessage, ...],
+        directive_injected: bool,
+        memories: tuple[ScoredMemory, ...],
+        tokens_injected: int,
+        memory_tokens: int,
+        was_truncated: bool,
+        degradation: Degradation,
+        reasons: Sequence[str],
+    ) -> Assembly:
+        report, budget = call.report, call.budget
+        window = budget.context_window if budget else 0
+        used = call.messages_tokens + tokens_injected
+        window_used = round(100 * used / window) if window else 0
+        report.degradation = degradation
+        report.reasons = list(reasons)
+        report.outcome = {
+            Degradation.FULL: Outcome.FULL,
+            Degradation.HOT_ONLY: Outcome.DEGRADED,
+        }.get(degradation, Outcome.FALLBACK)
+        if degradation is Degradation.FULL and reasons:
+            report.outcome = Outcome.DEGRADED
+        report.sources = [call.state.sources[s] for s in ("directive", "hot", "embed", "cold") if s in call.state.sources]
+        report.memories_injected = len(memories)
+        report.directive_injected = directive_injected
+        report.tokens_injected = tokens_injected
+        report.memory_budget = budget.memory_budget if budget else 0
+        report.memory_tokens_used = memory_tokens
+        return Assembly(
+            messages=tuple(messages),
+            directive_injected=directive_injected,
+            memories=memories,
+            memories_available=report.memories_available,
+            tokens_injected=tokens_injected,
+            context_window_used=window_used,
+            was_truncated=was_truncated,
+            degradation=degradation,
+            reasons=tuple(reasons),
+            budget=budget,
+            memory_tokens_used=memory_tokens,
+            report=report,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _injection_tokens(self, formatted: FormattedContext, encoding: Encoding, messages_tokens: int) -> int:
+        """Tokens the injection adds to the prompt, counted exactly on the final messages."""
+        if not formatted.injected:
+            return 0
+        return self._counter.count_messages(formatted.messages, encoding) - messages_tokens
+
+    def _nonce(self, request: AssemblyRequest) -> str:
+        # Unpredictable without the server secret, identical for identical inputs
+        # (prompt caching), and different for every tenant, agent and session.
+        material = "\x1f".join((request.org_id, request.agent_id, request.session_id, request.model))
+        return hmac.new(self._config.nonce_secret, material.encode(), hashlib.sha256).hexdigest()[:16]
+
+    def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+
+@dataclass(slots=True)
+class _Call:
+    request: AssemblyRequest
+    profile: Profile
+    report: AssemblyReport
+    state: RetrievalState
+    encoding: Encoding | None = None
+    messages_tokens: int = 0
+    budget: TokenBudget | None = None
+
+
+def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:
+    """The last user message is the semantic query (its tail, when long)."""
+    for message in reversed(messages):
+        if message.role == "user" and message.content.strip():
+            return message.content[-max_chars:]
+    return ""
+
+
+def _close_sources(state: RetrievalState) -> None:
+    """Sources still running when we stop waiting count as timed out."""
+    for source in ("directive", "hot", "embed", "cold"):
+        if source not in state.sources:
+            state.sources[source] = SourceResult(
+                source, SourceStatus.TIMEOUT, 0, 0, "still running at the call deadline"
+            )
+
+
+def _reasons(state: RetrievalState) -> list[str]:
+    reasons = []
+    for source in ("directive", "hot", "embed", "cold"):
+        result = state.sources.get(source)
+        if result is None:
+            continue
+        if result.status is SourceStatus.TIMEOUT:
+            reasons.append(f"{source}_timeout")
+        elif result.status is SourceStatus.ERROR:
+            reasons.append(f"{source}_error")
+    return sorted(reasons, key=_REASON_SEVERITY.index)
+
+
+def _degradation(state: RetrievalState, reasons: Sequence[str]) -> Degradation:
+    if not reasons:
+        return Degradation.FULL
+    failed = {r.rsplit("_", 1)[0] for r in reasons}
+    hot_answered = "hot" not in failed
+    cold_answered = not ({"embed", "cold"} & failed)
+    if hot_answered or cold_answered:
+        return Degradation.HOT_ONLY
+    if state.directive_done:
+        return Degradation.DIRECTIVE_ONLY
+    return Degradation.PASS_THROUGH

@@ -1,0 +1,213 @@
+"""Parallel retrieval: directive, hot set and query embedding at once; cold search
+as soon as the embedding is ready. Each source has its own timeout and a failure
+of one never blocks the others.
+
+This is the only stage of the pipeline that does I/O. It fills a
+``RetrievalState`` as results arrive, so that when the call's deadline runs out
+the assembler can answer at once with whatever arrived (e.g. the directive) and
+cancel the rest: cancelling the tasks cancels the Redis and PostgreSQL work
+(asyncpg sends a cancel request for an interrupted query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ibex_context.embedding.base import Embedder
+from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
+from ibex_context.pipeline.report import SourceResult, SourceStatus
+from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalPlan:
+    """What to fetch for one call, and how long each source may take (seconds)."""
+
+    org_id: str
+    agent_id: str
+    query: str
+    hot_limit: int
+    cold_limit: int
+    directive_timeout: float
+    hot_timeout: float
+    cold_timeout: float
+    # Set when the budget is too small for cold memories to matter.
+    skip_cold_reason: str = ""
+
+
+@dataclass(slots=True)
+class RetrievalState:
+    """What has arrived so far. Mutated only by the retrieval tasks."""
+
+    directive: Directive | None = None
+    directive_done: bool = False
+    hot: list[MemoryRecord] = field(default_factory=list)
+    cold: list[MemoryRecord] = field(default_factory=list)
+    query_embedding: FloatVector | None = None
+    sources: dict[str, SourceResult] = field(default_factory=dict)
+    # perf_counter_ns intervals per source, for the stage spans.
+    intervals: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def candidates(self) -> list[MemoryRecord]:
+        """Hot and cold memories merged and de-duplicated by id.
+
+        A memory found by both keeps the cold record (it carries the similarity
+        computed by PostgreSQL) but is marked as coming from both.
+        """
+        by_id: dict[str, MemoryRecord] = {}
+        for record in self.cold:
+            by_id.setdefault(record.id, record)
+        for record in self.hot:
+            seen = by_id.get(record.id)
+            if seen is None:
+                by_id[record.id] = record
+            elif seen.source is not Source.HOT_AND_COLD:
+                by_id[record.id] = _with_source(seen, Source.HOT_AND_COLD)
+        return list(by_id.values())
+
+
+def _with_source(record: MemoryRecord, source: Source) -> MemoryRecord:
+    from dataclasses import replace
+
+    return replace(record, source=source)
+
+
+class Retriever:
+    """Runs the retrieval of one call against the injected stores and embedder."""
+
+    def __init__(
+        self,
+        *,
+        directives: DirectiveReader,
+        hot_memories: HotMemoryReader,
+        cold_memories: ColdMemorySearch,
+        embedder: Embedder,
+    ) -> None:
+        self._directives = directives
+        self._hot = hot_memories
+        self._cold = cold_memories
+        self._embedder = embedder
+
+    def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[asyncio.Task[None]]:
+        """Start every source; the caller awaits the tasks under its deadline."""
+        tasks = [
+            asyncio.create_task(self._directive(plan, state), name="retrieve-directive"),
+            asyncio.create_task(self._hot_set(plan, state), name="retrieve-hot"),
+            asyncio.create_task(self._embed_and_search(plan, state), name="retrieve-cold"),
+        ]
+        return tasks
+
+    async def _directive(self, plan: RetrievalPlan, state: RetrievalState) -> None:
+        directive = await _run_source(
+            state,
+            "directive",
+            plan.directive_timeout,
+            lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
+            count=lambda d: 1 if d is not None else 0,
+        )
+        if directive is not _FAILED:
+            state.directive = directive
+            state.directive_done = True
+
+    async def _hot_set(self, plan: RetrievalPlan, state: RetrievalState) -> None:
+        if plan.hot_limit <= 0:
+            _skip(state, "hot", "hot_limit is 0")
+            return
+        hot = await _run_source(
+            state,
+            "hot",
+            plan.hot_timeout,
+            lambda: self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit),
+            count=len,
+        )
+        if hot is not _FAILED:
+            state.hot = hot
+
+    async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState) -> None:
+        if not plan.query:
+            _skip(state, "embed", "no user message to search with")
+            _skip(state, "cold", "no user message to search with")
+            return
+        # The cold timeout covers embedding and search together.
+        deadline = time.perf_counter() + plan.cold_timeout
+        vectors = await _run_source(
+            state,
+            "embed",
+            plan.cold_timeout,
+            lambda: self._embedder.embed([plan.query]),
+            count=len,
+        )
+        if vectors is _FAILED:
+            _skip(state, "cold", "query embedding failed")
+            return
+        state.query_embedding = vectors[0]
+        if plan.skip_cold_reason:
+            _skip(state, "cold", plan.skip_cold_reason)
+            return
+        if plan.cold_limit <= 0:
+            _skip(state, "cold", "cold_limit is 0")
+            return
+        remaining = deadline - time.perf_counter()
+        embedding = vectors[0]
+        cold = await _run_source(
+            state,
+            "cold",
+            remaining,
+            lambda: self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit),
+            count=len,
+        )
+        if cold is not _FAILED:
+            state.cold = cold
+
+
+class _Failed:
+    pass
+
+
+_FAILED = _Failed()
+
+
+async def _run_source(
+    state: RetrievalState,
+    source: str,
+    timeout: float,
+    call: Callable[[], Awaitable[T]],
+    *,
+    count: Callable[[T], int],
+) -> T | _Failed:
+    """Run one source under its timeout and record its outcome; never raises
+    (except CancelledError, which must propagate so the work is cancelled)."""
+    start = time.perf_counter_ns()
+    status, detail, n = SourceStatus.OK, "", 0
+    result: T | _Failed = _FAILED
+    try:
+        if timeout <= 0:
+            raise TimeoutError
+        async with asyncio.timeout(timeout):
+            value = await call()
+        result, n = value, count(value)
+    except TimeoutError:
+        status, detail = SourceStatus.TIMEOUT, f"no answer within {timeout * 1000:.1f} ms"
+    except asyncio.CancelledError:
+        end = time.perf_counter_ns()
+        state.intervals[source] = (start, end)
+        state.sources[source] = SourceResult(
+            source, SourceStatus.TIMEOUT, (end - start) // 1000, 0, "cancelled at the call deadline"
+        )
+        raise
+    except Exception as exc:  # any store or embedder failure degrades, never fails the call
+        status, detail = SourceStatus.ERROR, type(exc).__name__
+    end = time.perf_counter_ns()
+    state.intervals[source] = (start, end)
+    state.sources[source] = SourceResult(source, status, (end - start) // 1000, n, detail)
+    return result
+
+
+def _skip(state: RetrievalState, source: str, why: str) -> None:
+    state.sources[source] = SourceResult(source, SourceStatus.SKIPPED, 0, 0, why)

@@ -1,0 +1,185 @@
+"""gRPC handlers of ContextAssemblyService and MemoryService (grpclib, upb messages).
+
+Handlers translate between the wire and the pipeline; they hold no logic of
+their own beyond validation and error mapping.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.errors import InvalidRequest, StoreError
+from ibex_context.memory_writes import MemoryWrites
+from ibex_context.pipeline.assembler import Assembler
+from ibex_context.pipeline.report import AssemblyReport, Outcome
+from ibex_context.post_response import InjectionQueue
+from ibex_context.profiles.model import Profile
+from ibex_context.server import convert, validation
+from ibex_context.server.lifecycle import InflightCalls
+
+log = logging.getLogger(__name__)
+
+ProfileResolver = Callable[[str, str], Profile]
+ReportSink = Callable[[AssemblyReport], None]
+
+_OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePolicy:
+    # Kept back from the caller's gRPC deadline for serialization and the network.
+    safety_margin: float
+
+
+class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
+    def __init__(
+        self,
+        *,
+        assembler: Assembler,
+        resolve_profile: ProfileResolver,
+        limits: validation.Limits,
+        deadlines: DeadlinePolicy,
+        injections: InjectionQueue,
+        inflight: InflightCalls,
+        report_sink: ReportSink,
+    ) -> None:
+        self._assembler = assembler
+        self._resolve_profile = resolve_profile
+        self._limits = limits
+        self._deadlines = deadlines
+        self._injections = injections
+        self._inflight = inflight
+        self._report_sink = report_sink
+
+    async def AssembleContext(
+        self, stream: Stream[pb.AssembleContextRequest, pb.AssembleContextResponse]
+    ) -> None:
+        with self._inflight.track():
+            message = await stream.recv_message()
+            assert message is not None
+            try:
+                request = validation.assemble_request(message, self._limits)
+            except InvalidRequest as exc:
+                self._report_sink(
+                    AssemblyReport(
+                        request_id=message.request_id[:128],
+                        model=message.model[:200],
+                        outcome=Outcome.INVALID,
+                        invalid_field=exc.field,
+                    )
+                )
+                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            profile = self._resolve_profile(request.org_id, request.agent_id)
+            budget = profile.deadlines.assembly_ms / 1000
+            if stream.deadline is not None:
+                caller = stream.deadline.time_remaining() - self._deadlines.safety_margin
+                budget = min(budget, caller)
+            assembly = await self._assembler.assemble(request, profile, budget if math.isfinite(budget) else 0)
+            response = convert.assemble_response(assembly)
+            report = assembly.report
+            self._report_sink(report)
+            start = time.perf_counter_ns()
+            await stream.send_message(response)
+            report.add_stage("serialize", start, time.perf_counter_ns())
+            if assembly.memories:
+                self._injections.submit(request.org_id, request.agent_id, [m.memory.id for m in assembly.memories])
+
+
+class MemoryHandler(context_grpc.MemoryServiceBase):
+    def __init__(self, *, writes: MemoryWrites, limits: validation.Limits, inflight: InflightCalls) -> None:
+        self._writes = writes
+        self._limits = limits
+        self._inflight = inflight
+
+    async def UpsertMemories(self, stream: Stream[pb.UpsertMemoriesRequest, pb.UpsertMemoriesResponse]) -> None:
+        with self._inflight.track(), _errors_to_status("UpsertMemories"):
+            message = await stream.recv_message()
+            assert message is not None
+            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
+            memories = validation.new_memories(message.memories, self._limits)
+            results = await self._writes.upsert(org_id, agent_id, memories)
+            await stream.send_message(
+                pb.UpsertMemoriesResponse(
+                    results=[
+                        pb.UpsertResult(id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED))
+                        for r in results
+                    ]
+                )
+            )
+
+    async def DeleteMemories(self, stream: Stream[pb.DeleteMemoriesRequest, pb.DeleteMemoriesResponse]) -> None:
+        with self._inflight.track(), _errors_to_status("DeleteMemories"):
+            message = await stream.recv_message()
+            assert message is not None
+            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
+            ids = validation.memory_ids(message.ids)
+            deleted = await self._writes.delete(org_id, agent_id, ids)
+            await stream.send_message(pb.DeleteMemoriesResponse(deleted=deleted))
+
+    async def SetDirective(self, stream: Stream[pb.SetDirectiveRequest, pb.SetDirectiveResponse]) -> None:
+        with self._inflight.track(), _errors_to_status("SetDirective"):
+            message = await stream.recv_message()
+            assert message is not None
+            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
+            content = validation.directive_content(message.content, self._limits)
+            version = await self._writes.set_directive(org_id, agent_id, content)
+            await stream.send_message(pb.SetDirectiveResponse(version=version))
+
+    async def ClearDirective(self, stream: Stream[pb.ClearDirectiveRequest, pb.ClearDirectiveResponse]) -> None:
+        with self._inflight.track(), _errors_to_status("ClearDirective"):
+            message = await stream.recv_message()
+            assert message is not None
+            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
+            cleared = await self._writes.clear_directive(org_id, agent_id)
+            await stream.send_message(pb.ClearDirectiveResponse(cleared=cleared))
+
+    async def RecordFeedback(self, stream: Stream[pb.RecordFeedbackRequest, pb.RecordFeedbackResponse]) -> None:
+        with self._inflight.track(), _errors_to_status("RecordFeedback"):
+            message = await stream.recv_message()
+            assert message is not None
+            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
+            session_id = validation.uuid_field(message.session_id, "session_id", required=False) or None
+            items = validation.feedback(message.feedback)
+            updates = await self._writes.record_feedback(org_id, agent_id, session_id, items)
+            await stream.send_message(
+                pb.RecordFeedbackResponse(
+                    updates=[
+                        pb.MemoryScoreUpdate(
+                            memory_id=u.memory_id,
+                            previous_usefulness=u.previous_usefulness,
+                            new_usefulness=u.new_usefulness,
+                        )
+                        for u in updates
+                    ]
+                )
+            )
+
+
+class _errors_to_status:
+    """Maps our exceptions to gRPC statuses for the write side."""
+
+    def __init__(self, method: str) -> None:
+        self._method = method
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, InvalidRequest):
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+        if isinstance(exc, StoreError):
+            log.warning("%s failed: %s", self._method, type(exc).__name__)
+            raise GRPCError(Status.UNAVAILABLE, f"store unavailable: {type(exc).__name__}") from None
+        if isinstance(exc, Exception) and not isinstance(exc, GRPCError):
+            log.error("%s failed", self._method, exc_info=exc)
+            raise GRPCError(Status.INTERNAL, f"{self._method} failed: {type(exc).__name__}") from None

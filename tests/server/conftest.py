@@ -1,0 +1,86 @@
+"""A real ibex-context server on a real socket, wired to the session's real stores."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from grpclib.client import Channel
+
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.server.app import ContextService
+from ibex_context.settings import Settings
+
+StartService = Callable[..., Awaitable[ContextService]]
+
+
+def make_settings(redis_url: str, postgres_dsn: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "postgres_dsn": postgres_dsn,
+        "grpc_host": "127.0.0.1",
+        "grpc_port": 0,
+        "metrics_port": 0,
+        "embedder": "hashing",
+        "log_format": "text",
+        "nonce_secret": "test-secret",
+        "shutdown_grace_seconds": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+async def start_service(redis_url: str, postgres_dsn: str) -> AsyncIterator[StartService]:
+    """Starts a server per call (for tests that need their own settings or stores)."""
+    started: list[ContextService] = []
+
+    async def start(*, embedder: Any = None, **overrides: Any) -> ContextService:
+        settings = make_settings(
+            overrides.pop("redis_url", redis_url), overrides.pop("postgres_dsn", postgres_dsn), **overrides
+        )
+        service = ContextService(settings, embedder=embedder)
+        await service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        await service.stop(grace=1.0)
+
+
+@pytest.fixture(scope="session")
+async def shared_service(redis_url: str, postgres_dsn: str) -> AsyncIterator[ContextService]:
+    """One server for the tests that only read and write their own tenants."""
+    service = ContextService(make_settings(redis_url, postgres_dsn))
+    await service.start()
+    yield service
+    await service.stop(grace=1.0)
+
+
+@pytest.fixture
+async def channel(shared_service: ContextService) -> AsyncIterator[Channel]:
+    async with Channel("127.0.0.1", shared_service.port) as ch:
+        yield ch
+
+
+@pytest.fixture
+def assembly(channel: Channel) -> context_grpc.ContextAssemblyServiceStub:
+    return context_grpc.ContextAssemblyServiceStub(channel)
+
+
+@pytest.fixture
+def memories(channel: Channel) -> context_grpc.MemoryServiceStub:
+    return context_grpc.MemoryServiceStub(channel)
+
+
+def user(content: str) -> pb.Message:
+    return pb.Message(role="user", content=content)
+
+
+def request(org_id: str, agent_id: str, *messages: pb.Message, model: str = "gpt-4o") -> pb.AssembleContextRequest:
+    return pb.AssembleContextRequest(
+        org_id=org_id, agent_id=agent_id, model=model, request_id="test", messages=list(messages)
+    )

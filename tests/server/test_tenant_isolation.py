@@ -1,0 +1,91 @@
+"""Tenant isolation: an agent never sees another org's or agent's memories, directive
+or hot set — also under concurrent requests from many tenants."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from tests.conftest import Tenant
+
+from .conftest import request, user
+
+SHARED_WORDS = "the project budget meeting schedule deadline report"
+
+
+async def _seed(memories: context_grpc.MemoryServiceStub, tenant: Tenant, marker: str) -> set[str]:
+    reply = await memories.UpsertMemories(
+        pb.UpsertMemoriesRequest(
+            org_id=tenant.org_id,
+            agent_id=tenant.agent_id,
+            memories=[
+                pb.MemoryInput(content=f"{SHARED_WORDS} note {i} {marker}", category="factual") for i in range(5)
+            ],
+        )
+    )
+    await memories.SetDirective(
+        pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content=f"directive {marker}")
+    )
+    return {r.id for r in reply.results}
+
+
+async def test_same_agent_id_in_another_org_sees_nothing_of_the_first(
+    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+) -> None:
+    agent = str(uuid.uuid4())
+    first, second = Tenant(str(uuid.uuid4()), agent), Tenant(str(uuid.uuid4()), agent)
+    first_ids = await _seed(memories, first, "MARKERFIRST")
+
+    response = await assembly.AssembleContext(request(second.org_id, second.agent_id, user(SHARED_WORDS)))
+
+    md = response.metadata
+    assert md.memories_injected == 0 and not md.directive_injected
+    assert not set(md.memory_ids) & first_ids
+    assert all("MARKERFIRST" not in m.content for m in response.messages)
+
+
+async def test_another_agent_of_the_same_org_sees_nothing_of_the_first(
+    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+) -> None:
+    org = str(uuid.uuid4())
+    first, second = Tenant(org, str(uuid.uuid4())), Tenant(org, str(uuid.uuid4()))
+    await _seed(memories, first, "MARKERSIBLING")
+
+    response = await assembly.AssembleContext(request(second.org_id, second.agent_id, user(SHARED_WORDS)))
+
+    assert response.metadata.memories_injected == 0
+    assert all("MARKERSIBLING" not in m.content for m in response.messages)
+
+
+async def test_no_leakage_under_concurrent_requests_from_many_tenants(
+    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+) -> None:
+    shared_agent = str(uuid.uuid4())
+    shared_org = str(uuid.uuid4())
+    tenants: list[Tenant] = []
+    # Same agent id across orgs, and several agents within one org: the risky shapes.
+    tenants += [Tenant(str(uuid.uuid4()), shared_agent) for _ in range(8)]
+    tenants += [Tenant(shared_org, str(uuid.uuid4())) for _ in range(8)]
+    markers = {t: f"MARK{uuid.uuid4().hex[:10].upper()}" for t in tenants}
+    owned = {t: await _seed(memories, t, markers[t]) for t in tenants}
+
+    rng = random.Random(7)
+    picks = [rng.choice(tenants) for _ in range(160)]
+
+    async def call(t: Tenant) -> tuple[Tenant, pb.AssembleContextResponse]:
+        return t, await assembly.AssembleContext(request(t.org_id, t.agent_id, user(SHARED_WORDS)), timeout=10)
+
+    results = await asyncio.gather(*(call(t) for t in picks))
+
+    injected_any = 0
+    for t, response in results:
+        md = response.metadata
+        assert set(md.memory_ids) <= owned[t]
+        text = "\n".join(m.content for m in response.messages)
+        foreign = [markers[o] for o in tenants if o != t and markers[o] in text]
+        assert not foreign, f"{t} saw markers of other tenants: {foreign}"
+        injected_any += md.memories_injected
+    assert injected_any > 0

@@ -1,0 +1,117 @@
+"""Bad input gets INVALID_ARGUMENT naming the field, and nothing is written."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from tests.conftest import Tenant
+
+from .conftest import user
+
+VALID_ORG = "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01"
+VALID_AGENT = "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11"
+
+
+def _assemble(**fields: object) -> pb.AssembleContextRequest:
+    values: dict[str, object] = {
+        "org_id": VALID_ORG,
+        "agent_id": VALID_AGENT,
+        "model": "gpt-4o",
+        "messages": [user("hi")],
+    }
+    values.update(fields)
+    return pb.AssembleContextRequest(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (_assemble(org_id="not-a-uuid"), "org_id"),
+        (_assemble(org_id=""), "org_id"),
+        (_assemble(agent_id="1234"), "agent_id"),
+        (_assemble(session_id="zzz"), "session_id"),
+        (_assemble(model=""), "model"),
+        (_assemble(messages=[user("a"), pb.Message(role="wizard", content="x")]), "messages[1].role"),
+        (_assemble(messages=[pb.Message(role="user", content="x" * 400_001)]), "messages[0].content"),
+        (_assemble(messages=[user("m")] * 10_000), "messages"),
+    ],
+    ids=["malformed-org", "missing-org", "malformed-agent", "malformed-session", "missing-model",
+         "unknown-role", "oversized-content", "10k-messages"],  # fmt: skip
+)
+async def test_assemble_rejects_bad_input_naming_the_field(
+    assembly: context_grpc.ContextAssemblyServiceStub, request_: pb.AssembleContextRequest, field: str
+) -> None:
+    with pytest.raises(GRPCError) as error:
+        await assembly.AssembleContext(request_)
+    assert error.value.status is Status.INVALID_ARGUMENT
+    assert error.value.message is not None
+    assert error.value.message.startswith(f"{field}:")
+
+
+async def test_a_20_mb_request_is_rejected_before_it_is_parsed(
+    assembly: context_grpc.ContextAssemblyServiceStub,
+) -> None:
+    huge = _assemble(messages=[user("x" * 1_000_000) for _ in range(20)])
+    assert huge.ByteSize() > 20_000_000
+    with pytest.raises(GRPCError) as error:
+        await assembly.AssembleContext(huge, timeout=30)
+    assert error.value.status is Status.INVALID_ARGUMENT
+    assert error.value.message is not None and error.value.message.startswith("request:")
+
+
+async def _count(postgres_dsn: str, tenant: Tenant) -> int:
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM memories WHERE org_id = $1 AND agent_id = $2", tenant.org_id, tenant.agent_id
+            )
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("memory", "field"),
+    [
+        (pb.MemoryInput(content="", category="factual"), "memories[1].content"),
+        (pb.MemoryInput(content="   ", category="factual"), "memories[1].content"),
+        (pb.MemoryInput(content="x" * 8193, category="factual"), "memories[1].content"),
+        (pb.MemoryInput(content="ok", category="gossip"), "memories[1].category"),
+        (pb.MemoryInput(content="ok", category="factual", id="nope"), "memories[1].id"),
+        (pb.MemoryInput(content="ok", category="factual", confidence=1.5), "memories[1].confidence"),
+        (pb.MemoryInput(content="ok", category="factual", embedding=[0.1] * 3), "memories[1].embedding"),
+    ],
+    ids=["empty", "blank", "oversized", "unknown-category", "malformed-id", "confidence-out-of-range",
+         "wrong-dimension"],  # fmt: skip
+)
+async def test_upsert_rejects_the_whole_batch_naming_the_field_and_writes_nothing(
+    memories: context_grpc.MemoryServiceStub,
+    postgres_dsn: str,
+    tenant: Tenant,
+    memory: pb.MemoryInput,
+    field: str,
+) -> None:
+    good = pb.MemoryInput(content="a perfectly fine memory", category="factual")
+    with pytest.raises(GRPCError) as error:
+        await memories.UpsertMemories(
+            pb.UpsertMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, memories=[good, memory])
+        )
+    assert error.value.status is Status.INVALID_ARGUMENT
+    assert error.value.message is not None and error.value.message.startswith(f"{field}:")
+    assert await _count(postgres_dsn, tenant) == 0
+
+
+async def test_write_calls_reject_malformed_scope(memories: context_grpc.MemoryServiceStub) -> None:
+    with pytest.raises(GRPCError) as error:
+        await memories.SetDirective(pb.SetDirectiveRequest(org_id="x", agent_id=VALID_AGENT, content="d"))
+    assert error.value.status is Status.INVALID_ARGUMENT
+    assert error.value.message is not None and error.value.message.startswith("org_id:")
+    with pytest.raises(GRPCError) as error:
+        await memories.DeleteMemories(pb.DeleteMemoriesRequest(org_id=VALID_ORG, agent_id=VALID_AGENT, ids=["1"]))
+    assert error.value.message is not None and error.value.message.startswith("ids[0]:")
