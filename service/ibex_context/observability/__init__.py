@@ -1,0 +1,31 @@
+"""Metrics, traces and logs, all derived from each call's ``AssemblyReport`` after the response.
+
+Wiring (once, in the app factory)::
+
+    metrics = Metrics(CollectorRegistry())
+    tracing = Tracing.from_settings(settings)
+    configure_logging(settings.log_level, settings.log_format)
+    instrument_server(server, metrics=metrics, tracing=tracing, log=logging.getLogger("ibex_context.access"))
+    metrics_server = start_metrics_server(settings.metrics_port, metrics.registry)  # .port, await .close()
+
+Handlers attach their report with ``state = current_call.get(); if state: state.report = report``.
+"""
+
+from ibex_context.observability.calls import instrument_server
+from ibex_context.observability.exposition import HealthStatus, MetricsServer, start_metrics_server
+from ibex_context.observability.logging import configure_logging
+from ibex_context.observability.metrics import Metrics
+from ibex_context.observability.state import CallState, current_call
+from ibex_context.observability.tracing import Tracing
+
+__all__ = [
+    "CallState",
+    "HealthStatus",
+    "Metrics",
+    "MetricsServer",
+    "Tracing",
+    "configure_logging",
+    "current_call",
+    "instrument_server",
+    "start_metrics_server",
+]

@@ -1,0 +1,212 @@
+"""The write-side client (memories, directives, feedback), used by the CLI and by integrators.
+
+Unlike ``ContextClient`` it raises: a write that did not happen must not look like
+one that did. Every failure is a ``MemoryClientError``; a rejected request is the
+``MemoryRequestInvalid`` subclass, naming the field the service named.
+"""
+
+from __future__ import annotations
+
+import enum
+import ssl as ssl_module
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.client.channels import SingleChannel
+from ibex_context.client.context import classify_failure
+from ibex_context.client.target import Target, parse_target
+from ibex_context.errors import IbexError
+from ibex_context.models import NewMemory
+
+__all__ = [
+    "FeedbackKind",
+    "MemoryClient",
+    "MemoryClientError",
+    "MemoryRequestInvalid",
+    "ScoreUpdate",
+    "UpsertResult",
+]
+
+_SERVICE = "/ibex.context.v1.MemoryService/"
+DEFAULT_WRITE_TIMEOUT_SECONDS = 30.0
+
+
+class MemoryClientError(IbexError):
+    """A write-side call failed. ``status`` is the gRPC status when the service answered."""
+
+    def __init__(self, method: str, reason: str, detail: str = "", status: Status | None = None) -> None:
+        super().__init__(f"{method} failed: {reason}" + (f" ({detail})" if detail else ""))
+        self.method = method
+        self.reason = reason
+        self.detail = detail
+        self.status = status
+
+
+class MemoryRequestInvalid(MemoryClientError):
+    """The service rejected the request (INVALID_ARGUMENT or RESOURCE_EXHAUSTED); nothing was written."""
+
+    @property
+    def field(self) -> str:
+        """The field the service named (its messages read ``field: problem``)."""
+        return self.detail.partition(":")[0].strip()
+
+
+class FeedbackKind(enum.StrEnum):
+    POSITIVE = "positive"
+    NEGATIVE = "negative"
+    NEUTRAL = "neutral"
+
+
+_FEEDBACK_WIRE = {
+    FeedbackKind.POSITIVE: pb.FEEDBACK_POSITIVE,
+    FeedbackKind.NEGATIVE: pb.FEEDBACK_NEGATIVE,
+    FeedbackKind.NEUTRAL: pb.FEEDBACK_NEUTRAL,
+}
+_UPSERT_OUTCOMES = {
+    pb.UPSERT_OUTCOME_CREATED: "created",
+    pb.UPSERT_OUTCOME_UPDATED: "updated",
+    pb.UPSERT_OUTCOME_UNCHANGED: "unchanged",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertResult:
+    id: str
+    outcome: str  # "created", "updated" or "unchanged"
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreUpdate:
+    memory_id: str
+    previous_usefulness: float
+    new_usefulness: float
+
+
+def memory_input(memory: NewMemory) -> pb.MemoryInput:
+    message = pb.MemoryInput(
+        id=memory.id or "",
+        content=memory.content,
+        category=memory.category,
+        confidence=memory.confidence,
+        usefulness=memory.usefulness,
+    )
+    if memory.metadata:
+        message.metadata.update(dict(memory.metadata))
+    if memory.embedding is not None:
+        message.embedding.extend(float(x) for x in memory.embedding)
+    return message
+
+
+class MemoryClient:
+    """MemoryService over one grpclib channel. Use ``async with`` or ``start()``/``close()``."""
+
+    def __init__(
+        self,
+        target: str | Target,
+        *,
+        timeout: float = DEFAULT_WRITE_TIMEOUT_SECONDS,
+        ssl: ssl_module.SSLContext | None = None,
+        batch_size: int = 500,
+    ) -> None:
+        self.target = parse_target(target) if isinstance(target, str) else target
+        self.timeout = timeout
+        self.batch_size = batch_size
+        self._channels = SingleChannel(self.target.host, self.target.port, ssl=ssl)
+
+    async def start(self) -> None:
+        await self._channels.start()
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+    async def __aenter__(self) -> MemoryClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def upsert_memories(
+        self, org_id: str, agent_id: str, memories: Iterable[NewMemory]
+    ) -> list[UpsertResult]:
+        """Upsert in batches of ``batch_size``; one result per memory, in order.
+
+        Batches already sent stay written if a later one fails (the error says how far it got).
+        """
+        results: list[UpsertResult] = []
+        batch: list[pb.MemoryInput] = []
+
+        async def flush() -> None:
+            request = pb.UpsertMemoriesRequest(org_id=org_id, agent_id=agent_id, memories=batch)
+            try:
+                reply = await self._call("UpsertMemories", request, pb.UpsertMemoriesResponse)
+            except MemoryClientError as exc:
+                if results:
+                    exc.detail = f"{exc.detail}; {len(results)} memories before this batch were written"
+                raise
+            results.extend(
+                UpsertResult(r.id, _UPSERT_OUTCOMES.get(r.outcome, "unknown")) for r in reply.results
+            )
+
+        for memory in memories:
+            batch.append(memory_input(memory))
+            if len(batch) >= self.batch_size:
+                await flush()
+                batch = []
+        if batch:
+            await flush()
+        return results
+
+    async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
+        request = pb.DeleteMemoriesRequest(org_id=org_id, agent_id=agent_id, ids=list(ids))
+        reply = await self._call("DeleteMemories", request, pb.DeleteMemoriesResponse)
+        return int(reply.deleted)
+
+    async def set_directive(self, org_id: str, agent_id: str, content: str) -> int:
+        """Replace the agent's directive; returns its new version."""
+        request = pb.SetDirectiveRequest(org_id=org_id, agent_id=agent_id, content=content)
+        reply = await self._call("SetDirective", request, pb.SetDirectiveResponse)
+        return int(reply.version)
+
+    async def clear_directive(self, org_id: str, agent_id: str) -> bool:
+        request = pb.ClearDirectiveRequest(org_id=org_id, agent_id=agent_id)
+        reply = await self._call("ClearDirective", request, pb.ClearDirectiveResponse)
+        return bool(reply.cleared)
+
+    async def record_feedback(
+        self,
+        org_id: str,
+        agent_id: str,
+        feedback: Mapping[str, FeedbackKind | str],
+        *,
+        session_id: str = "",
+    ) -> list[ScoreUpdate]:
+        """``feedback`` maps memory id -> positive/negative/neutral."""
+        items = [
+            pb.MemoryFeedback(memory_id=memory_id, feedback=_FEEDBACK_WIRE[FeedbackKind(kind)])
+            for memory_id, kind in feedback.items()
+        ]
+        request = pb.RecordFeedbackRequest(
+            org_id=org_id, agent_id=agent_id, session_id=session_id, feedback=items
+        )
+        reply = await self._call("RecordFeedback", request, pb.RecordFeedbackResponse)
+        return [ScoreUpdate(u.memory_id, u.previous_usefulness, u.new_usefulness) for u in reply.updates]
+
+    async def _call(self, method: str, request: Any, reply_type: type[Any]) -> Any:
+        await self._channels.start()
+        endpoint = self._channels.pick()
+        assert endpoint is not None
+        unary = endpoint.unary(_SERVICE + method, type(request), reply_type)
+        try:
+            return await unary(request, timeout=self.timeout)
+        except Exception as exc:
+            failure = classify_failure(exc)
+            status = exc.status if isinstance(exc, GRPCError) else None
+            if status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
+                raise MemoryRequestInvalid(method, failure.reason, failure.detail, status) from exc
+            raise MemoryClientError(method, failure.reason, failure.detail, status) from exc

@@ -1,0 +1,302 @@
+"""Prometheus metrics of the service, derived from the ``AssemblyReport`` of each call.
+
+Everything lives in a ``CollectorRegistry`` passed in (never the global default
+registry), so tests and embedded servers each get their own.
+
+Cardinality is bounded by construction: labels only ever take values from fixed
+sets (outcomes, stages, sources, reasons, gRPC codes, the server's own methods);
+anything else becomes ``other``. No tenant, agent, session or request id is ever a
+label; a trace id may ride on a histogram observation as an OpenMetrics exemplar,
+which is not a label and creates no series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from grpclib.const import Status
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ibex_context.models import Degradation
+from ibex_context.observability.exposition import (
+    HealthCheck,
+    HealthStatus,
+    MetricsServer,
+    start_metrics_server,
+)
+from ibex_context.pipeline.report import SOURCES, STAGES, AssemblyReport, Outcome, SourceStatus
+
+__all__ = [
+    "ASSEMBLY_BUCKETS",
+    "KNOWN_REASONS",
+    "OTHER",
+    "STAGE_BUCKETS",
+    "HealthCheck",
+    "HealthStatus",
+    "Metrics",
+    "MetricsServer",
+    "normalise_reason",
+    "start_metrics_server",
+]
+
+OTHER = "other"
+
+# Seconds. Dense around the 40-50 ms deadline, where the interesting percentiles live.
+ASSEMBLY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25,
+)  # fmt: skip
+# Stages take tens of microseconds (scoring, packing) to tens of milliseconds (cold search).
+STAGE_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.1,
+)  # fmt: skip
+# Every RPC, including the write side, where embedding a batch can take seconds.
+RPC_BUCKETS: tuple[float, ...] = (*ASSEMBLY_BUCKETS, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MEMORY_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 5, 8, 13, 20, 30, 50, 100)
+CANDIDATE_BUCKETS: tuple[float, ...] = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+UTILISATION_BUCKETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+TOKEN_BUCKETS: tuple[float, ...] = (0, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+
+# Degradation reasons the assembler reports (``AssemblyReport.reasons``). Anything
+# else is counted as ``other``: a new reason shows up on the dashboard as ``other``
+# until it is added here, instead of silently creating series.
+KNOWN_REASONS: frozenset[str] = frozenset(
+    {
+        *(f"{source}_{kind}" for source in SOURCES for kind in ("timeout", "error")),
+        "redis_unavailable",
+        "postgres_unavailable",
+        "embedder_unavailable",
+        "deadline_exceeded",
+        "assembly_error",
+        "constrained_budget",
+        "budget_exhausted",
+        "no_query",
+        "no_profile",
+    }
+)
+
+_OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+_DEGRADATION_LABELS: dict[Degradation, str] = {d: d.name.lower() for d in Degradation}
+_FAILURE_KINDS: dict[SourceStatus, str] = {SourceStatus.TIMEOUT: "timeout", SourceStatus.ERROR: "error"}
+
+
+def normalise_reason(reason: str, known: frozenset[str] = KNOWN_REASONS) -> str:
+    return reason if reason in known else OTHER
+
+
+def split_method(method: str) -> tuple[str, str]:
+    """``/ibex.context.v1.ContextAssemblyService/AssembleContext`` -> (service, method)."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
+
+
+class Metrics:
+    """Every metric of the service, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry, *, known_reasons: frozenset[str] = KNOWN_REASONS) -> None:
+        self.registry = registry
+        self._known_reasons = known_reasons
+
+        self.assembly_duration = Histogram(
+            "ibex_context_assembly_duration_seconds",
+            "Wall time of AssembleContext, from request parsed to response built, by outcome.",
+            ["outcome"],
+            buckets=ASSEMBLY_BUCKETS,
+            registry=registry,
+        )
+        self.stage_duration = Histogram(
+            "ibex_context_stage_duration_seconds",
+            "Wall time of one assembly stage.",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=registry,
+        )
+        self.degradations = Counter(
+            "ibex_context_assembly_degradation",
+            "Assemblies by how much of the pipeline ran (full, hot_only, directive_only, pass_through).",
+            ["level"],
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "ibex_context_fallbacks",
+            "Degradation reasons; an assembly with several reasons counts once for each.",
+            ["reason"],
+            registry=registry,
+        )
+        self.retrieval_failures = Counter(
+            "ibex_context_retrieval_failures",
+            "Retrieval sources that timed out or failed.",
+            ["source", "kind"],
+            registry=registry,
+        )
+        self.memories_injected = Histogram(
+            "ibex_context_memories_injected",
+            "Memories injected per assembly.",
+            buckets=MEMORY_COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.tokens_injected = Histogram(
+            "ibex_context_tokens_injected",
+            "Tokens injected (directive, memories and framing) per assembly.",
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.budget_utilisation = Histogram(
+            "ibex_context_budget_utilisation_ratio",
+            "Share of the memory token budget used by the injected memories.",
+            buckets=UTILISATION_BUCKETS,
+            registry=registry,
+        )
+        self.candidates_evaluated = Histogram(
+            "ibex_context_candidates_evaluated",
+            "Candidate memories scored per assembly.",
+            buckets=CANDIDATE_BUCKETS,
+            registry=registry,
+        )
+        self.inflight_calls = Gauge(
+            "ibex_context_inflight_calls",
+            "gRPC calls being handled right now (the HPA scales on this).",
+            registry=registry,
+        )
+        self.grpc_requests = Counter(
+            "ibex_context_grpc_requests",
+            "Finished gRPC calls by method and status code.",
+            ["service", "method", "code"],
+            registry=registry,
+        )
+        self.grpc_duration = Histogram(
+            "ibex_context_grpc_request_duration_seconds",
+            "Server-side wall time of gRPC calls, request received to trailers sent.",
+            ["service", "method"],
+            buckets=RPC_BUCKETS,
+            registry=registry,
+        )
+        self.post_response_queue_depth = Gauge(
+            "ibex_context_post_response_queue_depth",
+            "Usage updates waiting to be written after responses were sent.",
+            registry=registry,
+        )
+        self.post_response_dropped = Counter(
+            "ibex_context_post_response_dropped",
+            "Usage updates dropped because the post-response queue was full.",
+            registry=registry,
+        )
+        self.post_response_failures = Counter(
+            "ibex_context_post_response_failures",
+            "Post-response batches that failed to write.",
+            registry=registry,
+        )
+        self.profile_reloads = Counter(
+            "ibex_context_profile_reloads",
+            "Profile reloads by outcome (success, failure).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.profile_reload_last_success = Gauge(
+            "ibex_context_profile_reload_last_success_timestamp_seconds",
+            "Unix time of the last successful profile load.",
+            registry=registry,
+        )
+        self.profiles_loaded = Gauge(
+            "ibex_context_profiles_loaded",
+            "Profiles currently loaded.",
+            registry=registry,
+        )
+
+        # Children resolved once: .labels() takes a lock and hashes on every call,
+        # and pre-created series read as 0 instead of absent on the dashboard.
+        self._by_outcome = {o: self.assembly_duration.labels(o) for o in _OUTCOMES}
+        self._by_stage = {s: self.stage_duration.labels(s) for s in (*STAGES, OTHER)}
+        self._by_level = {d: self.degradations.labels(label) for d, label in _DEGRADATION_LABELS.items()}
+        self._by_reason = {r: self.fallbacks.labels(r) for r in (*sorted(known_reasons), OTHER)}
+        self._by_failure = {
+            (s, k): self.retrieval_failures.labels(s, k)
+            for s in (*SOURCES, OTHER)
+            for k in _FAILURE_KINDS.values()
+        }
+        for outcome in ("success", "failure"):
+            self.profile_reloads.labels(outcome)
+        self._rpc_counters: dict[tuple[str, Status], Counter] = {}
+        self._rpc_histograms: dict[str, Histogram] = {}
+
+    # --- per call -----------------------------------------------------------------------
+    def call_started(self) -> None:
+        self.inflight_calls.inc()
+
+    def call_ended(self) -> None:
+        self.inflight_calls.dec()
+
+    def record_call(self, method: str, status: Status, duration_seconds: float) -> None:
+        """One finished RPC. ``method`` is the full path; grpclib only reports paths it serves."""
+        counter = self._rpc_counters.get((method, status))
+        if counter is None:
+            service, name = split_method(method)
+            counter = self._rpc_counters[(method, status)] = self.grpc_requests.labels(
+                service, name, status.name
+            )
+        counter.inc()
+        histogram = self._rpc_histograms.get(method)
+        if histogram is None:
+            histogram = self._rpc_histograms[method] = self.grpc_duration.labels(*split_method(method))
+        histogram.observe(duration_seconds)
+
+    def record_assembly(
+        self, report: AssemblyReport, *, trace_id: str | None = None, call_seconds: float | None = None
+    ) -> None:
+        """Everything an assembly tells the metrics. ``trace_id`` (hex) becomes an exemplar.
+
+        ``call_seconds`` stands in for the duration when the report was never timed
+        (a request rejected before assembly started).
+        """
+        exemplar = {"trace_id": trace_id} if trace_id else None
+        duration = report.duration_seconds if report.finished_ns else (call_seconds or 0.0)
+        self._by_outcome[report.outcome.value].observe(duration, exemplar)
+        if report.outcome is Outcome.INVALID:
+            # Nothing was assembled; the counts below would only dilute the distributions.
+            return
+        for stage in report.stages:
+            child = self._by_stage.get(stage.stage) or self._by_stage[OTHER]
+            child.observe(max(0, stage.end_ns - stage.start_ns) / 1e9)
+        level = self._by_level.get(report.degradation)
+        if level is not None:
+            level.inc()
+        for reason in report.reasons:
+            self._by_reason[normalise_reason(reason, self._known_reasons)].inc()
+        for source in report.sources:
+            kind = _FAILURE_KINDS.get(source.status)
+            if kind is not None:
+                name = source.source if source.source in SOURCES else OTHER
+                self._by_failure[(name, kind)].inc()
+        self.memories_injected.observe(report.memories_injected)
+        self.tokens_injected.observe(report.tokens_injected)
+        self.candidates_evaluated.observe(report.candidates_evaluated)
+        if report.memory_budget > 0:
+            self.budget_utilisation.observe(report.budget_utilisation)
+
+    # --- post-response work -------------------------------------------------------------
+    def track_post_response_queue(self, depth: Callable[[], float]) -> None:
+        """Read the queue depth at scrape time (no update on the request path)."""
+        self.post_response_queue_depth.set_function(depth)
+
+    def post_response_dropped_items(self, count: int = 1) -> None:
+        self.post_response_dropped.inc(count)
+
+    def post_response_failed(self, count: int = 1) -> None:
+        self.post_response_failures.inc(count)
+
+    # --- profiles -----------------------------------------------------------------------
+    def record_profile_reload(
+        self, ok: bool, *, profiles: int | None = None, at: float | None = None
+    ) -> None:
+        self.profile_reloads.labels("success" if ok else "failure").inc()
+        if ok:
+            self.profile_reload_last_success.set(time.time() if at is None else at)
+            if profiles is not None:
+                self.profiles_loaded.set(profiles)
+
+    # --- introspection for tests and the dashboard check ---------------------------------
+    def metric_names(self) -> Iterable[str]:
+        """Every sample name this registry exposes (``_bucket``, ``_total`` ... included)."""
+        for family in self.registry.collect():
+            for sample in family.samples:
+                yield sample.name

@@ -1,0 +1,59 @@
+"""The per-call record shared by the server's event listeners, the handler and the log formatter.
+
+grpclib runs its ``RecvRequest`` and ``SendTrailingMetadata`` listeners inside the
+request's task, so a ``ContextVar`` set in the first is visible to the handler and to
+the second without passing anything through the handler's signature.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from grpclib.const import Status
+from grpclib.metadata import Deadline
+from opentelemetry.context import Context
+
+from ibex_context.pipeline.report import AssemblyReport
+
+
+@dataclass(slots=True, eq=False)
+class CallState:
+    """What the observability layer knows about one RPC. Mutable: the handler fills ``report``.
+
+    Times are ``time.perf_counter_ns()``; ``epoch_offset_ns`` converts them to Unix
+    nanoseconds (captured once at call start, so every span of the call shares one clock).
+    """
+
+    method: str
+    start_ns: int
+    epoch_offset_ns: int
+    request_id: str = ""
+    # The caller's W3C trace context (from the ``traceparent`` metadata), if it sent one.
+    parent: Context | None = None
+    # The caller's trace id, or one chosen at call start, so logs written during the
+    # call and the spans written after it share one trace id.
+    trace_id: int = 0
+    # None without a caller trace context; else whether the caller sampled its trace.
+    parent_sampled: bool | None = None
+    deadline: Deadline | None = None
+    # Time the caller gave us, as remaining when the request arrived.
+    deadline_ms: float | None = None
+    report: AssemblyReport | None = None
+    status: Status | None = None
+    end_ns: int = 0
+    ended: bool = False
+
+    def to_epoch_ns(self, perf_ns: int) -> int:
+        return perf_ns + self.epoch_offset_ns
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def trace_id_hex(self) -> str:
+        return f"{self.trace_id:032x}" if self.trace_id else ""
+
+
+current_call: ContextVar[CallState | None] = ContextVar("ibex_context_current_call", default=None)

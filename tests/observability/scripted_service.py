@@ -1,0 +1,191 @@
+"""A small AssembleContext server for observability and client tests.
+
+It behaves like the real handler towards the observability layer: it builds an
+``AssemblyReport`` with real stage timings and attaches it to the current
+``CallState``. The request's ``model`` picks a scenario, so one server covers every
+path. It injects ``MEMORY_TEXT`` (distinctive memory text) into the messages it
+returns: tests check that none of it leaks into logs, labels or span attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpclib.const
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server, Stream
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.models import Degradation
+from ibex_context.observability.calls import instrument_server
+from ibex_context.observability.metrics import Metrics
+from ibex_context.observability.state import current_call
+from ibex_context.observability.tracing import Tracing
+from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+
+ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
+MEMORY_TEXT = "Zanzibar-quokka-PAPAYA-7731 prefers dark roast"
+DIRECTIVE_TEXT = "Always answer as Captain Nebula-9946"
+
+# model -> behaviour
+FULL = "gpt-4o"
+COLD_TIMEOUT = "scenario-cold-timeout"
+UNKNOWN_REASON = "scenario-unknown-reason"
+SLOW = "scenario-slow"  # sleeps SLOW_SECONDS before answering
+INVALID = "scenario-invalid"
+CRASH = "scenario-crash"
+EMPTY = "scenario-empty-response"
+SLOW_SECONDS = 1.0
+
+
+@dataclass
+class ScriptedAssembly:
+    """Counts calls; ``delay`` is added to every call (for 'slower than the deadline' tests)."""
+
+    calls: int = 0
+    delay: float = 0.0
+    seen_metadata: list[dict[str, str]] = field(default_factory=list)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("tests.scripted_service"))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            ASSEMBLE_CONTEXT: grpclib.const.Handler(
+                self.assemble,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                pb.AssembleContextRequest,
+                pb.AssembleContextResponse,
+            )
+        }
+
+    async def assemble(self, stream: Stream[Any, Any]) -> None:
+        self.calls += 1
+        self.seen_metadata.append({k: v for k, v in stream.metadata.items() if isinstance(v, str)})
+        request = await stream.recv_message()
+        assert request is not None
+        state = current_call.get()
+        report = AssemblyReport(
+            request_id=request.request_id or "generated-request-id",
+            model=request.model,
+            profile="default",
+            started_ns=time.perf_counter_ns(),
+        )
+        if state is not None:
+            state.report = report
+            state.request_id = report.request_id
+        # A handler that logs what it works on: the formatter must tag it, and the
+        # tests check that only our (content-free) fields reach the output.
+        self.log.info("assembling", extra={"messages": len(request.messages)})
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if request.model == INVALID:
+            report.outcome = Outcome.INVALID
+            report.invalid_field = "org_id"
+            report.finished_ns = time.perf_counter_ns()
+            raise GRPCError(Status.INVALID_ARGUMENT, "org_id: must be a UUID")
+        if request.model == CRASH:
+            raise RuntimeError("handler bug")
+        if request.model == SLOW:
+            await asyncio.sleep(SLOW_SECONDS)
+
+        for stage in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format"):
+            start = time.perf_counter_ns()
+            await asyncio.sleep(0)
+            report.add_stage(stage, start, time.perf_counter_ns())
+        report.sources = [
+            SourceResult("directive", SourceStatus.OK, 100, 1),
+            SourceResult("hot", SourceStatus.OK, 200, 3),
+            SourceResult("embed", SourceStatus.OK, 50, 1),
+            SourceResult("cold", SourceStatus.OK, 900, 4),
+        ]
+        if request.model == COLD_TIMEOUT:
+            report.outcome = Outcome.DEGRADED
+            report.degradation = Degradation.HOT_ONLY
+            report.reasons = ["cold_timeout"]
+            report.sources[3] = SourceResult("cold", SourceStatus.TIMEOUT, 35_000, 0, "timed out after 35 ms")
+        if request.model == UNKNOWN_REASON:
+            report.outcome = Outcome.DEGRADED
+            report.reasons = ["martian_interference"]
+        report.candidates_evaluated = 7
+        report.memories_available = 5
+        report.memories_injected = 2
+        report.directive_injected = True
+        report.tokens_injected = 260
+        report.memory_budget = 1000
+        report.memory_tokens_used = 250
+        report.encoding = "o200k_base"
+        report.finished_ns = time.perf_counter_ns()
+
+        messages = [pb.Message(role="system", content=f"{DIRECTIVE_TEXT}\nKnown: {MEMORY_TEXT}")]
+        if request.model != EMPTY:
+            messages.extend(request.messages)
+        else:
+            messages = []
+        metadata = pb.InjectionMetadata(
+            directive_injected=True,
+            memories_injected=2,
+            memories_available=5,
+            fallback_reason=report.reasons[0] if report.reasons else "",
+            degradation_reasons=report.reasons,
+            request_id=report.request_id,
+            profile="default",
+        )
+        start = time.perf_counter_ns()
+        await stream.send_message(pb.AssembleContextResponse(messages=messages, metadata=metadata))
+        report.add_stage("serialize", start, time.perf_counter_ns())
+
+
+def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+@dataclass
+class RunningServer:
+    server: Server
+    service: ScriptedAssembly
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@asynccontextmanager
+async def scripted_server(
+    *,
+    metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
+    access_log: logging.Logger | None = None,
+    service: ScriptedAssembly | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AsyncIterator[RunningServer]:
+    """A real grpclib server on a real socket, instrumented when ``metrics`` is given."""
+    service = service or ScriptedAssembly()
+    server = Server([service])
+    if metrics is not None:
+        instrument_server(
+            server,
+            metrics=metrics,
+            tracing=tracing or Tracing(),
+            log=access_log or logging.getLogger("tests.access"),
+        )
+    sock = free_socket(host, port)
+    await server.start(sock=sock)
+    try:
+        yield RunningServer(server, service, host, sock.getsockname()[1])
+    finally:
+        server.close()
+        # grpclib waits for clients to hang up (no GOAWAY); do not hang the test on it.
+        with suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), 1.0)

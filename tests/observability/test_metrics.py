@@ -1,0 +1,248 @@
+"""Metrics: derived from each call's AssemblyReport, scraped over HTTP after real calls."""
+
+from __future__ import annotations
+
+from ibex_context.client import ContextClient
+from ibex_context.models import ChatMessage, Degradation
+from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
+from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from prometheus_client import CollectorRegistry
+
+from tests.observability import scripted_service as scripted
+from tests.observability.harness import Observed, sample
+
+MESSAGES = [ChatMessage("user", "What do I like to drink?")]
+ASSEMBLE = {"service": "ibex.context.v1.ContextAssemblyService", "method": "AssembleContext"}
+
+
+async def call(client: ContextClient, model: str) -> None:
+    await client.assemble(org_id="org", agent_id="agent", model=model, messages=MESSAGES)
+
+
+def fresh_report(**changes: object) -> AssemblyReport:
+    report = AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000)
+    for key, value in changes.items():
+        setattr(report, key, value)
+    return report
+
+
+def values(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+    }
+
+
+# --- derived from the report -----------------------------------------------------------
+
+
+def test_assembly_duration_lands_in_the_bucket_of_its_outcome() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_assembly(fresh_report(outcome=Outcome.DEGRADED))  # 12 ms
+
+    v = values(metrics)
+    name = "ibex_context_assembly_duration_seconds_bucket"
+    assert v[(name, frozenset({("outcome", "degraded"), ("le", "0.01")}))] == 0
+    assert v[(name, frozenset({("outcome", "degraded"), ("le", "0.02")}))] == 1
+    assert v[(name, frozenset({("outcome", "full"), ("le", "+Inf")}))] == 0
+    assert v[("ibex_context_assembly_duration_seconds_sum", frozenset({("outcome", "degraded")}))] == 0.012
+
+
+def test_every_reason_counts_once_and_unknown_reasons_become_other() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_assembly(fresh_report(reasons=["cold_timeout", "hot_error", "tenant-42 exploded"]))
+
+    v = values(metrics)
+    assert v[("ibex_context_fallbacks_total", frozenset({("reason", "cold_timeout")}))] == 1
+    assert v[("ibex_context_fallbacks_total", frozenset({("reason", "hot_error")}))] == 1
+    assert v[("ibex_context_fallbacks_total", frozenset({("reason", OTHER)}))] == 1
+    reasons = {dict(labels)["reason"] for name, labels in v if name == "ibex_context_fallbacks_total"}
+    assert reasons == {*KNOWN_REASONS, OTHER}
+
+
+def test_reasons_the_assembler_uses_are_all_known() -> None:
+    for reason in (
+        "deadline_exceeded",
+        "assembly_error",
+        *(f"{s}_{k}" for s in ("directive", "hot", "embed", "cold") for k in ("timeout", "error")),
+        "redis_unavailable",
+        "constrained_budget",
+    ):
+        assert normalise_reason(reason) == reason
+
+
+def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_assembly(
+        fresh_report(
+            sources=[
+                SourceResult("cold", SourceStatus.TIMEOUT),
+                SourceResult("hot", SourceStatus.ERROR),
+                SourceResult("directive", SourceStatus.OK),
+                SourceResult("embed", SourceStatus.SKIPPED),
+            ]
+        )
+    )
+    v = values(metrics)
+    failures = {
+        (dict(labels)["source"], dict(labels)["kind"]): value
+        for (name, labels), value in v.items()
+        if name == "ibex_context_retrieval_failures_total" and value
+    }
+    assert failures == {("cold", "timeout"): 1, ("hot", "error"): 1}
+
+
+def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
+    metrics = Metrics(CollectorRegistry())
+    report = fresh_report()
+    report.add_stage("score", 0, 80_000)  # 80 us
+    report.add_stage("teleport", 0, 1_000)
+    metrics.record_assembly(report)
+
+    v = values(metrics)
+    bucket = "ibex_context_stage_duration_seconds_bucket"
+    assert v[(bucket, frozenset({("stage", "score"), ("le", "5e-05")}))] == 0
+    assert v[(bucket, frozenset({("stage", "score"), ("le", "0.0001")}))] == 1
+    assert v[("ibex_context_stage_duration_seconds_count", frozenset({("stage", OTHER)}))] == 1
+
+
+def test_budget_utilisation_is_observed_only_when_there_was_a_budget() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_assembly(fresh_report(memory_budget=1000, memory_tokens_used=850))
+    metrics.record_assembly(fresh_report(memory_budget=0))
+
+    v = values(metrics)
+    assert v[("ibex_context_budget_utilisation_ratio_count", frozenset())] == 1
+    assert v[("ibex_context_budget_utilisation_ratio_sum", frozenset())] == 0.85
+    bucket = "ibex_context_budget_utilisation_ratio_bucket"
+    assert v[(bucket, frozenset({("le", "0.8")}))] == 0
+    assert v[(bucket, frozenset({("le", "0.9")}))] == 1
+
+
+def test_invalid_requests_count_their_duration_but_no_assembly_distributions() -> None:
+    metrics = Metrics(CollectorRegistry())
+    untimed = AssemblyReport(request_id="r", outcome=Outcome.INVALID, invalid_field="org_id")
+    metrics.record_assembly(untimed, call_seconds=0.003)
+
+    v = values(metrics)
+    assert v[("ibex_context_assembly_duration_seconds_count", frozenset({("outcome", "invalid")}))] == 1
+    assert v[("ibex_context_assembly_duration_seconds_sum", frozenset({("outcome", "invalid")}))] == 0.003
+    assert v[("ibex_context_memories_injected_count", frozenset())] == 0
+    assert v[("ibex_context_assembly_degradation_total", frozenset({("level", "full")}))] == 0
+
+
+def test_degradation_level_is_counted_by_name() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_assembly(fresh_report(degradation=Degradation.DIRECTIVE_ONLY))
+    v = values(metrics)
+    assert v[("ibex_context_assembly_degradation_total", frozenset({("level", "directive_only")}))] == 1
+
+
+def test_no_label_can_carry_an_id() -> None:
+    metrics = Metrics(CollectorRegistry())
+    label_names = {
+        label for family in metrics.registry.collect() for s in family.samples for label in s.labels
+    }
+    assert label_names <= {
+        "outcome",
+        "stage",
+        "level",
+        "reason",
+        "source",
+        "kind",
+        "service",
+        "method",
+        "code",
+        "le",
+    }
+
+
+def test_post_response_queue_depth_is_read_at_scrape_time() -> None:
+    metrics = Metrics(CollectorRegistry())
+    queue: list[int] = [1, 2, 3]
+    metrics.track_post_response_queue(lambda: len(queue))
+    assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 3
+    queue.clear()
+    assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 0
+
+
+def test_profile_reloads_count_by_outcome_and_stamp_the_last_success() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_profile_reload(True, profiles=3, at=1_700_000_000.0)
+    metrics.record_profile_reload(False)
+
+    v = values(metrics)
+    assert v[("ibex_context_profile_reloads_total", frozenset({("outcome", "success")}))] == 1
+    assert v[("ibex_context_profile_reloads_total", frozenset({("outcome", "failure")}))] == 1
+    assert v[("ibex_context_profile_reload_last_success_timestamp_seconds", frozenset())] == 1_700_000_000.0
+    assert v[("ibex_context_profiles_loaded", frozenset())] == 3
+
+
+# --- scraped over HTTP after real calls ------------------------------------------------
+
+
+async def test_real_calls_move_the_counts_and_buckets_seen_by_a_scrape(
+    observed: Observed, client: ContextClient
+) -> None:
+    before = await observed.scrape()
+    for _ in range(3):
+        await call(client, scripted.FULL)
+    after = await observed.scrape()
+
+    count = "ibex_context_assembly_duration_seconds_count"
+    assert sample(after, count, outcome="full") - sample(before, count, outcome="full") == 3
+    inf = sample(after, "ibex_context_assembly_duration_seconds_bucket", outcome="full", le="+Inf")
+    assert inf == 3
+    assert sample(after, "ibex_context_grpc_requests_total", code="OK", **ASSEMBLE) == 3
+    assert sample(after, "ibex_context_memories_injected_sum") == 6
+    assert sample(after, "ibex_context_candidates_evaluated_sum") == 21
+    # Every stage the handler timed, serialize included (added after the report was attached).
+    for stage in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format", "serialize"):
+        assert sample(after, "ibex_context_stage_duration_seconds_count", stage=stage) == 3, stage
+    assert sample(after, "ibex_context_inflight_calls") == 0
+
+
+async def test_a_forced_fallback_shows_its_reason_and_failed_source(
+    observed: Observed, client: ContextClient
+) -> None:
+    await call(client, scripted.COLD_TIMEOUT)
+    await call(client, scripted.UNKNOWN_REASON)
+    samples = await observed.scrape()
+
+    assert sample(samples, "ibex_context_fallbacks_total", reason="cold_timeout") == 1
+    assert sample(samples, "ibex_context_fallbacks_total", reason="other") == 1
+    assert sample(samples, "ibex_context_fallbacks_total", reason="hot_timeout") == 0
+    assert sample(samples, "ibex_context_retrieval_failures_total", source="cold", kind="timeout") == 1
+    assert sample(samples, "ibex_context_assembly_duration_seconds_count", outcome="degraded") == 2
+    assert sample(samples, "ibex_context_assembly_degradation_total", level="hot_only") == 1
+
+
+async def test_rejected_and_crashed_calls_are_counted_by_grpc_code(
+    observed: Observed, client: ContextClient
+) -> None:
+    await call(client, scripted.INVALID)
+    await call(client, scripted.CRASH)
+    samples = await observed.scrape()
+
+    assert sample(samples, "ibex_context_grpc_requests_total", code="INVALID_ARGUMENT", **ASSEMBLE) == 1
+    assert sample(samples, "ibex_context_grpc_requests_total", code="UNKNOWN", **ASSEMBLE) == 1
+    assert sample(samples, "ibex_context_assembly_duration_seconds_count", outcome="invalid") == 1
+    assert sample(samples, "ibex_context_inflight_calls") == 0
+
+
+async def test_no_scraped_label_value_contains_request_content_or_ids(
+    observed: Observed, client: ContextClient
+) -> None:
+    await client.assemble(
+        org_id="org-7f3a",
+        agent_id="agent-91bc",
+        session_id="sess-55de",
+        request_id="req-0042",
+        model=scripted.COLD_TIMEOUT,
+        messages=MESSAGES,
+    )
+    samples = await observed.scrape()
+    label_values = {value for _, labels in samples for _, value in labels}
+    forbidden = ("org-7f3a", "agent-91bc", "sess-55de", "req-0042", "PAPAYA", "drink")
+    assert not [v for v in label_values if any(f in v for f in forbidden)]
