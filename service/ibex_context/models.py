@@ -58,6 +58,8 @@ class ChatMessage:
 class Directive:
     content: str
     version: int = 0
+    # Tokens of the content per tiktoken encoding, counted once when it was written.
+    token_counts: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,552 @@
+"""PostgreSQL + pgvector: the source of truth for memories, directives and feedback.
+
+Every statement is scoped by ``org_id`` AND ``agent_id``. Connections come from an
+asyncpg pool whose connections are set up once (``init``): a binary codec for
+``vector`` that decodes straight to numpy, a JSON codec for ``jsonb``, and session
+settings:
+
+* ``hnsw.ef_search`` = max(settings.hnsw_ef_search, settings.cold_limit): HNSW
+  returns at most ef_search rows, so a smaller value silently truncates the top K.
+  A search asking for more raises it with ``SET LOCAL`` for that one transaction.
+* ``hnsw.iterative_scan = relaxed_order``: with the tenant filter applied after the
+  index scan, the scan continues until LIMIT rows pass the filter. Rows may come
+  back slightly out of order; they are re-sorted by distance here.
+* ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
+  switch to a generic plan after five runs, fixing one plan (HNSW vs. the tenant
+  index plus an exact sort) for every tenant regardless of its size.
+* ``statement_timeout``: a server-side backstop. The request deadline is enforced
+  by cancelling the awaiting task, which makes asyncpg send a cancel request, so
+  the query stops on the server too (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+from ibex_context.errors import InvalidRequest, StoreUnavailable
+from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
+from ibex_context.settings import Settings
+from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.hot_score import hot_set_order_sql
+from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
+
+# Usefulness moves a fifth of the way towards the feedback's target each time: one
+# signal cannot flip a memory, five consistent ones move it most of the way (1-0.8^5 = 67 %).
+FEEDBACK_ALPHA = 0.2
+FEEDBACK_TARGETS: Mapping[str, float] = {"positive": 1.0, "negative": 0.0, "neutral": 0.5}
+# The classid of the per-agent advisory lock that serialises writers of one agent.
+_WRITER_LOCK_CLASS = 0x49424558 & 0x7FFFFFFF
+
+
+def _memory_columns(alias: str = "") -> str:
+    """The columns ``_record`` reads, optionally qualified by a table alias."""
+    a = f"{alias}." if alias else ""
+    return (
+        f"{a}id, {a}content, {a}category, {a}confidence, {a}usefulness, {a}retrieval_count,"
+        f" extract(epoch FROM {a}created_at)::float8 AS created_at,"
+        f" extract(epoch FROM {a}last_injected_at)::float8 AS last_injected_at, {a}token_counts"
+    )
+
+
+_MEMORY_COLUMNS = _memory_columns()
+
+_SEARCH_SQL = f"""
+    SELECT {_MEMORY_COLUMNS}, embedding <=> $3 AS distance
+    FROM memories
+    WHERE org_id = $1 AND agent_id = $2
+    ORDER BY embedding <=> $3
+    LIMIT $4
+"""
+
+
+class _VectorParam:
+    """Wraps a vector inside a ``vector[]`` parameter: asyncpg would iterate a bare
+    numpy array as a nested array dimension."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: FloatVector) -> None:
+        self.array = array
+
+
+def _encode_vector(value: Any) -> bytes:
+    if isinstance(value, _VectorParam):
+        value = value.array
+    array = np.asarray(value, dtype=">f4")
+    if array.ndim != 1:
+        raise ValueError("a vector must be one-dimensional")
+    return struct.pack(">HH", array.shape[0], 0) + array.tobytes()
+
+
+def _decode_vector(data: bytes) -> FloatVector:
+    (dim,) = struct.unpack_from(">H", data)
+    return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "vector", schema="public", encoder=_encode_vector, decoder=_decode_vector, format="binary"
+    )
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=json.dumps, decoder=json.loads)
+
+
+def as_uuid(value: str, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidRequest(field, "must be a UUID") from None
+
+
+def _epoch(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _record(row: asyncpg.Record, *, with_embedding: bool = False) -> MemoryRecord:
+    distance = row.get("distance")
+    return MemoryRecord(
+        id=str(row["id"]),
+        content=row["content"],
+        category=row["category"],
+        confidence=float(row["confidence"]),
+        usefulness=float(row["usefulness"]),
+        retrieval_count=int(row["retrieval_count"]),
+        created_at=_epoch(row["created_at"]),
+        last_injected_at=_epoch(row["last_injected_at"]),
+        token_counts=row["token_counts"],
+        embedding=row["embedding"] if with_embedding else None,
+        similarity=None if distance is None else 1.0 - float(distance),
+        source=Source.COLD,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveState:
+    """The directive row as the cache stores it: ``content`` None when there is none.
+
+    ``version`` only grows (a cleared directive keeps its row), so a cache write of
+    an older state can be refused; 0 means the agent never had a directive.
+    """
+
+    content: str | None
+    version: int
+    token_counts: Mapping[str, int]
+
+    def to_directive(self) -> Directive | None:
+        if self.content is None:
+            return None
+        return Directive(content=self.content, version=self.version, token_counts=self.token_counts)
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedMemory:
+    org_id: str
+    agent_id: str
+    record: MemoryRecord
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int,
+    max_size: int,
+    ef_search: int,
+    statement_timeout_ms: int = 5000,
+    server_settings: Mapping[str, str] | None = None,
+) -> asyncpg.Pool:
+    """An asyncpg pool whose connections are ready for ``PostgresMemoryStore``.
+
+    ``server_settings`` adds or overrides session settings (e.g. ``work_mem``).
+    """
+    try:
+        pool: asyncpg.Pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(min_size, max_size),
+            max_size=max_size,
+            init=_init_connection,
+            server_settings={
+                "application_name": "ibex-context",
+                "hnsw.ef_search": str(ef_search),
+                "hnsw.iterative_scan": "relaxed_order",
+                "plan_cache_mode": "force_custom_plan",
+                "statement_timeout": str(statement_timeout_ms),
+                **(server_settings or {}),
+            },
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL: {type(exc).__name__}") from exc
+    return pool
+
+
+class PostgresMemoryStore:
+    """Memories, directives, feedback and injection counters in PostgreSQL.
+
+    Implements ``ColdMemorySearch``, ``MemoryWriter``, ``InjectionRecorder`` and
+    ``HealthProbe``. ``ef_search`` must equal the pool's session setting (see
+    ``create_pool``); searches with a larger limit raise it per transaction.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, ef_search: int) -> None:
+        self._pool = pool
+        self._ef_search = ef_search
+
+    @classmethod
+    async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
+        ef_search = min(1000, max(settings.hnsw_ef_search, settings.cold_limit))
+        pool = await create_pool(
+            settings.postgres_dsn,
+            min_size=settings.postgres_pool_min,
+            max_size=settings.postgres_pool_max,
+            ef_search=ef_search,
+        )
+        return cls(pool, ef_search=ef_search)
+
+    async def aclose(self) -> None:
+        await self._pool.close()
+
+    # ---------------------------------------------------------------- reads
+
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
+    ) -> list[MemoryRecord]:
+        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first."""
+        if limit <= 0:
+            return []
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        async with self._pool.acquire() as conn:
+            if limit > self._ef_search:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL hnsw.ef_search = {min(int(limit), 1000)}")
+                    rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
+            else:
+                rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
+        records = [_record(row) for row in rows]
+        # relaxed_order iterative scans may return rows slightly out of order.
+        records.sort(key=lambda r: -(r.similarity or 0.0))
+        return records
+
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
+        return (await self.get_directive_state(org_id, agent_id)).to_directive()
+
+    async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState:
+        row = await self._pool.fetchrow(
+            "SELECT content, version, token_counts FROM directives WHERE org_id = $1 AND agent_id = $2",
+            as_uuid(org_id, "org_id"),
+            as_uuid(agent_id, "agent_id"),
+        )
+        if row is None:
+            return DirectiveState(content=None, version=0, token_counts={})
+        return DirectiveState(
+            content=row["content"], version=row["version"], token_counts=row["token_counts"]
+        )
+
+    async def fetch_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> list[MemoryRecord]:
+        """The stored memories among ``ids``, with embeddings (unknown ids are left out)."""
+        if not ids:
+            return []
+        rows = await self._pool.fetch(
+            f"SELECT {_MEMORY_COLUMNS}, embedding FROM memories"
+            " WHERE org_id = $1 AND agent_id = $2 AND id = ANY($3::uuid[])",
+            as_uuid(org_id, "org_id"),
+            as_uuid(agent_id, "agent_id"),
+            [as_uuid(i, f"ids[{n}]") for n, i in enumerate(ids)],
+        )
+        return [_record(row, with_embedding=True) for row in rows]
+
+    async def top_memories_for_hot_set(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        """The agent's ``limit`` best memories by the write-time score (``stores.hot_score``)."""
+        if limit <= 0:
+            return []
+        rows = await self._pool.fetch(
+            f"SELECT {_MEMORY_COLUMNS}, embedding FROM memories"
+            " WHERE org_id = $1 AND agent_id = $2"
+            f" ORDER BY {hot_set_order_sql('$3::float8')} DESC, id LIMIT $4",
+            as_uuid(org_id, "org_id"),
+            as_uuid(agent_id, "agent_id"),
+            time.time(),
+            limit,
+        )
+        return [_record(row, with_embedding=True) for row in rows]
+
+    async def count_memories(self, org_id: str, agent_id: str) -> int:
+        count: int = await self._pool.fetchval(
+            "SELECT count(*) FROM memories WHERE org_id = $1 AND agent_id = $2",
+            as_uuid(org_id, "org_id"),
+            as_uuid(agent_id, "agent_id"),
+        )
+        return count
+
+    # ---------------------------------------------------------------- writes
+
+    async def upsert_memories(
+        self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
+    ) -> list[UpsertResult]:
+        """Stores a batch; results in input order (see ``stores.upsert_plan`` for the rules)."""
+        if not memories:
+            return []
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        for n, memory in enumerate(memories):
+            as_uuid(memory.id, f"memories[{n}].id")
+        async with self._pool.acquire() as conn, conn.transaction():
+            await self._lock_agent(conn, org, agent)
+            rows = await conn.fetch(
+                "SELECT id, content_hash, category, confidence, usefulness, metadata FROM memories"
+                " WHERE org_id = $1 AND agent_id = $2"
+                " AND (content_hash = ANY($3::bytea[]) OR id = ANY($4::uuid[]))",
+                org,
+                agent,
+                [m.content_hash for m in memories],
+                [uuid.UUID(m.id) for m in memories],
+            )
+            existing = [
+                StoredMemory(
+                    id=str(r["id"]),
+                    content_hash=bytes(r["content_hash"]),
+                    category=r["category"],
+                    confidence=float(r["confidence"]),
+                    usefulness=float(r["usefulness"]),
+                    metadata=r["metadata"],
+                )
+                for r in rows
+            ]
+            plan = plan_upsert(existing, memories)
+            if plan.updates:
+                await conn.execute(
+                    """
+                    UPDATE memories AS m SET
+                        content = u.content, content_hash = u.content_hash, category = u.category,
+                        confidence = u.confidence, usefulness = u.usefulness, metadata = u.metadata,
+                        token_counts = u.token_counts, embedding = u.embedding, updated_at = now()
+                    FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[], $7::real[], $8::real[],
+                                $9::jsonb[], $10::jsonb[], $11::vector[])
+                        AS u(id, content, content_hash, category, confidence, usefulness,
+                             metadata, token_counts, embedding)
+                    WHERE m.org_id = $1 AND m.agent_id = $2 AND m.id = u.id
+                    """,
+                    org,
+                    agent,
+                    *_columns(plan.updates),
+                )
+            if plan.inserts:
+                await conn.execute(
+                    """
+                    INSERT INTO memories (org_id, agent_id, id, content, content_hash, category,
+                                          confidence, usefulness, metadata, token_counts, embedding)
+                    SELECT $1, $2, u.* FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[],
+                                                   $7::real[], $8::real[], $9::jsonb[], $10::jsonb[],
+                                                   $11::vector[]) AS u
+                    """,
+                    org,
+                    agent,
+                    *_columns(plan.inserts),
+                )
+        return list(plan.results)
+
+    async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
+        """Deletes the memories (and their feedback); returns how many memories existed."""
+        if not ids:
+            return 0
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        targets = [as_uuid(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "DELETE FROM memory_feedback"
+                " WHERE org_id = $1 AND agent_id = $2 AND memory_id = ANY($3::uuid[])",
+                org,
+                agent,
+                targets,
+            )
+            status: str = await conn.execute(
+                "DELETE FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = ANY($3::uuid[])",
+                org,
+                agent,
+                targets,
+            )
+        return int(status.split()[-1])
+
+    async def set_directive(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> int:
+        """Stores the directive; returns its version (unchanged when the content is identical)."""
+        return (await self.set_directive_state(org_id, agent_id, content, token_counts)).version
+
+    async def set_directive_state(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> DirectiveState:
+        if not content:
+            raise InvalidRequest("content", "must not be empty")
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        row = await self._pool.fetchrow(
+            """
+            INSERT INTO directives AS d (org_id, agent_id, content, token_counts)
+            VALUES ($1, $2, $3, $4)
+            ON CONFLICT (org_id, agent_id) DO UPDATE
+                SET content = EXCLUDED.content, token_counts = EXCLUDED.token_counts,
+                    version = d.version + 1, updated_at = now()
+                WHERE d.org_id = $1 AND d.agent_id = $2
+                  AND (d.content IS DISTINCT FROM EXCLUDED.content
+                       OR d.token_counts IS DISTINCT FROM EXCLUDED.token_counts)
+            RETURNING version
+            """,
+            org,
+            agent,
+            content,
+            dict(token_counts),
+        )
+        if row is None:  # identical to what is stored
+            return await self.get_directive_state(org_id, agent_id)
+        return DirectiveState(content=content, version=row["version"], token_counts=dict(token_counts))
+
+    async def clear_directive(self, org_id: str, agent_id: str) -> bool:
+        """Removes the directive; False when there was none."""
+        return await self.clear_directive_version(org_id, agent_id) is not None
+
+    async def clear_directive_version(self, org_id: str, agent_id: str) -> int | None:
+        """Clears the directive and returns the version of the cleared state, or None."""
+        version: int | None = await self._pool.fetchval(
+            "UPDATE directives SET content = NULL, token_counts = '{}'::jsonb, version = version + 1,"
+            " updated_at = now() WHERE org_id = $1 AND agent_id = $2 AND content IS NOT NULL"
+            " RETURNING version",
+            as_uuid(org_id, "org_id"),
+            as_uuid(agent_id, "agent_id"),
+        )
+        return version
+
+    async def record_feedback(
+        self, org_id: str, agent_id: str, session_id: str | None, feedback: Sequence[tuple[str, str]]
+    ) -> list[FeedbackUpdate]:
+        """Moves each memory's usefulness towards 1 / 0 / 0.5 (EMA, alpha ``FEEDBACK_ALPHA``).
+
+        Applied in order, so repeated feedback on one memory compounds. Unknown
+        memory ids are skipped (they may have been deleted meanwhile).
+        """
+        if not feedback:
+            return []
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        session = as_uuid(session_id, "session_id") if session_id else None
+        args = []
+        for n, (memory_id, kind) in enumerate(feedback):
+            if kind not in FEEDBACK_TARGETS:
+                raise InvalidRequest(f"feedback[{n}].kind", f"must be one of {sorted(FEEDBACK_TARGETS)}")
+            args.append((org, agent, as_uuid(memory_id, f"feedback[{n}].memory_id"), session, kind))
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetchmany(
+                f"""
+                WITH previous AS (
+                    SELECT usefulness FROM memories
+                    WHERE org_id = $1 AND agent_id = $2 AND id = $3 FOR UPDATE
+                ), updated AS (
+                    UPDATE memories AS m
+                    SET usefulness = (1 - {FEEDBACK_ALPHA}) * p.usefulness + {FEEDBACK_ALPHA} * (
+                        CASE $5::text WHEN 'positive' THEN 1.0 WHEN 'negative' THEN 0.0 ELSE 0.5 END),
+                        updated_at = now()
+                    FROM previous AS p
+                    WHERE m.org_id = $1 AND m.agent_id = $2 AND m.id = $3
+                    RETURNING p.usefulness AS previous, m.usefulness AS updated
+                ), logged AS (
+                    INSERT INTO memory_feedback
+                        (org_id, agent_id, memory_id, session_id, feedback, previous, updated)
+                    SELECT $1, $2, $3, $4, $5, previous, updated FROM updated
+                )
+                SELECT $3::uuid AS id, previous, updated FROM updated
+                """,
+                args,
+            )
+        return [
+            FeedbackUpdate(
+                memory_id=str(r["id"]),
+                previous_usefulness=float(r["previous"]),
+                new_usefulness=float(r["updated"]),
+            )
+            for r in rows
+        ]
+
+    async def record_injections(self, injections: Sequence[Injection]) -> None:
+        await self.record_injections_returning(injections)
+
+    async def record_injections_returning(self, injections: Sequence[Injection]) -> list[ScopedMemory]:
+        """Counts injections in one statement; returns the updated memories (with embeddings).
+
+        Repeated injections of one memory in the batch add up; ``last_*_at`` never
+        moves backwards. Rows are updated in key order so concurrent batches
+        cannot deadlock.
+        """
+        if not injections:
+            return []
+        grouped: dict[tuple[uuid.UUID, uuid.UUID, uuid.UUID], tuple[int, float]] = {}
+        for n, item in enumerate(injections):
+            key = (
+                as_uuid(item.org_id, f"injections[{n}].org_id"),
+                as_uuid(item.agent_id, f"injections[{n}].agent_id"),
+                as_uuid(item.memory_id, f"injections[{n}].memory_id"),
+            )
+            count, at = grouped.get(key, (0, -math.inf))
+            grouped[key] = (count + 1, max(at, item.at))
+        keys = sorted(grouped)
+        rows = await self._pool.fetch(
+            f"""
+            WITH batch AS (
+                SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
+                    AS u(org_id, agent_id, id, n, at)
+                ORDER BY org_id, agent_id, id
+            )
+            UPDATE memories AS m SET
+                retrieval_count = m.retrieval_count + b.n,
+                last_retrieved_at = greatest(m.last_retrieved_at, to_timestamp(b.at)),
+                last_injected_at = greatest(m.last_injected_at, to_timestamp(b.at))
+            FROM batch AS b
+            WHERE m.org_id = b.org_id AND m.agent_id = b.agent_id AND m.id = b.id
+            RETURNING m.org_id, m.agent_id, {_memory_columns("m")}, m.embedding
+            """,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            [k[2] for k in keys],
+            [grouped[k][0] for k in keys],
+            [grouped[k][1] for k in keys],
+        )
+        return [
+            ScopedMemory(str(r["org_id"]), str(r["agent_id"]), _record(r, with_embedding=True)) for r in rows
+        ]
+
+    @staticmethod
+    async def _lock_agent(conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> None:
+        """Serialises writers of one agent so read-decide-write upserts cannot race."""
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text || $3::uuid::text))",
+            _WRITER_LOCK_CLASS,
+            org,
+            agent,
+        )
+
+    # ---------------------------------------------------------------- health
+
+    async def check_health(self) -> StoreHealth:
+        extra = {"pool_size": str(self._pool.get_size()), "pool_idle": str(self._pool.get_idle_size())}
+        try:
+            await self._pool.fetchval("SELECT 1", timeout=2.0)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            return StoreHealth(ok=False, detail=f"postgres: {type(exc).__name__}", extra=extra)
+        return StoreHealth(ok=True, detail="postgres: ok", extra=extra)
+
+
+def _columns(memories: Sequence[PreparedMemory]) -> list[list[Any]]:
+    return [
+        [uuid.UUID(m.id) for m in memories],
+        [m.content for m in memories],
+        [m.content_hash for m in memories],
+        [m.category for m in memories],
+        [m.confidence for m in memories],
+        [m.usefulness for m in memories],
+        [dict(m.metadata) for m in memories],
+        [dict(m.token_counts) for m in memories],
+        [_VectorParam(m.embedding) for m in memories],
+    ]

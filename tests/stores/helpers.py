@@ -1,0 +1,29 @@
+"""Plain helpers shared by the store tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from ibex_context.models import FloatVector
+
+DIM = 384
+
+
+def unit_vector(seed: int) -> FloatVector:
+    vector = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+    return vector
+
+
+def near(base: FloatVector, noise: float, seed: int) -> FloatVector:
+    """A unit vector at a controlled distance from ``base``: larger noise, farther."""
+    vector = base + noise * unit_vector(seed)
+    return (vector / np.linalg.norm(vector)).astype(np.float32)
+
+
+def at_similarity(base: FloatVector, similarity: float, seed: int) -> FloatVector:
+    """A unit vector whose cosine similarity to the unit vector ``base`` is exactly ``similarity``."""
+    other = unit_vector(seed)
+    orthogonal = other - float(other @ base) * base
+    orthogonal /= np.linalg.norm(orthogonal)
+    vector = similarity * base + np.sqrt(1.0 - similarity**2) * orthogonal
+    return vector.astype(np.float32)

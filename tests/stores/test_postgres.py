@@ -1,0 +1,297 @@
+"""PostgresMemoryStore against the session's real PostgreSQL + pgvector."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import asyncpg
+import pytest
+from conftest import Tenant
+from ibex_context.errors import InvalidRequest
+from ibex_context.stores.base import Injection
+from ibex_context.stores.hot_score import hot_set_score
+from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, create_pool
+
+from stores.conftest import MakeMemory
+from stores.helpers import at_similarity, near, unit_vector
+
+
+async def test_upserting_new_texts_creates_them_in_input_order(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    batch = [make_memory(f"fact number {i}") for i in range(5)]
+    results = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
+    assert [r.id for r in results] == [m.id for m in batch]
+    assert {r.outcome for r in results} == {"created"}
+    assert await pg_store.count_memories(tenant.org_id, tenant.agent_id) == 5
+
+
+async def test_reupserting_the_same_text_is_unchanged_and_keeps_the_first_id(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    first = make_memory("The user's name is Priya")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first])
+    again = make_memory("The user's name is Priya")  # same text, a different generated id
+    [result] = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [again])
+    assert (result.id, result.outcome) == (first.id, "unchanged")
+    assert await pg_store.count_memories(tenant.org_id, tenant.agent_id) == 1
+
+
+async def test_same_text_with_changed_fields_is_updated_in_place(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    first = make_memory("Prefers metric units", category="preference", confidence=0.6)
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first])
+    changed = make_memory("Prefers metric units", category="preference", confidence=0.9, metadata={"k": 1})
+    [result] = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [changed])
+    assert (result.id, result.outcome) == (first.id, "updated")
+    [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [first.id])
+    assert stored.confidence == pytest.approx(0.9)
+
+
+async def test_an_existing_id_with_new_text_replaces_the_content(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    first = make_memory("Lives in Lisbon")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first])
+    moved = make_memory("Lives in Porto", id=first.id)
+    [result] = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [moved])
+    assert (result.id, result.outcome) == (first.id, "updated")
+    [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [first.id])
+    assert stored.content == "Lives in Porto"
+    # The old text is free again: storing it creates a new memory.
+    [again] = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("Lives in Lisbon")])
+    assert again.outcome == "created"
+
+
+async def test_duplicates_inside_one_batch_are_stored_once(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    a, b = make_memory("Owns a cat"), make_memory("Owns a cat")
+    results = await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [a, b])
+    assert [(r.id, r.outcome) for r in results] == [(a.id, "created"), (a.id, "unchanged")]
+    assert await pg_store.count_memories(tenant.org_id, tenant.agent_id) == 1
+
+
+async def test_delete_removes_only_the_named_memories_of_that_agent(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    keep, gone = make_memory("keep me"), make_memory("delete me")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [keep, gone])
+    other_org = Tenant(org_id=str(uuid.uuid4()), agent_id=tenant.agent_id)
+    assert await pg_store.delete_memories(other_org.org_id, other_org.agent_id, [gone.id]) == 0
+    assert await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [gone.id]) == 1
+    remaining = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [keep.id, gone.id])
+    assert [m.id for m in remaining] == [keep.id]
+
+
+async def test_the_same_agent_id_under_another_org_sees_nothing(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memory = make_memory("secret of org A")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    other_org = str(uuid.uuid4())
+    assert await pg_store.search(other_org, tenant.agent_id, memory.embedding, 10) == []
+    assert await pg_store.fetch_memories(other_org, tenant.agent_id, [memory.id]) == []
+    assert await pg_store.top_memories_for_hot_set(other_org, tenant.agent_id, 50) == []
+    # The same text in the other org is a separate memory, not a duplicate.
+    [result] = await pg_store.upsert_memories(other_org, tenant.agent_id, [make_memory("secret of org A")])
+    assert result.outcome == "created" and result.id != memory.id
+
+
+async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    query = unit_vector(1)
+    # 60 memories at increasing distance from the query; ask for 50 (ef_search is 64 here,
+    # and a limit above it must still be filled: asked 80 -> all 60).
+    batch = [
+        make_memory(f"memory {i}", embedding=at_similarity(query, 0.95 - 0.01 * i, seed=100 + i))
+        for i in range(60)
+    ]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
+    found = await pg_store.search(tenant.org_id, tenant.agent_id, query, 50)
+    assert len(found) == 50
+    assert [m.id for m in found] == [m.id for m in batch[:50]]
+    similarities = [m.similarity for m in found]
+    assert similarities == sorted(similarities, reverse=True)
+    assert found[0].similarity == pytest.approx(0.95, abs=1e-5)
+    assert found[0].token_counts == {"o200k_base": 2}
+    assert found[0].created_at is not None and abs(found[0].created_at - time.time()) < 60
+    assert len(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80)) == 60
+
+
+async def test_hnsw_filtered_scan_fills_the_limit_for_a_small_tenant_among_many(
+    postgres_dsn: str, pg_store: PostgresMemoryStore, make_memory: MakeMemory
+) -> None:
+    """With the HNSW index forced, iterative scan keeps going until LIMIT rows pass the tenant filter."""
+    big = (str(uuid.uuid4()), str(uuid.uuid4()))
+    small = (str(uuid.uuid4()), str(uuid.uuid4()))
+    query = unit_vector(7)
+    await pg_store.upsert_memories(
+        *big, [make_memory(f"big {i}", embedding=near(query, 0.3, seed=i)) for i in range(400)]
+    )
+    await pg_store.upsert_memories(
+        *small, [make_memory(f"small {i}", embedding=near(query, 1.5, seed=5000 + i)) for i in range(30)]
+    )
+    # Planner settings that make it take the HNSW index, as it does for large tenants.
+    forced = {"enable_seqscan": "off", "enable_bitmapscan": "off", "enable_sort": "off"}
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=20, server_settings=forced)
+    try:
+        plan_rows = await pool.fetch(
+            "EXPLAIN SELECT id FROM memories WHERE org_id = $1 AND agent_id = $2"
+            " ORDER BY embedding <=> $3 LIMIT 25",
+            uuid.UUID(small[0]),
+            uuid.UUID(small[1]),
+            query,
+        )
+        assert "memories_embedding_hnsw" in " ".join(r[0] for r in plan_rows)
+        store = PostgresMemoryStore(pool, ef_search=20)
+        found = await store.search(*small, query, 25)
+    finally:
+        await pool.close()
+    assert len(found) == 25
+    assert all(m.content.startswith("small") for m in found)
+
+
+async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
+    postgres_dsn: str, pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("blocked")])
+    blocker = await asyncpg.connect(postgres_dsn)
+    observer = await asyncpg.connect(postgres_dsn)
+    try:
+        # The search waits on this lock just as it would on a slow scan.
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+        search = asyncio.create_task(pg_store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5))
+        waiting_sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
+            " AND state = 'active' AND query LIKE '%embedding <=>%'"
+        )
+        for _ in range(100):
+            if await observer.fetchval(waiting_sql) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert await observer.fetchval(waiting_sql) == 1
+        search.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await search
+        for _ in range(100):
+            if await observer.fetchval(waiting_sql) == 0:
+                break
+            await asyncio.sleep(0.02)
+        # Still holding the lock: only a server-side cancel can have ended the query.
+        assert await observer.fetchval(waiting_sql) == 0
+        await transaction.rollback()
+    finally:
+        await blocker.close()
+        await observer.close()
+    # The pool is healthy afterwards.
+    assert len(await pg_store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5)) == 1
+
+
+async def test_directive_versions_increase_across_set_and_clear(
+    pg_store: PostgresMemoryStore, tenant: Tenant
+) -> None:
+    assert await pg_store.get_directive(tenant.org_id, tenant.agent_id) is None
+    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {"o200k_base": 3}) == 1
+    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {"o200k_base": 3}) == 1
+    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be kind.", {"o200k_base": 3}) == 2
+    directive = await pg_store.get_directive(tenant.org_id, tenant.agent_id)
+    assert directive is not None
+    assert (directive.content, directive.version, dict(directive.token_counts)) == (
+        "Be kind.",
+        2,
+        {"o200k_base": 3},
+    )
+    assert await pg_store.clear_directive(tenant.org_id, tenant.agent_id) is True
+    assert await pg_store.clear_directive(tenant.org_id, tenant.agent_id) is False
+    assert await pg_store.get_directive(tenant.org_id, tenant.agent_id) is None
+    assert (await pg_store.get_directive_state(tenant.org_id, tenant.agent_id)).version == 3
+    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {}) == 4
+
+
+async def test_feedback_moves_usefulness_by_an_ema_and_is_logged(
+    postgres_dsn: str, pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memory = make_memory("useful fact", usefulness=0.5)
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    updates = await pg_store.record_feedback(
+        tenant.org_id,
+        tenant.agent_id,
+        str(uuid.uuid4()),
+        [(memory.id, "positive"), (memory.id, "positive"), (str(uuid.uuid4()), "negative")],
+    )
+    first = 0.5 + FEEDBACK_ALPHA * (1 - 0.5)
+    second = first + FEEDBACK_ALPHA * (1 - first)
+    assert [(u.memory_id, u.previous_usefulness) for u in updates] == [
+        (memory.id, 0.5),
+        (memory.id, pytest.approx(first)),
+    ]
+    assert updates[1].new_usefulness == pytest.approx(second, abs=1e-6)
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        logged = await conn.fetchval(
+            "SELECT count(*) FROM memory_feedback WHERE org_id = $1 AND agent_id = $2",
+            uuid.UUID(tenant.org_id),
+            uuid.UUID(tenant.agent_id),
+        )
+    finally:
+        await conn.close()
+    assert logged == 2
+    with pytest.raises(InvalidRequest, match=r"feedback\[0\].kind"):
+        await pg_store.record_feedback(tenant.org_id, tenant.agent_id, None, [(memory.id, "great")])
+
+
+async def test_injections_are_counted_in_one_batch(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    a, b = make_memory("injected twice"), make_memory("injected once")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [a, b])
+    at = time.time()
+    await pg_store.record_injections(
+        [
+            Injection(tenant.org_id, tenant.agent_id, a.id, at - 5),
+            Injection(tenant.org_id, tenant.agent_id, a.id, at),
+            Injection(tenant.org_id, tenant.agent_id, b.id, at),
+        ]
+    )
+    stored = {m.id: m for m in await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [a.id, b.id])}
+    assert stored[a.id].retrieval_count == 2 and stored[b.id].retrieval_count == 1
+    assert stored[a.id].last_injected_at == pytest.approx(at, abs=1e-3)
+
+
+async def test_top_memories_for_the_hot_set_follow_the_write_time_score(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    batch = [
+        make_memory(f"scored {i}", category=cat, confidence=c, usefulness=u)
+        for i, (cat, c, u) in enumerate(
+            [("factual", 0.9, 0.9), ("episodic", 0.2, 0.1), ("preference", 0.5, 0.5), ("factual", 0.7, 0.2)]
+        )
+    ]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
+    top = await pg_store.top_memories_for_hot_set(tenant.org_id, tenant.agent_id, 3)
+    assert len(top) == 3 and all(m.embedding is not None and m.embedding.shape == (384,) for m in top)
+    now = time.time()
+    stored = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [m.id for m in batch])
+    expected = sorted(stored, key=lambda m: -hot_set_score(m, now))[:3]
+    assert [m.id for m in top] == [m.id for m in expected]
+
+
+async def test_ids_that_are_not_uuids_are_rejected_naming_the_field(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    with pytest.raises(InvalidRequest, match="org_id"):
+        await pg_store.search("not-a-uuid", tenant.agent_id, unit_vector(1), 5)
+    with pytest.raises(InvalidRequest, match=r"ids\[1\]"):
+        await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [make_memory("x").id, "nope"])
+
+
+async def test_health_reports_ok(pg_store: PostgresMemoryStore) -> None:
+    health = await pg_store.check_health()
+    assert health.ok and health.extra["pool_size"] != ""
