@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from ibex_context.errors import ConfigurationError
+from ibex_context.models import MemoryRecord
+from ibex_context.pipeline.scoring import score_candidates, validate_scoring
+from ibex_context.profiles.model import Scoring, ScoringWeights
+
+NOW = 1_800_000_000.0
+DAY = 86_400.0
+
+
+def memory(id: str = "m", **fields: object) -> MemoryRecord:
+    values: dict[str, object] = {"content": "c", "category": "factual", "similarity": 0.5, "created_at": NOW}
+    values.update(fields)
+    return MemoryRecord(id=id, **values)  # type: ignore[arg-type]
+
+
+def test_relevance_does_not_always_dominate() -> None:
+    # Both a year old (factual half-life 180 d: recency 0.5 ** (365 / 180) = 0.2453).
+    strong_elsewhere = memory(
+        "a", similarity=0.35, usefulness=1.0, confidence=1.0, retrieval_count=50, created_at=NOW - 365 * DAY
+    )
+    more_relevant = memory(
+        "b", similarity=0.95, usefulness=0.0, confidence=0.1, retrieval_count=0, created_at=NOW - 365 * DAY
+    )
+    scored = score_candidates([more_relevant, strong_elsewhere], None, Scoring(), NOW)
+    recency = 0.5 ** (365 / 180)
+    # a: 0.40*0.35 + 0.25*r + 0.20*1 + 0.10*1 + 0.05*1 = 0.49 + 0.25 r = 0.5513
+    # b: 0.40*0.95 + 0.25*r + 0.20*0 + 0.10*0.1 + 0.05*0 = 0.39 + 0.25 r = 0.4513
+    assert [s.memory.id for s in scored] == ["a", "b"]
+    assert scored[0].score == pytest.approx(0.49 + 0.25 * recency)
+    assert scored[1].score == pytest.approx(0.39 + 0.25 * recency)
+
+
+@pytest.mark.parametrize(
+    ("category", "half_life"),
+    [("factual", 180), ("procedural", 120), ("preference", 45), ("behavioral", 30), ("episodic", 14)],
+)
+def test_recency_halves_at_the_category_half_life(category: str, half_life: float) -> None:
+    record = memory(category=category, created_at=NOW - half_life * DAY)
+    (scored,) = score_candidates([record], None, Scoring(), NOW)
+    assert scored.recency == pytest.approx(0.5)
+
+
+def test_unknown_category_uses_a_14_day_half_life() -> None:
+    (scored,) = score_candidates([memory(category="gossip", created_at=NOW - 14 * DAY)], None, Scoring(), NOW)
+    assert scored.recency == pytest.approx(0.5)
+
+
+def test_unknown_age_is_neutral() -> None:
+    (scored,) = score_candidates([memory(created_at=None)], None, Scoring(), NOW)
+    assert scored.recency == 0.5
+
+
+def test_future_creation_time_counts_as_new() -> None:
+    (scored,) = score_candidates([memory(created_at=NOW + DAY)], None, Scoring(), NOW)
+    assert scored.recency == 1.0
+
+
+def test_frequency_caps_at_50_retrievals() -> None:
+    scored = score_candidates(
+        [memory("a", retrieval_count=25), memory("b", retrieval_count=50), memory("c", retrieval_count=5000)],
+        None,
+        Scoring(),
+        NOW,
+    )
+    by_id = {s.memory.id: s.frequency for s in scored}
+    assert by_id == {"a": 0.5, "b": 1.0, "c": 1.0}
+
+
+def test_missing_usefulness_and_confidence_take_their_defaults() -> None:
+    (scored,) = score_candidates([memory(usefulness=None, confidence=None)], None, Scoring(), NOW)
+    assert (scored.usefulness, scored.confidence) == (0.5, 0.8)
+
+
+def test_scores_are_sorted_descending_with_ties_broken_by_id() -> None:
+    records = [memory(f"m{i}", similarity=s) for i, s in enumerate([0.3, 0.9, 0.6, 0.9, 0.2])]
+    scored = score_candidates(records, None, Scoring(), NOW)
+    assert [s.memory.id for s in scored] == ["m1", "m3", "m2", "m0", "m4"]
+    assert all(a.score >= b.score for a, b in itertools.pairwise(scored))
+
+
+def test_relevance_below_the_floor_is_dropped() -> None:
+    scored = score_candidates(
+        [memory("low", similarity=0.149), memory("ok", similarity=0.15)], None, Scoring(), NOW
+    )
+    assert [s.memory.id for s in scored] == ["ok"]
+
+
+def test_hot_memories_get_a_real_cosine_relevance() -> None:
+    query = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    aligned = memory("aligned", similarity=None, embedding=np.array([2.0, 0.0, 0.0], dtype=np.float32))
+    diagonal = memory("diag", similarity=None, embedding=np.array([1.0, 1.0, 0.0], dtype=np.float32))
+    opposite = memory("opp", similarity=None, embedding=np.array([-1.0, 0.0, 0.0], dtype=np.float32))
+    scored = {s.memory.id: s for s in score_candidates([aligned, diagonal, opposite], query, Scoring(), NOW)}
+    assert scored["aligned"].relevance == pytest.approx(1.0)
+    assert scored["diag"].relevance == pytest.approx(1 / math.sqrt(2))
+    assert "opp" not in scored  # cosine -1 -> relevance 0, below the floor
+
+
+def test_without_a_query_embedding_relevance_is_neutral_and_not_floored() -> None:
+    hot = memory("hot", similarity=None, embedding=np.ones(3, dtype=np.float32))
+    (scored,) = score_candidates([hot], None, Scoring(), NOW)
+    assert scored.relevance == 0.5
+
+
+def test_embedding_of_another_dimension_is_treated_as_unknown() -> None:
+    hot = memory("hot", similarity=None, embedding=np.ones(4, dtype=np.float32))
+    (scored,) = score_candidates([hot], np.ones(3, dtype=np.float32), Scoring(), NOW)
+    assert scored.relevance == 0.5
+
+
+def test_weights_are_normalised_by_their_sum() -> None:
+    doubled = Scoring(weights=ScoringWeights(0.8, 0.5, 0.4, 0.2, 0.1))
+    record = memory(similarity=0.7, usefulness=0.3, confidence=0.6, retrieval_count=10)
+    (a,) = score_candidates([record], None, Scoring(), NOW)
+    (b,) = score_candidates([record], None, doubled, NOW)
+    assert a.score == pytest.approx(b.score)
+
+
+def test_every_component_is_kept_and_tokens_left_zero() -> None:
+    (scored,) = score_candidates(
+        [memory(similarity=0.6, usefulness=0.7, confidence=0.9)], None, Scoring(), NOW
+    )
+    expected = 0.40 * 0.6 + 0.25 * 1.0 + 0.20 * 0.7 + 0.10 * 0.9 + 0.05 * 0.0
+    assert scored.score == pytest.approx(expected)
+    assert (scored.relevance, scored.recency, scored.usefulness, scored.confidence) == (0.6, 1.0, 0.7, 0.9)
+    assert scored.tokens == 0
+
+
+def test_no_candidates_give_no_scores() -> None:
+    assert score_candidates([], None, Scoring(), NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("scoring", "field"),
+    [
+        (Scoring(weights=ScoringWeights(0, 0, 0, 0, 0)), "scoring.weights"),
+        (Scoring(weights=ScoringWeights(relevance=-0.1)), "scoring.weights.relevance"),
+        (Scoring(weights=ScoringWeights(recency=math.nan)), "scoring.weights.recency"),
+        (Scoring(half_lives_days={"factual": 0.0}), "scoring.half_lives_days.factual"),
+        (Scoring(relevance_floor=1.0), "scoring.relevance_floor"),
+    ],
+)
+def test_invalid_scoring_is_a_configuration_error_naming_the_field(scoring: Scoring, field: str) -> None:
+    with pytest.raises(ConfigurationError, match=field.replace(".", r"\.")):
+        validate_scoring(scoring)
