@@ -7,9 +7,10 @@ import io
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from ibex_context.observability.exposition import MetricsServer, start_metrics_server
@@ -70,7 +71,9 @@ ObservedFactory = Callable[..., AbstractAsyncContextManager[Observed]]
 
 
 @asynccontextmanager
-async def observed_server(*, sample_ratio: float = 1.0, slow_ms: float = 40.0) -> AsyncIterator[Observed]:
+async def observed_server(
+    *, sample_ratio: float = 1.0, slow_ms: float = 40.0, extra_services: Sequence[Any] = ()
+) -> AsyncIterator[Observed]:
     metrics = Metrics(CollectorRegistry())
     exporter = InMemorySpanExporter()
     tracing = Tracing(exporter, sample_ratio=sample_ratio, slow_ms=slow_ms, batch=False)
@@ -87,7 +90,11 @@ async def observed_server(*, sample_ratio: float = 1.0, slow_ms: float = 40.0) -
     metrics_server = start_metrics_server(0, metrics.registry, host="127.0.0.1")
     try:
         async with scripted_server(
-            metrics=metrics, tracing=tracing, access_log=base.getChild("access"), service=service
+            metrics=metrics,
+            tracing=tracing,
+            access_log=base.getChild("access"),
+            service=service,
+            extra_services=extra_services,
         ) as server:
             yield Observed(server, metrics, exporter, tracing, metrics_server, output)
     finally:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,10 +169,11 @@ async def scripted_server(
     service: ScriptedAssembly | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    extra_services: Sequence[Any] = (),
 ) -> AsyncIterator[RunningServer]:
     """A real grpclib server on a real socket, instrumented when ``metrics`` is given."""
     service = service or ScriptedAssembly()
-    server = Server([service])
+    server = Server([service, *extra_services])
     if metrics is not None:
         instrument_server(
             server,

@@ -24,7 +24,7 @@ from grpclib.const import Status
 from grpclib.events import RecvRequest, SendTrailingMetadata, listen
 from grpclib.server import Server, Stream
 
-from ibex_context.observability.metrics import split_method
+from ibex_context.observability.metrics import split_method, unfinished_outcome
 from ibex_context.observability.state import CallState, current_call
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CallObserver", "CallState", "access_log_fields", "current_call", "instrument_server"]
 
+ASSEMBLE_CONTEXT_METHOD = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 # Probes and reflection: counted in the gRPC metrics, but neither traced nor logged.
 QUIET_METHOD_PREFIXES: tuple[str, ...] = ("/grpc.health.", "/grpc.reflection.")
 _RECORDING_ERROR_LOG_INTERVAL_SECONDS = 60.0
@@ -108,10 +109,11 @@ class CallObserver:
             if state.method.startswith(QUIET_METHOD_PREFIXES):
                 return
             trace_id = self._tracing.record(state)
-            if state.report is not None:
-                self._metrics.record_assembly(
-                    state.report, trace_id=trace_id, call_seconds=state.duration_seconds
-                )
+            report = state.finished_report
+            if report is not None:
+                self._metrics.record_assembly(report, trace_id=trace_id, call_seconds=state.duration_seconds)
+            elif state.method == ASSEMBLE_CONTEXT_METHOD and state.status is not Status.OK:
+                self._metrics.record_unfinished_assembly(state.status, state.duration_seconds)
             if self._log.isEnabledFor(logging.INFO):
                 self._log.info("rpc", extra=access_log_fields(state, traced=trace_id is not None))
         except Exception:
@@ -144,8 +146,11 @@ def access_log_fields(state: CallState, *, traced: bool) -> dict[str, object]:
     }
     if state.deadline_ms is not None:
         fields["deadline_ms"] = round(state.deadline_ms, 3)
-    report = state.report
+    report = state.finished_report
     if report is None:
+        if state.method == ASSEMBLE_CONTEXT_METHOD and state.status not in (None, Status.OK):
+            outcome, reason = unfinished_outcome(state.status)
+            fields.update(outcome=outcome.value, reasons=[reason] if reason else [])
         return fields
     stages_us: dict[str, int] = {}
     for stage in report.stages:

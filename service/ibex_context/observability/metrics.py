@@ -72,6 +72,8 @@ KNOWN_REASONS: frozenset[str] = frozenset(
         "budget_exhausted",
         "no_query",
         "no_profile",
+        # Set by the observability layer for calls that ended before the assembly did.
+        "cancelled",
     }
 )
 
@@ -82,6 +84,17 @@ _FAILURE_KINDS: dict[SourceStatus, str] = {SourceStatus.TIMEOUT: "timeout", Sour
 
 def normalise_reason(reason: str, known: frozenset[str] = KNOWN_REASONS) -> str:
     return reason if reason in known else OTHER
+
+
+def unfinished_outcome(status: Status) -> tuple[Outcome, str | None]:
+    """Outcome and reason of an AssembleContext call that ended without a finished report."""
+    if status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
+        return Outcome.INVALID, None
+    if status is Status.DEADLINE_EXCEEDED:
+        return Outcome.FALLBACK, "deadline_exceeded"
+    if status is Status.CANCELLED:
+        return Outcome.FALLBACK, "cancelled"
+    return Outcome.FALLBACK, "assembly_error"
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -272,6 +285,15 @@ class Metrics:
         self.candidates_evaluated.observe(report.candidates_evaluated)
         if report.memory_budget > 0:
             self.budget_utilisation.observe(report.budget_utilisation)
+
+    def record_unfinished_assembly(self, status: Status, call_seconds: float) -> None:
+        """An AssembleContext call that ended (deadline, cancellation, crash, rejection) before
+        its report was finished: the caller got no assembly, which the latency and fallback
+        panels must show rather than silently drop."""
+        outcome, reason = unfinished_outcome(status)
+        self._by_outcome[outcome.value].observe(call_seconds)
+        if reason is not None:
+            self._by_reason[normalise_reason(reason, self._known_reasons)].inc()
 
     # --- post-response work -------------------------------------------------------------
     def track_post_response_queue(self, depth: Callable[[], float]) -> None:

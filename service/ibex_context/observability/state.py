@@ -14,7 +14,7 @@ from grpclib.const import Status
 from grpclib.metadata import Deadline
 from opentelemetry.context import Context
 
-from ibex_context.pipeline.report import AssemblyReport
+from ibex_context.pipeline.report import AssemblyReport, Outcome
 
 
 @dataclass(slots=True, eq=False)
@@ -50,6 +50,18 @@ class CallState:
     @property
     def duration_seconds(self) -> float:
         return max(0, self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def finished_report(self) -> AssemblyReport | None:
+        """The report if the assembly got to the end (or rejected the request), else None.
+
+        A handler may attach its report early; when the call is cut short (deadline,
+        cancellation, crash) that report is half-filled and its outcome is not the truth.
+        """
+        report = self.report
+        if report is not None and (report.finished_ns > 0 or report.outcome is Outcome.INVALID):
+            return report
+        return None
 
     @property
     def trace_id_hex(self) -> str:
