@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
+import redis.asyncio as aioredis
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.repository import ContextRepository
 
-from stores.helpers import DIM
+from tests.stores.helpers import DIM, MakeMemory
 
 EF_SEARCH = 64
-
-MakeMemory = Callable[..., PreparedMemory]
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +57,21 @@ def make_memory() -> MakeMemory:
         )
 
     return make
+
+
+@pytest.fixture
+async def redis_cache(redis_url: str) -> AsyncIterator[RedisContextCache]:
+    cache = RedisContextCache(
+        aioredis.Redis.from_url(redis_url), directive_ttl_seconds=300, hot_set_size=5, hot_set_ttl_seconds=600
+    )
+    yield cache
+    await cache.aclose()
+
+
+@pytest.fixture
+async def repository(
+    pg_store: PostgresMemoryStore, redis_cache: RedisContextCache
+) -> AsyncIterator[ContextRepository]:
+    repo = ContextRepository(pg_store, redis_cache, invalidation_retry_seconds=0.05)
+    yield repo
+    await repo.aclose()

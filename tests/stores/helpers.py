@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from ibex_context.models import FloatVector
+from ibex_context.stores.base import PreparedMemory
 
 DIM = 384
+
+# make_memory(content, *, category=..., confidence=..., id=..., embedding=...) -> PreparedMemory
+MakeMemory = Callable[..., PreparedMemory]
 
 
 def unit_vector(seed: int) -> FloatVector:

@@ -8,14 +8,13 @@ import uuid
 
 import asyncpg
 import pytest
-from conftest import Tenant
 from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import Injection
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, create_pool
 
-from stores.conftest import MakeMemory
-from stores.helpers import at_similarity, near, unit_vector
+from tests.conftest import Tenant
+from tests.stores.helpers import MakeMemory, at_similarity, near, unit_vector
 
 
 async def test_upserting_new_texts_creates_them_in_input_order(

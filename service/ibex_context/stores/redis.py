@@ -1,0 +1,278 @@
+"""Redis: the cache of directives and of each agent's hot set.
+
+Keys are hash-tagged by the org (``{org_id}:...``) so one agent's keys live in one
+cluster slot and the Lua scripts below may touch them together:
+
+* ``{org}:directive:{agent}``        "<version>|<JSON>" — the directive, or a
+  negative entry ("<version>|-") meaning "this agent has no directive". Writes go
+  through ``PUT_DIRECTIVE`` which refuses a version older than the cached one, so
+  a slow reader filling the cache cannot overwrite a newer write.
+* ``{org}:hot_memories:{agent}``     ZSET memory id -> write-time score (top N).
+* ``{org}:hot_memory_data:{agent}``  HASH memory id -> encoded record
+  (``stores.hot_record``), plus the field ``~`` marking the hot set as built. An
+  agent with no memories has the marker and no ZSET, so "empty" and "missing"
+  (expired, evicted, never built) are told apart.
+* ``{org}:hot_gen:{agent}``          counter bumped by every write to the hot set.
+  A rebuild reads it before querying PostgreSQL and replaces the set only if it
+  is unchanged, so a rebuild can never install a snapshot older than a write.
+
+The hot set's TTL is set when it is rebuilt and not extended by writes: expiry is
+the periodic reconciliation with PostgreSQL (recency decays, trims drop members).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ibex_context.models import MemoryRecord
+from ibex_context.settings import Settings
+from ibex_context.stores.base import StoreHealth
+from ibex_context.stores.hot_record import decode_record, encode_record
+from ibex_context.stores.postgres import DirectiveState
+
+BUILT_MARKER = "~"
+# The generation counter outlives any hot set by far; it only needs to exist while
+# a rebuild is in flight.
+GENERATION_TTL_SECONDS = 86_400
+
+_READ_HOT = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return false end
+local limit = tonumber(ARGV[1])
+if limit <= 0 then return {} end
+local ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1, 'REV')
+if #ids == 0 then return {} end
+return redis.call('HMGET', KEYS[2], unpack(ids))
+"""
+
+_REPLACE_HOT = """
+local gen = tonumber(redis.call('GET', KEYS[3]) or '0')
+if gen ~= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[2], '~', '1')
+for i = 3, #ARGV, 3 do
+  redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+_ADD_HOT = """
+redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+for i = 3, #ARGV, 3 do
+  redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+end
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if excess > 0 then
+  local dropped = redis.call('ZRANGE', KEYS[1], 0, excess - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
+  redis.call('HDEL', KEYS[2], unpack(dropped))
+end
+-- The ZSET may have just been created (the agent had no memories): same expiry as the data.
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+"""
+
+_REMOVE_HOT = """
+redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[1])
+local removed = redis.call('ZREM', KEYS[1], unpack(ARGV, 2))
+redis.call('HDEL', KEYS[2], unpack(ARGV, 2))
+return removed
+"""
+
+_PUT_DIRECTIVE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local version = tonumber(string.match(current, '^(%d+)|'))
+  if version and version > tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
+
+def directive_key(org_id: str, agent_id: str) -> str:
+    return f"{{{org_id}}}:directive:{agent_id}"
+
+
+def hot_set_key(org_id: str, agent_id: str) -> str:
+    return f"{{{org_id}}}:hot_memories:{agent_id}"
+
+
+def hot_data_key(org_id: str, agent_id: str) -> str:
+    return f"{{{org_id}}}:hot_memory_data:{agent_id}"
+
+
+def hot_generation_key(org_id: str, agent_id: str) -> str:
+    return f"{{{org_id}}}:hot_gen:{agent_id}"
+
+
+def encode_directive(state: DirectiveState) -> bytes:
+    payload = (
+        "-" if state.content is None else json.dumps({"c": state.content, "t": dict(state.token_counts)})
+    )
+    return payload.encode("utf-8")
+
+
+def decode_directive(value: bytes) -> DirectiveState:
+    version, _, payload = value.partition(b"|")
+    if payload == b"-":
+        return DirectiveState(content=None, version=int(version), token_counts={})
+    fields = json.loads(payload)
+    return DirectiveState(content=fields["c"], version=int(version), token_counts=fields["t"])
+
+
+class RedisContextCache:
+    """Directive and hot-set cache. Raises ``redis.exceptions.RedisError`` on failure;
+    the repository decides what a failure means (miss, or best-effort invalidation)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        directive_ttl_seconds: int,
+        hot_set_size: int,
+        hot_set_ttl_seconds: int,
+    ) -> None:
+        self._client = client
+        self._directive_ttl = directive_ttl_seconds
+        self._hot_set_size = hot_set_size
+        self._hot_set_ttl = hot_set_ttl_seconds
+        # Registered once; redis-py runs them with EVALSHA and loads them on NOSCRIPT.
+        self._read_hot = client.register_script(_READ_HOT)
+        self._replace_hot = client.register_script(_REPLACE_HOT)
+        self._add_hot = client.register_script(_ADD_HOT)
+        self._remove_hot = client.register_script(_REMOVE_HOT)
+        self._put_directive = client.register_script(_PUT_DIRECTIVE)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RedisContextCache:
+        client = aioredis.Redis.from_url(
+            settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            socket_connect_timeout=1.0,
+        )
+        return cls(
+            client,
+            directive_ttl_seconds=settings.directive_cache_ttl_seconds,
+            hot_set_size=settings.hot_set_size,
+            hot_set_ttl_seconds=settings.hot_set_ttl_seconds,
+        )
+
+    @property
+    def hot_set_size(self) -> int:
+        return self._hot_set_size
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ---------------------------------------------------------------- directive
+
+    async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState | None:
+        """The cached state (content None = cached "no directive"), or None when not cached."""
+        value = await self._client.get(directive_key(org_id, agent_id))
+        if value is None:
+            return None
+        # The client is built without decode_responses: values are bytes.
+        return decode_directive(value if isinstance(value, bytes) else value.encode())
+
+    async def put_directive(self, org_id: str, agent_id: str, state: DirectiveState) -> bool:
+        """Caches ``state`` unless a newer version is cached; True when written."""
+        written = await self._put_directive(
+            keys=[directive_key(org_id, agent_id)],
+            args=[state.version, encode_directive(state), self._directive_ttl],
+        )
+        return bool(written)
+
+    async def delete_directive(self, org_id: str, agent_id: str) -> None:
+        await self._client.delete(directive_key(org_id, agent_id))
+
+    # ---------------------------------------------------------------- hot set
+
+    def _hot_keys(self, org_id: str, agent_id: str) -> list[str]:
+        return [
+            hot_set_key(org_id, agent_id),
+            hot_data_key(org_id, agent_id),
+            hot_generation_key(org_id, agent_id),
+        ]
+
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord] | None:
+        """The best ``limit`` hot memories in one round trip; None when the hot set is missing."""
+        blobs = await self._read_hot(keys=self._hot_keys(org_id, agent_id)[:2], args=[limit])
+        if blobs is None:
+            return None
+        records = []
+        for blob in blobs:
+            # A member without data (a concurrent trim) is skipped, not an error.
+            if blob is not None and (record := decode_record(blob)) is not None:
+                records.append(record)
+        return records
+
+    async def hot_set_generation(self, org_id: str, agent_id: str) -> int:
+        value = await self._client.get(hot_generation_key(org_id, agent_id))
+        return int(value) if value is not None else 0
+
+    async def replace_hot_set(
+        self,
+        org_id: str,
+        agent_id: str,
+        scored: Sequence[tuple[MemoryRecord, float]],
+        expected_generation: int,
+    ) -> bool:
+        """Installs a rebuilt hot set unless a write happened since ``expected_generation``."""
+        args: list[str | bytes | float | int] = [expected_generation, self._hot_set_ttl]
+        for record, score in scored[: self._hot_set_size]:
+            args += [record.id, score, encode_record(record)]
+        return bool(await self._replace_hot(keys=self._hot_keys(org_id, agent_id), args=args))
+
+    async def add_hot_memories(
+        self, org_id: str, agent_id: str, scored: Sequence[tuple[MemoryRecord, float]]
+    ) -> bool:
+        """Adds or re-scores members and trims to the size; False when there is no hot set
+        (it is not created partially: the next read rebuilds it whole)."""
+        args: list[str | bytes | float | int] = [self._hot_set_size, GENERATION_TTL_SECONDS]
+        for record, score in scored:
+            args += [record.id, score, encode_record(record)]
+        return bool(await self._add_hot(keys=self._hot_keys(org_id, agent_id), args=args))
+
+    async def remove_hot_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
+        """Removes members; returns how many were in the hot set."""
+        if not ids:
+            return 0
+        removed = await self._remove_hot(
+            keys=self._hot_keys(org_id, agent_id), args=[GENERATION_TTL_SECONDS, *ids]
+        )
+        return int(removed)
+
+    async def invalidate_hot_set(self, org_id: str, agent_id: str) -> None:
+        """Drops the hot set; bumps the generation so an in-flight rebuild does not land."""
+        keys = self._hot_keys(org_id, agent_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.incr(keys[2])
+            pipe.expire(keys[2], GENERATION_TTL_SECONDS)
+            pipe.delete(keys[0], keys[1])
+            await pipe.execute()
+
+    async def hot_set_ttl(self, org_id: str, agent_id: str) -> int:
+        """Seconds left before the hot set expires (-2 when missing)."""
+        ttl: int = await self._client.ttl(hot_data_key(org_id, agent_id))
+        return ttl
+
+    # ---------------------------------------------------------------- health
+
+    async def check_health(self) -> StoreHealth:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as exc:
+            return StoreHealth(ok=False, detail=f"redis: {type(exc).__name__}")
+        return StoreHealth(ok=True, detail="redis: ok")

@@ -1,0 +1,260 @@
+"""The stores as the pipeline and the write side use them: PostgreSQL behind a Redis cache.
+
+Consistency model (details and reasons: docs/adr/0003-stores.md):
+
+* PostgreSQL is the truth; every write lands there first and fails if it fails.
+* The cache is then written through (directive, hot-set members). If Redis fails,
+  the write still succeeds; the affected cache entries are invalidated, and if
+  that fails too the invalidation is retried in the background until Redis
+  answers. Version guards (directive) and a generation counter (hot set) keep a
+  slow cache fill from overwriting a newer write.
+* Reads never block on a rebuild: a missing hot set returns [] at once and
+  schedules one rebuild per agent in the background. A missing directive entry
+  is read from PostgreSQL and cached, including "no directive" (negative entry),
+  so agents without a directive do not query PostgreSQL on every request.
+* A Redis failure on the read path is a cache miss (directive: read PostgreSQL;
+  hot set: []); it is never an error of the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from redis.exceptions import RedisError
+
+from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.hot_score import hot_set_score
+from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
+from ibex_context.stores.redis import RedisContextCache
+
+_log = logging.getLogger(__name__)
+_CACHE_ERRORS = (RedisError, OSError)
+_AgentKey = tuple[str, str]
+
+
+class ContextRepository:
+    """Implements DirectiveReader, HotMemoryReader, ColdMemorySearch, MemoryWriter,
+    InjectionRecorder and HealthProbe over ``postgres`` and ``cache``.
+
+    It owns only its background tasks (hot-set rebuilds, invalidation retries);
+    ``aclose()`` stops them. The stores are closed by whoever created them.
+    """
+
+    def __init__(
+        self,
+        postgres: PostgresMemoryStore,
+        cache: RedisContextCache,
+        *,
+        clock: Callable[[], float] = time.time,
+        invalidation_retry_seconds: float = 1.0,
+    ) -> None:
+        self._postgres = postgres
+        self._cache = cache
+        self._clock = clock
+        self._retry_interval = invalidation_retry_seconds
+        self._rebuilds: dict[_AgentKey, asyncio.Task[bool]] = {}
+        self._pending_hot_invalidations: set[_AgentKey] = set()
+        self._pending_directive_invalidations: set[_AgentKey] = set()
+        self._retrier: asyncio.Task[None] | None = None
+
+    async def aclose(self) -> None:
+        tasks = [*self._rebuilds.values(), *([self._retrier] if self._retrier else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._rebuilds.clear()
+        self._retrier = None
+
+    # ================================================================ reads
+
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
+        try:
+            cached = await self._cache.get_directive_state(org_id, agent_id)
+        except _CACHE_ERRORS as exc:
+            _log.warning("directive cache read failed: %s", type(exc).__name__)
+            return await self._postgres.get_directive(org_id, agent_id)
+        if cached is not None:
+            return cached.to_directive()
+        state = await self._postgres.get_directive_state(org_id, agent_id)
+        try:
+            await self._cache.put_directive(org_id, agent_id, state)
+        except _CACHE_ERRORS as exc:
+            _log.warning("directive cache fill failed: %s", type(exc).__name__)
+        return state.to_directive()
+
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        try:
+            records = await self._cache.get_hot_memories(org_id, agent_id, limit)
+        except _CACHE_ERRORS as exc:
+            _log.warning("hot set read failed: %s", type(exc).__name__)
+            return []
+        if records is None:
+            self.schedule_hot_set_rebuild(org_id, agent_id)
+            return []
+        return records
+
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
+    ) -> list[MemoryRecord]:
+        return await self._postgres.search(org_id, agent_id, embedding, limit)
+
+    # ================================================================ hot set rebuild
+
+    def schedule_hot_set_rebuild(self, org_id: str, agent_id: str) -> asyncio.Task[bool]:
+        """Starts a rebuild unless one is already running for the agent; returns its task."""
+        key = (org_id, agent_id)
+        running = self._rebuilds.get(key)
+        if running is not None and not running.done():
+            return running
+        task = asyncio.create_task(self.rebuild_hot_set(org_id, agent_id), name="rebuild-hot-set")
+        self._rebuilds[key] = task
+        task.add_done_callback(lambda done: self._rebuild_finished(key, done))
+        return task
+
+    def _rebuild_finished(self, key: _AgentKey, task: asyncio.Task[bool]) -> None:
+        if self._rebuilds.get(key) is task:
+            del self._rebuilds[key]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            _log.warning("hot set rebuild failed: %s", type(exc).__name__)
+
+    async def rebuild_hot_set(self, org_id: str, agent_id: str) -> bool:
+        """Replaces the hot set with PostgreSQL's top N; False when a write raced it."""
+        generation = await self._cache.hot_set_generation(org_id, agent_id)
+        records = await self._postgres.top_memories_for_hot_set(org_id, agent_id, self._cache.hot_set_size)
+        return await self._cache.replace_hot_set(org_id, agent_id, self._scored(records), generation)
+
+    def _scored(self, records: Iterable[MemoryRecord]) -> list[tuple[MemoryRecord, float]]:
+        now = self._clock()
+        return [(record, hot_set_score(record, now)) for record in records]
+
+    async def _refresh_hot_members(self, org_id: str, agent_id: str, ids: Sequence[str]) -> None:
+        """Re-reads the memories from PostgreSQL and writes them (re-scored) into the hot set."""
+        if not ids:
+            return
+        records = await self._postgres.fetch_memories(org_id, agent_id, ids)
+        try:
+            await self._cache.add_hot_memories(org_id, agent_id, self._scored(records))
+        except _CACHE_ERRORS as exc:
+            _log.warning("hot set write failed: %s", type(exc).__name__)
+            await self._invalidate_hot_set(org_id, agent_id)
+
+    # ================================================================ writes
+
+    async def upsert_memories(
+        self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
+    ) -> list[UpsertResult]:
+        results = await self._postgres.upsert_memories(org_id, agent_id, memories)
+        changed = list(dict.fromkeys(r.id for r in results if r.outcome != "unchanged"))
+        await self._refresh_hot_members(org_id, agent_id, changed)
+        return results
+
+    async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
+        deleted = await self._postgres.delete_memories(org_id, agent_id, ids)
+        try:
+            removed = await self._cache.remove_hot_memories(org_id, agent_id, ids)
+        except _CACHE_ERRORS as exc:
+            _log.warning("hot set delete failed: %s", type(exc).__name__)
+            await self._invalidate_hot_set(org_id, agent_id)
+            return deleted
+        if removed:
+            # The hot set is one short of its top N now: refill it from PostgreSQL.
+            self.schedule_hot_set_rebuild(org_id, agent_id)
+        return deleted
+
+    async def set_directive(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> int:
+        state = await self._postgres.set_directive_state(org_id, agent_id, content, token_counts)
+        await self._write_directive_through(org_id, agent_id, state)
+        return state.version
+
+    async def clear_directive(self, org_id: str, agent_id: str) -> bool:
+        version = await self._postgres.clear_directive_version(org_id, agent_id)
+        if version is None:
+            state = await self._postgres.get_directive_state(org_id, agent_id)
+        else:
+            state = DirectiveState(content=None, version=version, token_counts={})
+        await self._write_directive_through(org_id, agent_id, state)
+        return version is not None
+
+    async def _write_directive_through(self, org_id: str, agent_id: str, state: DirectiveState) -> None:
+        try:
+            await self._cache.put_directive(org_id, agent_id, state)
+        except _CACHE_ERRORS as exc:
+            _log.warning("directive cache write failed: %s", type(exc).__name__)
+            await self._invalidate_directive(org_id, agent_id)
+
+    async def record_feedback(
+        self, org_id: str, agent_id: str, session_id: str | None, feedback: Sequence[tuple[str, str]]
+    ) -> list[FeedbackUpdate]:
+        updates = await self._postgres.record_feedback(org_id, agent_id, session_id, feedback)
+        await self._refresh_hot_members(org_id, agent_id, list(dict.fromkeys(u.memory_id for u in updates)))
+        return updates
+
+    async def record_injections(self, injections: Sequence[Injection]) -> None:
+        updated = await self._postgres.record_injections_returning(injections)
+        by_agent: dict[_AgentKey, list[MemoryRecord]] = {}
+        for item in updated:
+            by_agent.setdefault((item.org_id, item.agent_id), []).append(item.record)
+        for (org_id, agent_id), records in by_agent.items():
+            try:
+                await self._cache.add_hot_memories(org_id, agent_id, self._scored(records))
+            except _CACHE_ERRORS as exc:
+                _log.warning("hot set score refresh failed: %s", type(exc).__name__)
+                await self._invalidate_hot_set(org_id, agent_id)
+
+    # ================================================================ invalidation
+
+    async def _invalidate_hot_set(self, org_id: str, agent_id: str) -> None:
+        try:
+            await self._cache.invalidate_hot_set(org_id, agent_id)
+        except _CACHE_ERRORS:
+            self._pending_hot_invalidations.add((org_id, agent_id))
+            self._ensure_retrier()
+
+    async def _invalidate_directive(self, org_id: str, agent_id: str) -> None:
+        try:
+            await self._cache.delete_directive(org_id, agent_id)
+        except _CACHE_ERRORS:
+            self._pending_directive_invalidations.add((org_id, agent_id))
+            self._ensure_retrier()
+
+    @property
+    def pending_invalidations(self) -> int:
+        return len(self._pending_hot_invalidations) + len(self._pending_directive_invalidations)
+
+    def _ensure_retrier(self) -> None:
+        if self._retrier is None or self._retrier.done():
+            self._retrier = asyncio.create_task(self._retry_invalidations(), name="retry-cache-invalidation")
+
+    async def _retry_invalidations(self) -> None:
+        """Until Redis answers: a cache entry a failed write could not update must not survive."""
+        while self._pending_hot_invalidations or self._pending_directive_invalidations:
+            await asyncio.sleep(self._retry_interval)
+            for key in list(self._pending_hot_invalidations):
+                try:
+                    await self._cache.invalidate_hot_set(*key)
+                except _CACHE_ERRORS:
+                    break
+                self._pending_hot_invalidations.discard(key)
+            for key in list(self._pending_directive_invalidations):
+                try:
+                    await self._cache.delete_directive(*key)
+                except _CACHE_ERRORS:
+                    break
+                self._pending_directive_invalidations.discard(key)
+
+    # ================================================================ health
+
+    async def check_health(self) -> StoreHealth:
+        """OK while PostgreSQL answers: without Redis the service degrades but still serves."""
+        postgres, redis = await asyncio.gather(self._postgres.check_health(), self._cache.check_health())
+        return StoreHealth(
+            ok=postgres.ok,
+            detail=f"{postgres.detail}; {redis.detail}",
+            extra={"postgres": "ok" if postgres.ok else "down", "redis": "ok" if redis.ok else "down"},
+        )

@@ -1,0 +1,103 @@
+"""RedisContextCache against the session's real Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis.asyncio as aioredis
+from ibex_context.models import MemoryRecord
+from ibex_context.stores.postgres import DirectiveState
+from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key, hot_set_key
+
+from tests.conftest import Tenant
+from tests.stores.helpers import unit_vector
+
+
+def record(n: int) -> MemoryRecord:
+    return MemoryRecord(
+        id=str(uuid.UUID(int=n)), content=f"memory {n}", category="factual", embedding=unit_vector(n)
+    )
+
+
+def test_keys_are_hash_tagged_by_org_so_one_agent_lives_in_one_slot() -> None:
+    assert directive_key("o1", "a1") == "{o1}:directive:a1"
+    assert hot_set_key("o1", "a1") == "{o1}:hot_memories:a1"
+    assert hot_data_key("o1", "a1") == "{o1}:hot_memory_data:a1"
+
+
+async def test_a_newer_directive_version_replaces_an_older_one_never_the_reverse(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    assert await redis_cache.get_directive_state(org, agent) is None
+    assert await redis_cache.put_directive(org, agent, DirectiveState("v2", 2, {"o200k_base": 1}))
+    assert not await redis_cache.put_directive(org, agent, DirectiveState("v1", 1, {}))
+    cached = await redis_cache.get_directive_state(org, agent)
+    assert cached == DirectiveState("v2", 2, {"o200k_base": 1})
+    assert await redis_cache.put_directive(org, agent, DirectiveState(None, 3, {}))
+    negative = await redis_cache.get_directive_state(org, agent)
+    assert negative is not None and negative.content is None and negative.to_directive() is None
+
+
+async def test_a_missing_hot_set_is_told_apart_from_an_empty_one(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    assert await redis_cache.get_hot_memories(org, agent, 20) is None
+    assert await redis_cache.replace_hot_set(org, agent, [], expected_generation=0)
+    assert await redis_cache.get_hot_memories(org, agent, 20) == []
+
+
+async def test_the_hot_set_reads_the_best_first_in_one_call_and_trims_to_its_size(
+    redis_cache: RedisContextCache, tenant: Tenant, redis_url: str
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    scored = [(record(i), i / 10) for i in range(1, 5)]  # scores 0.1 .. 0.4
+    assert await redis_cache.replace_hot_set(org, agent, scored, expected_generation=0)
+    top = await redis_cache.get_hot_memories(org, agent, 3)
+    assert top is not None and [r.content for r in top] == ["memory 4", "memory 3", "memory 2"]
+    assert top[0].embedding is not None and top[0].embedding.shape == (384,)
+    # Size is 5: adding three more keeps the five best and drops the others' data too.
+    assert await redis_cache.add_hot_memories(org, agent, [(record(i), i / 10) for i in range(5, 8)])
+    everything = await redis_cache.get_hot_memories(org, agent, 50)
+    assert everything is not None and [r.content for r in everything] == [
+        f"memory {i}" for i in range(7, 2, -1)
+    ]
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.hlen(hot_data_key(org, agent)) == 5 + 1  # members + the built marker
+        assert await client.ttl(hot_set_key(org, agent)) > 0
+    finally:
+        await client.aclose()
+
+
+async def test_a_rebuild_that_raced_a_write_is_not_installed(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    generation = await redis_cache.hot_set_generation(org, agent)
+    # A write lands while the rebuild is reading PostgreSQL: the hot set is missing, so it
+    # is not created partially, but the generation moves on.
+    assert not await redis_cache.add_hot_memories(org, agent, [(record(1), 0.5)])
+    assert not await redis_cache.replace_hot_set(org, agent, [(record(2), 0.4)], generation)
+    assert await redis_cache.get_hot_memories(org, agent, 5) is None
+    assert await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5)], generation + 1)
+
+
+async def test_removing_members_removes_their_data(redis_cache: RedisContextCache, tenant: Tenant) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5), (record(2), 0.4)], 0)
+    assert await redis_cache.remove_hot_memories(org, agent, [record(1).id, str(uuid.uuid4())]) == 1
+    remaining = await redis_cache.get_hot_memories(org, agent, 5)
+    assert remaining is not None and [r.id for r in remaining] == [record(2).id]
+
+
+async def test_another_org_with_the_same_agent_id_sees_no_hot_set(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    await redis_cache.replace_hot_set(tenant.org_id, tenant.agent_id, [(record(1), 0.5)], 0)
+    assert await redis_cache.get_hot_memories(str(uuid.uuid4()), tenant.agent_id, 5) is None
+
+
+async def test_health_is_ok_while_redis_answers(redis_cache: RedisContextCache) -> None:
+    assert (await redis_cache.check_health()).ok
