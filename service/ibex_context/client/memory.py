@@ -8,6 +8,7 @@ one that did. Every failure is a ``MemoryClientError``; a rejected request is th
 from __future__ import annotations
 
 import enum
+import re
 import ssl as ssl_module
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,13 @@ class ScoreUpdate:
     new_usefulness: float
 
 
+_MEMORY_INDEX = re.compile(r"memories\[(\d+)\]")
+
+
+def _shift_memory_index(detail: str, offset: int) -> str:
+    return _MEMORY_INDEX.sub(lambda m: f"memories[{int(m.group(1)) + offset}]", detail)
+
+
 def memory_input(memory: NewMemory) -> pb.MemoryInput:
     message = pb.MemoryInput(
         id=memory.id or "",
@@ -146,9 +154,12 @@ class MemoryClient:
             try:
                 reply = await self._call("UpsertMemories", request, pb.UpsertMemoriesResponse)
             except MemoryClientError as exc:
-                if results:
-                    exc.detail = f"{exc.detail}; {len(results)} memories before this batch were written"
-                raise
+                if not results:
+                    raise
+                # Point at the caller's index, not the batch's, and say what already happened.
+                detail = _shift_memory_index(exc.detail, len(results))
+                detail += f"; {len(results)} memories before this batch were written"
+                raise type(exc)(exc.method, exc.reason, detail, exc.status) from exc
             results.extend(
                 UpsertResult(r.id, _UPSERT_OUTCOMES.get(r.outcome, "unknown")) for r in reply.results
             )
