@@ -1,0 +1,445 @@
+"""Locust load test of ContextAssemblyService/AssembleContext over real gRPC.
+
+The client is grpcio (sync, made gevent-cooperative) with the upb ``_pb2`` messages
+of the service (ADR-0001); grpclib/asyncio stay in the server process. Importing
+``context_pb2`` pulls in no grpclib or asyncio code (tests/loadtest checks it).
+
+Scenarios (weighted tasks; ``--scenario-weights``):
+
+* ``new_session``: 1-2 messages (sometimes a system prompt, then the user's question);
+* ``long_conversation``: 20-50 messages of history, then the question;
+* ``constrained_model``: an 8k-window model (``--constrained-model``, gpt-4) with a
+  long conversation, so the memory budget is small;
+* ``large_agent``: the agents with the most memories in the agents file.
+
+Every response is checked (``loadtest.checks``): metadata counts consistent, injected
+tokens within the memory budget, the client's messages preserved in order after the
+injection. A broken contract is a failed request. A degraded response
+(``fallback_reason``) is not a failure: it is counted by reason, reported at the
+end, written to ``--summary-json`` and gated on (``--max-fallback-rate``).
+
+Arrival rate: every user paces itself at ``--rps-per-user`` (``constant_throughput``),
+so the offered load is users x rps-per-user as long as responses are faster than
+1/rps-per-user. The exit code is 1 when p99 >= ``--p99-ms``, the fallback rate >=
+``--max-fallback-rate``, the failure rate >= ``--max-failure-rate`` or nothing ran.
+
+    locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 20 -r 20 -t 60s \
+        --agents-file loadtest/out/agents.json --rps-per-user 10 \
+        --csv loadtest/out/run --html loadtest/out/run.html --summary-json loadtest/out/run.json
+
+Every option also reads an environment variable (``LOADTEST_*``, shown in ``--help``),
+so the same file runs unchanged as an in-cluster Job.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any channel exists
+
+import gevent  # noqa: E402
+from locust import (  # noqa: E402
+    User,
+    constant_throughput,
+    events,
+    task,
+)
+from locust.env import Environment  # noqa: E402
+from locust.runners import WorkerRunner  # noqa: E402
+
+if __package__ in (None, ""):  # locust imports this file by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
+
+from loadtest import checks, corpus  # noqa: E402
+
+METHOD = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
+SCENARIOS: tuple[str, ...] = ("new_session", "long_conversation", "constrained_model", "large_agent")
+DEFAULT_WEIGHTS = "new_session=5,long_conversation=3,constrained_model=1,large_agent=1"
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser: Any) -> None:
+    g = parser.add_argument_group("ibex-context load test")
+    g.add_argument(
+        "--agents-file",
+        env_var="LOADTEST_AGENTS_FILE",
+        default="loadtest/out/agents.json",
+        help="JSON written by loadtest.seed",
+    )
+    g.add_argument("--rps-per-user", env_var="LOADTEST_RPS_PER_USER", type=float, default=10.0)
+    g.add_argument(
+        "--deadline-ms",
+        env_var="LOADTEST_DEADLINE_MS",
+        type=float,
+        default=45.0,
+        help="gRPC deadline sent with every call (the proxy gives up at 45 ms)",
+    )
+    g.add_argument(
+        "--p99-ms", env_var="LOADTEST_P99_MS", type=float, default=50.0, help="gate: p99 below this"
+    )
+    g.add_argument("--max-fallback-rate", env_var="LOADTEST_MAX_FALLBACK_RATE", type=float, default=0.001)
+    g.add_argument("--max-failure-rate", env_var="LOADTEST_MAX_FAILURE_RATE", type=float, default=0.001)
+    g.add_argument("--scenario-weights", env_var="LOADTEST_SCENARIO_WEIGHTS", default=DEFAULT_WEIGHTS)
+    g.add_argument("--model", env_var="LOADTEST_MODEL", default="gpt-4o")
+    g.add_argument("--constrained-model", env_var="LOADTEST_CONSTRAINED_MODEL", default="gpt-4")
+    g.add_argument(
+        "--unique-queries",
+        env_var="LOADTEST_UNIQUE_QUERIES",
+        type=int,
+        default=1,
+        help="1: every question is new text (no embedding-cache hits), as with real users",
+    )
+    g.add_argument(
+        "--warmup-s",
+        env_var="LOADTEST_WARMUP_S",
+        type=float,
+        default=0.0,
+        help="statistics are reset this many seconds after the start",
+    )
+    g.add_argument(
+        "--summary-json",
+        env_var="LOADTEST_SUMMARY_JSON",
+        default="",
+        help="write the gate's figures here at exit",
+    )
+    g.add_argument("--loadtest-seed", env_var="LOADTEST_SEED", type=int, default=7)
+
+
+def parse_weights(text: str) -> dict[str, int]:
+    weights: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in SCENARIOS:
+            raise ValueError(f"--scenario-weights: unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
+        weights[name] = int(value)
+    if not any(weights.values()):
+        raise ValueError("--scenario-weights: every weight is 0")
+    return weights
+
+
+# --------------------------------------------------------------------------- shared state
+
+
+class Tally:
+    """Fallbacks by reason, contract problems by kind, degradation levels (mergeable)."""
+
+    def __init__(self) -> None:
+        self.fallbacks: Counter[str] = Counter()
+        self.problems: Counter[str] = Counter()
+        self.levels: Counter[str] = Counter()
+        self.responses = 0
+        self.memories_injected = 0
+
+    def add(self, other: dict[str, Any]) -> None:
+        self.fallbacks.update(other.get("fallbacks", {}))
+        self.problems.update(other.get("problems", {}))
+        self.levels.update(other.get("levels", {}))
+        self.responses += int(other.get("responses", 0))
+        self.memories_injected += int(other.get("memories_injected", 0))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "fallbacks": dict(self.fallbacks),
+            "problems": dict(self.problems),
+            "levels": dict(self.levels),
+            "responses": self.responses,
+            "memories_injected": self.memories_injected,
+        }
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class Workload:
+    """Agents and prebuilt conversations, shared by every user of this process."""
+
+    def __init__(self, agents_file: Path, seed: int) -> None:
+        data = json.loads(agents_file.read_text())
+        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
+        if not self.agents:
+            raise ValueError(f"{agents_file}: no agents with queries")
+        by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
+        largest = int(by_size[0].get("memories", 0))
+        self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][
+            : max(1, len(by_size) // 10)
+        ]
+        rng = random.Random(seed)
+        self.histories = [self._history(rng, rng.randint(19, 49)) for _ in range(48)]
+        self.short_histories = [self._history(rng, rng.randint(7, 15)) for _ in range(24)]
+        self.system_prompts = [
+            "You are a helpful assistant for the operations team. Be concise.",
+            "You are a support agent. Answer politely and cite ticket numbers.",
+            "You help engineers debug production issues. Prefer concrete steps.",
+        ]
+
+    @staticmethod
+    def _history(rng: random.Random, turns: int) -> list[Any]:
+        pairs = corpus.conversation(rng, turns + 1, "")[:-1]
+        return [pb.Message(role=role, content=content) for role, content in pairs]
+
+
+def _workload(environment: Environment) -> Workload:
+    workload: Workload | None = getattr(environment, "ibex_workload", None)
+    if workload is None:
+        options = environment.parsed_options
+        workload = Workload(Path(options.agents_file), options.loadtest_seed)
+        environment.ibex_workload = workload  # type: ignore[attr-defined]
+    return workload
+
+
+def _tally(environment: Environment) -> Tally:
+    tally: Tally | None = getattr(environment, "ibex_tally", None)
+    if tally is None:
+        tally = Tally()
+        environment.ibex_tally = tally  # type: ignore[attr-defined]
+    return tally
+
+
+class RpcFailed(Exception):
+    """A gRPC status other than OK (the message is the status name, for grouping)."""
+
+
+class ContractBroken(Exception):
+    """The response broke the contract (see loadtest.checks)."""
+
+
+# --------------------------------------------------------------------------- the user
+
+
+class AssembleContextUser(User):
+    """One caller, paced at --rps-per-user, with its own HTTP/2 connection."""
+
+    def on_start(self) -> None:
+        options = self.environment.parsed_options
+        self._pace = constant_throughput(options.rps_per_user)
+        self._timeout = options.deadline_ms / 1000.0
+        self._unique = bool(options.unique_queries)
+        self._model, self._constrained_model = options.model, options.constrained_model
+        self._workload = _workload(self.environment)
+        self._tally = _tally(self.environment)
+        self._rng = random.Random(f"{options.loadtest_seed}:{id(self)}")
+        self._session = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        # A local subchannel pool gives each user its own TCP connection, so several
+        # server processes behind SO_REUSEPORT all receive load.
+        self._channel = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
+        self._call = self._channel.unary_unary(
+            METHOD,
+            request_serializer=pb.AssembleContextRequest.SerializeToString,
+            response_deserializer=pb.AssembleContextResponse.FromString,
+        )
+        weights = parse_weights(options.scenario_weights)
+        self._scenarios = [name for name in SCENARIOS if weights.get(name)]
+        self._weights = [weights[name] for name in self._scenarios]
+
+    def on_stop(self) -> None:
+        self._channel.close()
+
+    def wait_time(self) -> float:
+        return float(self._pace(self))
+
+    @task
+    def assemble(self) -> None:
+        scenario = self._rng.choices(self._scenarios, self._weights)[0]
+        self.call(scenario, self.build_request(scenario))
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _question(self, agent: dict[str, Any]) -> str:
+        question: str = self._rng.choice(agent["queries"])
+        if self._unique:
+            question += f" (ref {corpus.CATEGORIES[self._rng.randrange(5)]}-{self._rng.getrandbits(32):08x})"
+        return question
+
+    def build_request(self, scenario: str) -> Any:
+        w, rng = self._workload, self._rng
+        agent = rng.choice(w.large_agents if scenario == "large_agent" else w.agents)
+        req = pb.AssembleContextRequest(
+            org_id=agent["org_id"],
+            agent_id=agent["agent_id"],
+            model=self._constrained_model if scenario == "constrained_model" else self._model,
+            request_id=f"lt-{rng.getrandbits(64):016x}",
+        )
+        if scenario == "new_session":
+            if rng.random() < 0.5:
+                req.messages.add(role="system", content=rng.choice(w.system_prompts))
+        else:
+            req.session_id = self._session
+            history = rng.choice(w.short_histories if scenario == "constrained_model" else w.histories)
+            req.messages.extend(history)
+        req.messages.add(role="user", content=self._question(agent))
+        return req
+
+    def call(self, scenario: str, req: Any) -> None:
+        name = f"AssembleContext/{scenario}"
+        start = time.perf_counter()
+        exception: Exception | None = None
+        length = 0
+        try:
+            response = self._call(req, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            exception = RpcFailed(code.name if code is not None else type(exc).__name__)
+            response = None
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        if response is not None:
+            length = response.ByteSize()
+            problems = checks.response_problems(req.messages, response)
+            tally = self._tally
+            tally.responses += 1
+            tally.memories_injected += response.metadata.memories_injected
+            tally.levels[pb.DegradationLevel.Name(response.metadata.degradation_level)] += 1
+            reason = checks.fallback_reason(response)
+            if reason is not None:
+                tally.fallbacks[reason] += 1
+            if problems:
+                for problem in problems:
+                    tally.problems[checks.problem_kind(problem)] += 1
+                exception = ContractBroken("; ".join(checks.problem_kind(p) for p in problems))
+        self.environment.events.request.fire(
+            request_type="grpc",
+            name=name,
+            response_time=elapsed_ms,
+            response_length=length,
+            response=response,
+            context={"scenario": scenario},
+            exception=exception,
+        )
+
+
+# --------------------------------------------------------------------------- distributed runs
+
+
+@events.report_to_master.add_listener
+def _send_tally(client_id: str, data: dict[str, Any]) -> None:
+    env = _ENV.get("environment")
+    if env is not None:
+        tally = _tally(env)
+        data["ibex_tally"] = tally.snapshot()
+        tally.reset()
+
+
+@events.worker_report.add_listener
+def _receive_tally(client_id: str, data: dict[str, Any]) -> None:
+    env = _ENV.get("environment")
+    if env is not None and "ibex_tally" in data:
+        _tally(env).add(data["ibex_tally"])
+
+
+# The locust event hooks above receive no environment; remember it at init.
+_ENV: dict[str, Environment] = {}
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    _ENV["environment"] = environment
+    parse_weights(environment.parsed_options.scenario_weights)  # fail fast on a typo
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    warmup = environment.parsed_options.warmup_s
+    if warmup > 0 and not isinstance(environment.runner, WorkerRunner):
+
+        def reset() -> None:
+            environment.stats.reset_all()
+            _tally(environment).reset()
+            print(f"warm-up of {warmup:g} s over: statistics reset", file=sys.stderr)
+
+        gevent.spawn_later(warmup, reset)
+
+
+# --------------------------------------------------------------------------- gate
+
+
+def summarize(environment: Environment) -> dict[str, Any]:
+    options = environment.parsed_options
+    total = environment.stats.total
+    tally = _tally(environment)
+    n = total.num_requests
+    fallbacks = sum(tally.fallbacks.values())
+    duration = max(1e-9, (total.last_request_timestamp or 0) - (total.start_time or 0))
+    summary: dict[str, Any] = {
+        "requests": n,
+        "failures": total.num_failures,
+        "failure_rate": total.fail_ratio,
+        "rps": n / duration if n else 0.0,
+        "duration_s": duration,
+        "p50_ms": total.get_response_time_percentile(0.5) if n else None,
+        "p90_ms": total.get_response_time_percentile(0.9) if n else None,
+        "p99_ms": total.get_response_time_percentile(0.99) if n else None,
+        "p999_ms": total.get_response_time_percentile(0.999) if n else None,
+        "max_ms": total.max_response_time if n else None,
+        "mean_ms": total.avg_response_time if n else None,
+        "responses": tally.responses,
+        "fallbacks": fallbacks,
+        "fallback_rate": fallbacks / tally.responses if tally.responses else 0.0,
+        "fallbacks_by_reason": dict(tally.fallbacks.most_common()),
+        "problems_by_kind": dict(tally.problems.most_common()),
+        "degradation_levels": dict(tally.levels.most_common()),
+        "mean_memories_injected": tally.memories_injected / tally.responses if tally.responses else 0.0,
+        "failures_by_error": {str(err.error): err.occurrences for err in environment.stats.errors.values()},
+        "by_scenario": {
+            entry.name.split("/", 1)[-1]: {
+                "requests": entry.num_requests,
+                "failures": entry.num_failures,
+                "p50_ms": entry.get_response_time_percentile(0.5),
+                "p99_ms": entry.get_response_time_percentile(0.99),
+                "max_ms": entry.max_response_time,
+            }
+            for entry in environment.stats.entries.values()
+            if entry.num_requests
+        },
+        "gate": {
+            "p99_ms": options.p99_ms,
+            "max_fallback_rate": options.max_fallback_rate,
+            "max_failure_rate": options.max_failure_rate,
+        },
+    }
+    verdicts = []
+    if n == 0:
+        verdicts.append("no requests completed")
+    else:
+        if summary["p99_ms"] >= options.p99_ms:
+            verdicts.append(f"p99 {summary['p99_ms']:.0f} ms >= {options.p99_ms:g} ms")
+        if summary["fallback_rate"] >= options.max_fallback_rate:
+            verdicts.append(
+                f"fallback rate {summary['fallback_rate']:.4%} >= {options.max_fallback_rate:.4%}"
+            )
+        if total.fail_ratio >= options.max_failure_rate:
+            verdicts.append(f"failure rate {total.fail_ratio:.4%} >= {options.max_failure_rate:.4%}")
+    summary["passed"] = not verdicts
+    summary["violations"] = verdicts
+    return summary
+
+
+@events.quitting.add_listener
+def _gate(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, WorkerRunner):
+        return
+    summary = summarize(environment)
+    out = environment.parsed_options.summary_json
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(summary, indent=1))
+    print(
+        f"ibex gate: n={summary['requests']} rps={summary['rps']:.1f} p50={summary['p50_ms']} "
+        f"p99={summary['p99_ms']} max={summary['max_ms']} fail={summary['failures']} "
+        f"fallback={summary['fallback_rate']:.4%} {dict(summary['fallbacks_by_reason'])} "
+        f"problems={summary['problems_by_kind']} -> {'PASS' if summary['passed'] else 'FAIL'} "
+        f"{'; '.join(summary['violations'])}",
+        file=sys.stderr,
+    )
+    if not summary["passed"]:
+        environment.process_exit_code = 1
