@@ -1,0 +1,39 @@
+"""The hashing embedder is deterministic, lexical and normalised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.errors import ConfigurationError
+
+
+async def test_the_same_text_always_gives_the_same_unit_vector() -> None:
+    a, b = await HashingEmbedder(384).embed(["Lives in Lisbon", "Lives in Lisbon"])
+    np.testing.assert_array_equal(a, b)
+    assert a.dtype == np.float32 and a.shape == (384,)
+    assert float(np.linalg.norm(a)) == pytest.approx(1.0, abs=1e-6)
+
+
+async def test_texts_sharing_words_are_closer_than_unrelated_ones() -> None:
+    query, same_words, unrelated = await HashingEmbedder(384).embed(
+        ["where does the user live", "the user lives in Lisbon; where does she live?", "peanut allergy"]
+    )
+    assert float(query @ same_words) > float(query @ unrelated)
+
+
+async def test_case_and_punctuation_do_not_matter_but_word_order_does() -> None:
+    embedder = HashingEmbedder(384)
+    a, b, swapped = await embedder.embed(["Dog bites man.", "dog BITES man", "man bites dog"])
+    assert float(a @ b) == pytest.approx(1.0, abs=1e-6)
+    assert float(a @ swapped) < 0.99  # bigrams differ
+
+
+async def test_text_without_words_still_gives_a_unit_vector() -> None:
+    [vector] = await HashingEmbedder(16).embed(["!!! ..."])
+    assert float(np.linalg.norm(vector)) == pytest.approx(1.0)
+
+
+def test_a_tiny_dimension_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="embedding_dim"):
+        HashingEmbedder(4)
