@@ -64,7 +64,7 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("smoke", 5, 200, 20, 20, 4, description="CI smoke: small data, low rate"),
+        Scenario("smoke", 5, 200, 40, 30, 4, description="CI smoke: small data, low rate"),
         Scenario("baseline", 100, 1000, 200, 60, 10, description="100 agents x 1k memories at 200 RPS"),
         Scenario("step", 100, 1000, 400, 45, 10, description="one step of the max-RPS search"),
         Scenario(
@@ -189,7 +189,7 @@ def wait_ready(
 
 
 def dataset_key(args: argparse.Namespace) -> str:
-    raw = f"{args.agents}x{args.memories}-L{args.large_agents}x{args.large_memories}-{args.vectors}-{args.embedder}"
+    raw = f"{args.agents}x{args.memories}-L{args.large_agents}x{args.large_memories}-{args.vectors}-{args.seed_embedder}"
     return f"{raw}-{hashlib.sha1(f'{raw}-{args.seed}'.encode()).hexdigest()[:8]}"
 
 
@@ -264,7 +264,7 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
             "large_agents",
             "large_memories",
             "vectors",
-            "embedder",
+            "seed_embedder",
             "seed",
             "dim",
         )
@@ -290,7 +290,9 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
         "--vectors",
         args.vectors,
         "--embedder",
-        args.embedder,
+        args.seed_embedder,
+        "--jobs",
+        str(args.jobs),
         "--seed",
         str(args.seed),
         "--dim",
@@ -308,7 +310,7 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
     return agents_file, output
 
 
-def run(args: argparse.Namespace, log: Any = print) -> RunResult:
+def run(args: argparse.Namespace, log: Any = print) -> RunResult | None:
     started = time.monotonic()
     temp_dir: tempfile.TemporaryDirectory[str] | None = None
     if args.data_dir is not None:
@@ -326,6 +328,8 @@ def run(args: argparse.Namespace, log: Any = print) -> RunResult:
     try:
         with stores(data_dir, args.stores_cpus) as (dsn, redis_url, _redis, _postgres):
             agents_file, seed_output = seed_if_needed(args, dsn, data_dir, log)
+            if args.seed_only:
+                return None
             return _run_with_stores(args, dsn, redis_url, agents_file, seed_output, prefix, started, log)
     finally:
         if temp_dir is not None:
@@ -663,7 +667,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}).",
         f"- Data: {args.agents} agents x {args.memories:,} memories"
         + (f" + {args.large_agents} agents x {args.large_memories:,}" if args.large_agents else "")
-        + f", vectors from `{args.vectors if args.vectors == 'random' else args.embedder}`, seed {args.seed}. "
+        + f", vectors from `{args.vectors if args.vectors == 'random' else args.seed_embedder}`, seed {args.seed}. "
         "Seeding output:",
         "",
         "```",
@@ -701,7 +705,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--large-agents", type=int)
     p.add_argument("--large-memories", type=int)
     p.add_argument("--vectors", choices=("embedder", "random"))
-    p.add_argument("--embedder", choices=("hashing", "minilm"), default="hashing")
+    p.add_argument(
+        "--embedder", choices=("hashing", "minilm"), default="hashing", help="the service's embedder"
+    )
+    p.add_argument(
+        "--seed-embedder",
+        choices=("hashing", "minilm"),
+        default="hashing",
+        help="embedder of the stored vectors (with --vectors embedder)",
+    )
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeding processes")
+    p.add_argument("--seed-only", action="store_true", help="start the stores, seed, stop")
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--workers", type=int, default=1, help="server processes (SO_REUSEPORT)")
@@ -741,24 +755,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def log(msg: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {msg}", flush=True)
 
-    def log(msg: str) -> None:
-        print(f"[{datetime.now(UTC):%H:%M:%S}] {msg}", flush=True)
 
+def passed(result: RunResult) -> bool:
+    return result.locust_rc == 0 and bool(result.summary.get("passed"))
+
+
+def run_and_report(args: argparse.Namespace) -> tuple[RunResult | None, Path | None]:
+    """One run; writes ``loadtest/results/<date>-<label>.md`` unless --no-results."""
     result = run(args, log)
+    if result is None:  # --seed-only
+        return None, None
     report = render_report(args, result)
-    if not args.no_results:
-        results_dir = Path(args.results_dir)
-        results_dir.mkdir(parents=True, exist_ok=True)
-        path = results_dir / f"{datetime.now(UTC):%Y-%m-%d}-{args.label}.md"
-        path.write_text(report)
-        log(f"results: {path}")
     print(report)
-    s = result.summary
-    ok = result.locust_rc == 0 and bool(s.get("passed"))
-    return 0 if ok else 1
+    if args.no_results:
+        return result, None
+    results_dir = Path(args.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{datetime.now(UTC):%Y-%m-%d}-{args.label}.md"
+    path.write_text(report)
+    log(f"results: {path}")
+    return result, path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    result, _ = run_and_report(parse_args(argv))
+    return 0 if result is None or passed(result) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,340 @@
+# ruff: noqa: E501  (report templates read better unwrapped)
+"""The benchmark matrix on this machine, one command: ``loadtest/matrix``.
+
+Server pinned to CPU 0, locust to CPU 1 (``loadtest/run`` for each step). Steps:
+
+1. 100 agents x 1k memories, hashing embedder: 50 / 200 / 400 RPS;
+2. the maximum sustainable rate of one server process: step the arrival rate up
+   (``--step-start``, ``--step``) until p99 >= 50 ms, the fallback rate >= 0.1 % or the
+   achieved rate falls 5 % short of the offered one;
+3. a py-spy profile of the server at 600 RPS (the per-process target);
+4. two server processes (``serve --workers 2``, SO_REUSEPORT; one per core, so locust
+   shares CPU 1 with the second) at the highest rate tried in step 2;
+5. the MiniLM embedder in the service (same data) at 200 RPS;
+6. one agent x 100k memories (HNSW, random unit vectors) at 50 RPS: the cold-search
+   stage's p95 from the service's histogram against the 30 ms gate;
+7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
+   HNSW build take tens of minutes here; see the estimate printed).
+
+Each step writes ``loadtest/results/<date>-<label>.md`` (committed when ``--commit``),
+and the matrix writes ``loadtest/results/<date>-matrix.md`` with every figure and the
+targets met or missed. ``--only`` runs a subset (comma-separated step names:
+rates, max, profile, workers, minilm, large, big).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from loadtest import runner  # noqa: E402
+
+STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big")
+
+
+@dataclass(slots=True)
+class Row:
+    label: str
+    data: str
+    config: str
+    offered: float
+    result: runner.RunResult | None
+    path: Path | None
+    note: str = ""
+
+    def get(self, key: str) -> Any:
+        return None if self.result is None else self.result.summary.get(key)
+
+    @property
+    def stage_cold_p95(self) -> float | None:
+        if self.result is None:
+            return None
+        return self.result.stages.get("cold", {}).get("p95_ms")
+
+    @property
+    def passed(self) -> bool:
+        return self.result is not None and runner.passed(self.result)
+
+    @property
+    def sustained(self) -> bool:
+        achieved = self.get("rps") or 0.0
+        return self.passed and achieved >= 0.95 * self.offered
+
+
+def commit(path: Path, message: str) -> None:
+    for _attempt in range(10):
+        if not (ROOT / ".git" / "index.lock").exists():
+            break
+        time.sleep(1)
+    subprocess.run(["git", "-C", str(ROOT), "add", str(path)], check=False)
+    subprocess.run(["git", "-C", str(ROOT), "commit", "-q", "-m", message, "--", str(path)], check=False)
+
+
+class Matrix:
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.opts = opts
+        self.rows: list[Row] = []
+
+    def step(self, label: str, data: str, config: str, argv: list[str], offered: float) -> Row:
+        common = ["--duration", str(self.opts.duration), "--warmup", str(self.opts.warmup), "--label", label]
+        args = runner.parse_args([*argv, *common])
+        runner.log(f"=== matrix step {label}: loadtest/run {' '.join(args.argv)}")
+        try:
+            result, path = runner.run_and_report(args)
+        except Exception as exc:  # one broken step must not lose the others' figures
+            runner.log(f"step {label} failed: {type(exc).__name__}: {exc}")
+            row = Row(
+                label, data, config, offered, None, None, note=f"did not run: {type(exc).__name__}: {exc}"
+            )
+            self.rows.append(row)
+            return row
+        row = Row(label, data, config, offered, result, path)
+        self.rows.append(row)
+        if path is not None and self.opts.commit:
+            commit(path, f"Load-test results: {label} ({data}, {config}, {offered:g} RPS offered)")
+        return row
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def rates(self) -> None:
+        for rps in self.opts.rates:
+            self.step(
+                f"baseline-{rps:g}rps",
+                "100x1k",
+                "hashing, 1 process",
+                ["--scenario", "baseline", "--rps", str(rps)],
+                rps,
+            )
+
+    def max_rps(self) -> None:
+        rps = self.opts.step_start
+        while rps <= self.opts.step_max:
+            row = self.step(
+                f"max-{rps:g}rps",
+                "100x1k",
+                "hashing, 1 process",
+                ["--scenario", "baseline", "--rps", str(rps)],
+                rps,
+            )
+            if not row.sustained:
+                break
+            rps += self.opts.step
+
+    def profile(self) -> None:
+        rps = self.opts.profile_rps
+        self.step(
+            f"profile-{rps:g}rps",
+            "100x1k",
+            "hashing, 1 process, py-spy",
+            ["--scenario", "baseline", "--rps", str(rps), "--profile"],
+            rps,
+        )
+
+    def workers(self) -> None:
+        tried = [r.offered for r in self.rows if r.label.startswith("max-")]
+        rps = max(tried) if tried else self.opts.profile_rps
+        self.step(
+            f"workers2-{rps:g}rps",
+            "100x1k",
+            "hashing, 2 processes (SO_REUSEPORT) on CPUs 0,1",
+            ["--scenario", "baseline", "--rps", str(rps), "--workers", "2", "--server-cpus", "0,1"],
+            rps,
+        )
+
+    def minilm(self) -> None:
+        self.step(
+            "minilm-200rps",
+            "100x1k",
+            "MiniLM embedder, 1 process",
+            ["--scenario", "baseline", "--rps", "200", "--embedder", "minilm"],
+            200,
+        )
+
+    def large(self) -> None:
+        self.step(
+            "large-agent-100k",
+            "1x100k",
+            "hashing, 1 process",
+            ["--scenario", "large-agent", "--rps", "50"],
+            50,
+        )
+
+    def big(self) -> None:
+        if not self.opts.include_big:
+            runner.log(
+                "skipping 100 agents x 10k memories: ~1M rows; estimated seeding here ~5 min (random vectors, 2 processes) "
+                "+ COPY ~2 min + HNSW build ~15-25 min (1M x 384-d, index larger than maintenance_work_mem). "
+                "Run: loadtest/run --scenario big (or loadtest/matrix --only big --include-big)"
+            )
+            self.rows.append(
+                Row(
+                    "big-100x10k",
+                    "100x10k",
+                    "not run",
+                    200,
+                    None,
+                    None,
+                    note="not run: estimated 25-35 min of seeding + index build on this machine; command: `loadtest/run --scenario big`",
+                )
+            )
+            return
+        self.step(
+            "big-100x10k-200rps", "100x10k", "hashing, 1 process", ["--scenario", "big", "--rps", "200"], 200
+        )
+
+    # -- summary --------------------------------------------------------------------------
+
+    def render(self) -> str:
+        def f(v: Any, d: int = 1) -> str:
+            if v is None:
+                return "-"
+            return f"{v:,.{d}f}" if isinstance(v, float) else str(v)
+
+        lines = [
+            "# Benchmark matrix",
+            "",
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {runner.git_commit()}. Command: `loadtest/matrix {' '.join(self.opts.argv)}`.",
+            "",
+            f"Every step: server pinned to CPU 0 (unless stated), locust to CPU 1, {self.opts.warmup:g} s warm-up + "
+            f"{self.opts.duration:g} s measured, 45 ms gRPC deadline, unique questions. Details, stage breakdowns and "
+            "setup are in each step's own results file.",
+            "",
+            "| step | data | config | offered RPS | achieved RPS | p50 ms | p99 ms | max ms | fallback % | failures | server CPU | cold ~p95 ms | gate |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in self.rows:
+            if r.result is None:
+                lines.append(
+                    f"| {r.label} | {r.data} | {r.config} | {r.offered:g} | - | - | - | - | - | - | - | - | {r.note} |"
+                )
+                continue
+            cpu = r.result.server_cpu_s / r.result.wall_s if r.result.wall_s else 0.0
+            link = f"[{r.label}]({r.path.name})" if r.path else r.label
+            lines.append(
+                f"| {link} | {r.data} | {r.config} | {r.offered:g} | {f(r.get('rps'))} | {f(r.get('p50_ms'))} | "
+                f"{f(r.get('p99_ms'))} | {f(r.get('max_ms'))} | {100 * (r.get('fallback_rate') or 0):.3f} | "
+                f"{r.get('failures')} | {100 * cpu:.0f} % | {f(r.stage_cold_p95)} | {'pass' if r.passed else 'FAIL'} |"
+            )
+        lines += ["", "## Targets", "", *self.targets(), ""]
+        return "\n".join(lines)
+
+    def targets(self) -> list[str]:
+        out: list[str] = []
+        by_label = {r.label: r for r in self.rows}
+        base = by_label.get("baseline-200rps")
+        if base is not None and base.result is not None:
+            p99 = base.get("p99_ms")
+            fb = 100 * (base.get("fallback_rate") or 0)
+            out.append(
+                f"- p99 <= 10 ms at 200 RPS (100x1k, hashing): p99 = {p99} ms -> "
+                + (
+                    "**met**"
+                    if p99 is not None and p99 <= 10
+                    else f"**missed** by {p99 - 10:g} ms ({p99 / 10:.1f}x)"
+                    if p99
+                    else "no data"
+                )
+            )
+            out.append(
+                f"- fallback < 0.1 % at 200 RPS: {fb:.3f} % -> "
+                + ("**met**" if fb < 0.1 else f"**missed** ({fb / 0.1:.1f}x the limit)")
+            )
+        else:
+            out.append("- 200 RPS targets: not measured")
+        steps = [r for r in self.rows if r.label.startswith(("max-", "baseline-")) and r.result is not None]
+        sustained = [r.offered for r in steps if r.sustained]
+        best = max(sustained) if sustained else None
+        out.append(
+            f"- p99 < 50 ms at >= 600 RPS per server process: highest sustained rate with p99 < 50 ms and fallback < 0.1 % = "
+            f"{best if best is not None else 'none'} RPS -> "
+            + (
+                "**met**"
+                if best is not None and best >= 600
+                else f"**missed** ({best or 0:g} of 600 RPS, {100 * (best or 0) / 600:.0f} %)"
+            )
+        )
+        large = by_label.get("large-agent-100k")
+        if large is not None and large.result is not None:
+            cold = large.stage_cold_p95
+            out.append(
+                f"- cold search p95 < 30 ms at 100k memories per agent: ~{f_or(cold)} ms (service's stage histogram) -> "
+                + (
+                    "**met**"
+                    if cold is not None and cold < 30
+                    else "**missed**"
+                    if cold is not None
+                    else "no cold stage recorded"
+                )
+            )
+        return out
+
+
+def f_or(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        prog="loadtest/matrix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--only",
+        default=",".join(s for s in STEPS if s != "big"),
+        help=f"steps to run, of {', '.join(STEPS)}",
+    )
+    p.add_argument("--duration", type=float, default=40.0)
+    p.add_argument("--warmup", type=float, default=8.0)
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 200.0, 400.0])
+    p.add_argument("--step-start", type=float, default=500.0)
+    p.add_argument("--step", type=float, default=100.0)
+    p.add_argument("--step-max", type=float, default=1500.0)
+    p.add_argument("--profile-rps", type=float, default=600.0)
+    p.add_argument("--include-big", action="store_true")
+    p.add_argument("--commit", action="store_true", help="git-commit each results file as it is written")
+    opts = p.parse_args(raw)
+    opts.argv = raw
+    unknown = set(opts.only.split(",")) - set(STEPS)
+    if unknown:
+        p.error(f"--only: unknown steps {sorted(unknown)}")
+    return opts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    matrix = Matrix(opts)
+    chosen = opts.only.split(",")
+    actions = {
+        "rates": matrix.rates,
+        "max": matrix.max_rps,
+        "profile": matrix.profile,
+        "workers": matrix.workers,
+        "minilm": matrix.minilm,
+        "large": matrix.large,
+        "big": matrix.big,
+    }
+    out = ROOT / "loadtest" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-matrix.md"
+    for name in STEPS:
+        if name in chosen:
+            actions[name]()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(matrix.render())  # keep the summary current after every step
+    print(matrix.render())
+    if opts.commit:
+        commit(out, "Load-test matrix summary: every step's figures and the targets met or missed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
