@@ -1,0 +1,51 @@
+"""Builds the configured embedder and checks it produces what the database stores."""
+
+from __future__ import annotations
+
+from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.cache import CachedEmbedder
+from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.embedding.minilm import MiniLMEmbedder
+from ibex_context.embedding.openai import OpenAIEmbedder
+from ibex_context.errors import ConfigurationError, EmbeddingError
+from ibex_context.settings import Settings
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The embedder named by ``settings.embedder``, behind the query cache when it is enabled.
+
+    Raises ConfigurationError when its dimension is not ``settings.embedding_dim``.
+    """
+    embedder: Embedder
+    if settings.embedder == "hashing":
+        embedder = HashingEmbedder(settings.embedding_dim)
+    elif settings.embedder == "minilm":
+        embedder = MiniLMEmbedder.load()
+    else:
+        embedder = OpenAIEmbedder.from_settings(settings)
+    if embedder.dim != settings.embedding_dim:
+        raise ConfigurationError(
+            f"embedding_dim: {settings.embedding_dim} configured but the {settings.embedder!r} "
+            f"embedder produces {embedder.dim} dimensions"
+        )
+    if settings.embedding_cache_size > 0:
+        return CachedEmbedder(embedder, settings.embedding_cache_size)
+    return embedder
+
+
+async def check_embedder(embedder: Embedder, expected_dim: int) -> None:
+    """Embeds one text for real and checks its dimension (start-up / readiness).
+
+    Raises ConfigurationError on a dimension mismatch and EmbeddingError when the
+    embedder fails.
+    """
+    try:
+        [vector] = await embedder.embed(["ibex-context start-up check"])
+    except EmbeddingError as exc:
+        if "embedding_dim" in str(exc):
+            raise ConfigurationError(str(exc)) from exc
+        raise
+    if vector.shape != (expected_dim,):
+        raise ConfigurationError(
+            f"embedding_dim: {expected_dim} configured but {embedder.name} produced {vector.shape[-1]}"
+        )

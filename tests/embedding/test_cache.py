@@ -1,0 +1,93 @@
+"""CachedEmbedder: an LRU by (model, sha256(text)) that coalesces concurrent misses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from ibex_context.embedding.cache import CachedEmbedder
+from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.models import FloatVector
+
+
+class CountingEmbedder:
+    """A real (hashing) embedder that counts and can slow down its calls."""
+
+    def __init__(self, delay: float = 0.0, name: str = "counting") -> None:
+        self._inner = HashingEmbedder(16)
+        self._delay = delay
+        self._name = name
+        self.calls: list[list[str]] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return 16
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        self.calls.append(list(texts))
+        await asyncio.sleep(self._delay)
+        return await self._inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_repeated_text_is_embedded_once() -> None:
+    inner = CountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=10)
+    first = await cache.embed(["hello"])
+    second = await cache.embed(["hello", "world"])
+    assert inner.calls == [["hello"], ["world"]]
+    np.testing.assert_array_equal(first[0], second[0])
+    assert (cache.hits, cache.misses) == (1, 2)
+
+
+async def test_the_least_recently_used_entry_is_evicted() -> None:
+    inner = CountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=2)
+    await cache.embed(["a"])
+    await cache.embed(["b"])
+    await cache.embed(["a"])  # a is now the most recent
+    await cache.embed(["c"])  # evicts b
+    inner.calls.clear()
+    await cache.embed(["a", "b"])
+    assert inner.calls == [["b"]] and len(cache) == 2
+
+
+async def test_concurrent_misses_for_the_same_text_share_one_call() -> None:
+    inner = CountingEmbedder(delay=0.05)
+    cache = CachedEmbedder(inner, max_entries=10)
+    results = await asyncio.gather(*(cache.embed(["same query"]) for _ in range(5)))
+    assert inner.calls == [["same query"]]
+    assert all(np.array_equal(r[0], results[0][0]) for r in results)
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_others_nor_lose_the_result() -> None:
+    inner = CountingEmbedder(delay=0.05)
+    cache = CachedEmbedder(inner, max_entries=10)
+    impatient = asyncio.create_task(cache.embed(["q"]))
+    await asyncio.sleep(0.01)
+    patient = asyncio.create_task(cache.embed(["q"]))
+    await asyncio.sleep(0.01)
+    impatient.cancel()
+    [vector] = await patient
+    assert vector.shape == (16,)
+    with pytest.raises(asyncio.CancelledError):
+        await impatient
+    await cache.embed(["q"])
+    assert inner.calls == [["q"]]
+
+
+async def test_entries_are_per_model_and_read_only() -> None:
+    a, b = CountingEmbedder(name="model-a"), CountingEmbedder(name="model-b")
+    [from_a] = await CachedEmbedder(a, 10).embed(["x"])
+    await CachedEmbedder(b, 10).embed(["x"])
+    assert len(a.calls) == len(b.calls) == 1
+    with pytest.raises(ValueError):
+        from_a[0] = 1.0
