@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # ibex-context: one image for `ibex-context serve` (default) and `ibex-context-operator`.
 #
-#   docker build -t ibex-context:0.1.0 .                            # service + operator
+#   docker build -t ibex-context:0.1.0 .                            # service + operator (last stage)
 #   docker build --target loadtest -t ibex-context-loadtest:0.1.0 . # + locust and loadtest/ (kind flow)
 #
 # Dependencies are pinned by requirements.lock (regenerate: scripts/lock-requirements.sh) and installed
@@ -76,6 +76,8 @@ RUN groupadd --system --gid 10001 ibex \
 COPY --from=build /opt/ibex /opt/ibex
 
 # HOME and TMPDIR point at /tmp, the only writable path with a read-only root filesystem.
+# DL3064 flags "TOKEN" in IBEX_TIKTOKEN_CACHE_DIR: a directory path, not a secret.
+# hadolint ignore=DL3064
 ENV PATH=/opt/ibex/venv/bin:$PATH \
     HOME=/tmp \
     TMPDIR=/tmp \
@@ -112,3 +114,7 @@ USER 10001:10001
 WORKDIR /opt/ibex
 ENTRYPOINT []
 CMD ["locust", "--help"]
+
+# ---------------------------------------------------------------------------------------------------
+# The default target (last stage): the runtime image, unchanged.
+FROM runtime AS service

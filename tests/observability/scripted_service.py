@@ -142,7 +142,9 @@ class ScriptedAssembly:
 
 
 def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets whose
+    # proto says TCP, and with proto 0 Nagle + delayed ACKs add ~40 ms to every call.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock

@@ -96,14 +96,14 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
     report = fresh_report()
-    report.add_stage("score", 0, 80_000)  # 80 us
+    report.add_stage("score", 0, 180_000)  # 180 us
     report.add_stage("teleport", 0, 1_000)
     metrics.record_assembly(report)
 
     v = values(metrics)
     bucket = "ibex_context_stage_duration_seconds_bucket"
-    assert v[(bucket, frozenset({("stage", "score"), ("le", "5e-05")}))] == 0
-    assert v[(bucket, frozenset({("stage", "score"), ("le", "0.0001")}))] == 1
+    assert v[(bucket, frozenset({("stage", "score"), ("le", "0.0001")}))] == 0
+    assert v[(bucket, frozenset({("stage", "score"), ("le", "0.00025")}))] == 1
     assert v[("ibex_context_stage_duration_seconds_count", frozenset({("stage", OTHER)}))] == 1
 
 

@@ -65,7 +65,7 @@ class MetricsServer:
 
     def start(self, host: str, port: int) -> None:
         """Bind now (a taken port fails here, synchronously) and serve from the running loop."""
-        self._socket = socket.create_server((host, port))
+        self._socket = _listening_socket(host, port)
         self._starting = asyncio.get_running_loop().create_task(
             asyncio.start_server(self._serve, sock=self._socket, limit=_MAX_HEADER_BYTES),
             name="ibex-metrics-server",
@@ -151,6 +151,23 @@ def start_metrics_server(
     server = MetricsServer(registry, health=health)
     server.start(host, port)
     return server
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    # Built from getaddrinfo so proto is IPPROTO_TCP: asyncio only sets TCP_NODELAY on
+    # accepted sockets whose proto says TCP (socket.create_server leaves it 0).
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:

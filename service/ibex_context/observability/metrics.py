@@ -48,7 +48,7 @@ ASSEMBLY_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 # Stages take tens of microseconds (scoring, packing) to tens of milliseconds (cold search).
 STAGE_BUCKETS: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.1,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05,
 )  # fmt: skip
 # Every RPC, including the write side, where embedding a batch can take seconds.
 RPC_BUCKETS: tuple[float, ...] = (*ASSEMBLY_BUCKETS, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -1,0 +1,99 @@
+"""The Grafana dashboard queries only metrics the service (and its client) really expose."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpclib.const import Status
+from ibex_context.client.context import AssembleResult, _ClientMetrics
+from ibex_context.observability.metrics import Metrics
+from prometheus_client import CollectorRegistry
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2] / "charts" / "ibex-context" / "dashboards" / "ibex-context.json"
+)
+METRIC = re.compile(r"\b(ibex_context_[a-z0-9_]+)")
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def expressions(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in panels(dashboard) for t in p["targets"]]
+
+
+def exposed_sample_names() -> set[str]:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.record_call("/ibex.context.v1.ContextAssemblyService/AssembleContext", Status.OK, 0.01)
+    names = set(metrics.metric_names())
+    _ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))
+    names |= {s.name for family in registry.collect() for s in family.samples}
+    return names
+
+
+def test_every_metric_the_dashboard_queries_is_exposed(dashboard: dict[str, Any]) -> None:
+    queried = {name for expr in expressions(dashboard) for name in METRIC.findall(expr)}
+    assert queried, "the dashboard queries no ibex_context metric"
+    assert queried - exposed_sample_names() == set()
+
+
+def test_the_panels_the_issue_asks_for_are_there(dashboard: dict[str, Any]) -> None:
+    exprs = "\n".join(expressions(dashboard))
+    for quantile in ("0.5", "0.9", "0.99"):
+        assert (
+            f"histogram_quantile({quantile}, sum by (le) (rate(ibex_context_assembly_duration_seconds_bucket"
+            in exprs
+        )
+    assert "sum by (reason) (rate(ibex_context_fallbacks_total" in exprs
+    assert "ibex_context_stage_duration_seconds" in exprs
+    assert "ibex_context_inflight_calls" in exprs
+    assert "ibex_context_profile_reload_last_success_timestamp_seconds" in exprs
+    assert "ibex_context_retrieval_failures_total" in exprs
+
+
+def test_the_datasource_is_a_template_variable_used_by_every_query(dashboard: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in panels(dashboard):
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_queries_have_balanced_brackets_and_quotes(dashboard: dict[str, Any]) -> None:
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for expr in expressions(dashboard):
+        stack: list[str] = []
+        for char in re.sub(r'"[^"]*"', '""', expr):
+            if char in "([{":
+                stack.append(char)
+            elif char in pairs:
+                assert stack and stack.pop() == pairs[char], expr
+        assert not stack, expr
+        assert expr.count('"') % 2 == 0, expr
+
+
+def test_panel_ids_are_unique_and_panels_do_not_overlap(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps at {(x, y)}"
+                cells.add((x, y))
