@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ibex_context.embedding.base import Embedder
-from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.embedding.openai import OpenAIEmbedder
@@ -12,7 +11,8 @@ from ibex_context.settings import Settings
 
 
 def build_embedder(settings: Settings) -> Embedder:
-    """The embedder named by ``settings.embedder``, behind the query cache when it is enabled.
+    """The embedder named by ``settings.embedder``, unwrapped: the caller decides where the
+    query cache (``CachedEmbedder``) goes, so the write path can bypass it.
 
     Raises ConfigurationError when its dimension is not ``settings.embedding_dim``.
     """
@@ -28,8 +28,6 @@ def build_embedder(settings: Settings) -> Embedder:
             f"embedding_dim: {settings.embedding_dim} configured but the {settings.embedder!r} "
             f"embedder produces {embedder.dim} dimensions"
         )
-    if settings.embedding_cache_size > 0:
-        return CachedEmbedder(embedder, settings.embedding_cache_size)
     return embedder
 
 
