@@ -6,28 +6,29 @@ sum(tokens) <= budget and count <= max_items. Each candidate's cost is its
 
 Method
 ------
-* Costs are bucketed: bucket size q = ceil(budget / buckets); an item
-  weighs ceil(tokens / q) buckets and the capacity is floor(budget / q)
-  buckets. Rounding the weights *up* and the capacity *down* means any set the
-  DP accepts has an exact sum <= q·floor(budget/q) <= budget: bucketing can lose
-  a little score, never overflow. ``buckets`` is the largest count (<=
-  ``max_buckets``) that keeps the table under ``cell_ceiling``; for a budget that
-  small q = 1 and the DP is exact.
-* The item-count dimension is added only when it can bind (the
-  ``max_items + 1`` lightest items fit together); otherwise a 1-D DP over
-  buckets is already optimal for the bounded problem.
-* Repair/refill: the slack the rounding left is refilled greedily with the
-  best remaining items whose exact cost fits, and the exact sum is checked.
-* Greedy runs first in every case (O(n)): in score order, take what fits and
-  continue past misses. Its score is the lower bound for the reduction below
-  and the answer when the DP table would be too large (even ``MIN_BUCKETS``
-  buckets over ``cell_ceiling``). Costs are precomputed, so the greedy scans
-  every candidate: the reference design's stop after 3 consecutive misses only
-  saved tiktoken calls, and here it would only lose score.
-  ``pack_greedy(max_consecutive_skips=3)`` keeps that rule for comparison.
-* Reduction: items whose upper bound (see ``_bound_reduction``) is below the
-  greedy score, and items dominated by ``max_items`` better, cheaper ones, are
-  dropped before the DP; at production sizes this leaves a fraction of them.
+1. Greedy (O(n)): in score order, take what fits, continue past misses, scan
+   every candidate. Costs are precomputed, so the reference design's stop
+   after 3 consecutive misses only saved tiktoken calls; here it would only
+   lose score (``pack_greedy(max_consecutive_skips=3)`` keeps it for
+   comparison). Its score is the lower bound below and the floor of the answer.
+2. Reduction: items whose upper bound (``_bound_reduction``) is below the
+   greedy score, and items dominated by ``max_items`` better-ranked,
+   no-costlier ones, are dropped; an optimum never needs them.
+3. DP over token buckets: bucket size q = ceil(budget / buckets); an item
+   weighs ceil(tokens / q) buckets, the capacity is floor(budget / q).
+   Weights round *up* and capacity *down*, so any set the DP accepts has an
+   exact sum <= q·floor(budget/q) <= budget: rounding can lose a little score,
+   never overflow. ``buckets`` is the most that keeps the table within
+   ``cell_ceiling`` cells, up to one per token (then the DP is exact).
+   A 1-D DP runs first; if its optimum respects ``max_items`` it is optimal
+   for the bounded problem too. Otherwise a DP over (count <= max_items,
+   buckets) runs if it fits ``bounded_cell_ceiling``, else the best
+   ``max_items`` of the 1-D optimum are kept. Below ``MIN_BUCKETS`` buckets
+   the greedy answer is returned (``method="greedy"``).
+4. Repair: the slack left by rounding is refilled by exact cost, single swaps
+   (a better left-out item for the weakest chosen one the exact costs allow)
+   improve the set, the exact sum is checked, and the answer is never worse
+   than greedy.
 
 ``was_truncated`` is True when any candidate was left out (every candidate
 given here passed the relevance floor, so a left-out one lost to the budget
@@ -37,26 +38,31 @@ or to ``max_items``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from ibex_context.models import ScoredMemory
 
-# The DP's resolution adapts to its size: as many token buckets (up to
-# MAX_BUCKETS, and never coarser than one token when the budget is smaller) as
-# keep the table within DP_CELL_CEILING cells (items x count rows x buckets).
-# 250k cells is ~1 ms on one core of the 2-vCPU reference machine (see
-# benchmarks/results/packing.md). If even MIN_BUCKETS buckets would exceed it
-# (~180 candidates with the count dimension, ~3,800 without), the packer falls
-# back to its greedy answer: a coarser DP would lose more to rounding than greedy.
-MAX_BUCKETS = 512
+# The DP's resolution adapts to its size (see the module docstring). The
+# ceilings bound time (roughly 5-15 ns a cell on the shared 2-vCPU machine,
+# see benchmarks/results/packing.md) and memory; MAX_BUCKETS only caps huge
+# budgets. At n=100, budget 4000 the reduction leaves ~20-50 candidates, so
+# the 1-D DP runs at 2-5k buckets (often one token per bucket).
+MAX_BUCKETS = 1 << 16
 MIN_BUCKETS = 64
 DP_CELL_CEILING = 100_000
+# The count dimension multiplies the table by max_items + 1, so its DP gets a
+# smaller ceiling; above it (~22 undominated candidates at max_items=20) the
+# best max_items of the 1-D optimum, refilled and improved by swaps, are used
+# (within 1 % of the optimum on average in benchmarks/results/packing.md).
+DP_BOUNDED_CELL_CEILING = 30_000
 MAX_CONSECUTIVE_SKIPS = 3
 
+_Floats = npt.NDArray[np.float64]
 Method = Literal["dp", "greedy", "empty"]
 
 
@@ -71,13 +77,18 @@ class PackResult:
 
 
 def _score_order(candidates: Sequence[ScoredMemory]) -> list[ScoredMemory]:
-    for candidate in candidates:
+    ordered = sorted(candidates, key=_rank)
+    for candidate in ordered:
         if candidate.tokens < 0:
             raise ValueError(f"memory {candidate.memory.id!r} has a negative token cost")
-    return sorted(candidates, key=lambda c: (-c.score, c.memory.id))
+    return ordered
 
 
-def _result(ordered: list[ScoredMemory], chosen: set[int], method: Method) -> PackResult:
+def _rank(candidate: ScoredMemory) -> tuple[float, str]:
+    return (-candidate.score, candidate.memory.id)
+
+
+def _result(ordered: list[ScoredMemory], chosen: Iterable[int], method: Method) -> PackResult:
     selected = tuple(ordered[i] for i in sorted(chosen))
     skipped = len(ordered) - len(selected)
     return PackResult(
@@ -90,6 +101,25 @@ def _result(ordered: list[ScoredMemory], chosen: set[int], method: Method) -> Pa
     )
 
 
+def _greedy(tokens: list[int], budget: int, max_items: int, max_consecutive_skips: int | None) -> list[int]:
+    """Positions taken by skip-and-continue over costs already in score order."""
+    chosen: list[int] = []
+    used = 0
+    misses = 0
+    for i, cost in enumerate(tokens):
+        if len(chosen) >= max_items:
+            break
+        if used + cost <= budget:
+            chosen.append(i)
+            used += cost
+            misses = 0
+        else:
+            misses += 1
+            if max_consecutive_skips is not None and misses >= max_consecutive_skips:
+                break
+    return chosen
+
+
 def pack_greedy(
     candidates: Sequence[ScoredMemory],
     budget_tokens: int,
@@ -100,22 +130,9 @@ def pack_greedy(
     """Greedy skip-and-continue in score order; ``None`` scans every candidate."""
     ordered = _score_order(candidates)
     if not ordered or budget_tokens <= 0 or max_items <= 0:
-        return _result(ordered, set(), "empty")
-    chosen: set[int] = set()
-    used = 0
-    misses = 0
-    for i, candidate in enumerate(ordered):
-        if len(chosen) >= max_items:
-            break
-        if used + candidate.tokens <= budget_tokens:
-            chosen.add(i)
-            used += candidate.tokens
-            misses = 0
-        else:
-            misses += 1
-            if max_consecutive_skips is not None and misses >= max_consecutive_skips:
-                break
-    return _result(ordered, chosen, "greedy")
+        return _result(ordered, (), "empty")
+    tokens = [c.tokens for c in ordered]
+    return _result(ordered, _greedy(tokens, budget_tokens, max_items, max_consecutive_skips), "greedy")
 
 
 def _dp_unbounded_count(weights: list[int], values: list[float], capacity: int) -> list[int]:
@@ -173,33 +190,44 @@ def _undominated(tokens: list[int], max_items: int) -> list[int]:
     return [int(i) for i in np.flatnonzero(keep)]
 
 
+def _lp_values(cost: _Floats, value: _Floats, capacities: _Floats) -> _Floats:
+    """Fractional-knapsack optimum over all items, for each capacity."""
+    ratio = value / cost
+    by_ratio = np.argsort(-ratio, kind="stable")
+    prefix_cost = np.concatenate(([0.0], np.cumsum(cost[by_ratio])))
+    prefix_value = np.concatenate(([0.0], np.cumsum(value[by_ratio])))
+    next_ratio = np.concatenate((ratio[by_ratio], [0.0]))
+    whole = np.searchsorted(prefix_cost, capacities, side="right") - 1  # items that fit whole
+    result: _Floats = prefix_value[whole] + (capacities - prefix_cost[whole]) * next_ratio[whole]
+    return result
+
+
 def _bound_reduction(
     tokens: list[int], scores: list[float], budget: int, max_items: int, floor: float
 ) -> list[int]:
     """Positions of items that can belong to a packing scoring more than ``floor``.
 
-    For each item, an upper bound on any packing that contains it: its score
-    plus the lesser of (a) the fractional-knapsack (LP) value of the budget left
-    after it, over all items, and (b) the sum of the best ``max_items - 1``
-    other scores. Items whose bound is below ``floor`` (the greedy packing's
-    score, which the optimum is at least) cannot be in an optimum.
+    For each item, an upper bound on any packing that contains it: its score plus
+    a bound on the best packing of the others into the budget it leaves, with at
+    most ``max_items - 1`` of them. Lagrangian relaxation of the count: for any
+    mu >= 0 that is at most mu·(max_items - 1) + the fractional-knapsack value of
+    the scores reduced by mu (negatives dropped); a few mu are tried and the
+    smallest bound kept, as is the sum of the best ``max_items - 1`` scores.
+    Items whose bound is below ``floor`` (the greedy packing's score, which the
+    optimum is at least) cannot be in an optimum.
     """
     cost = np.maximum(np.asarray(tokens, dtype=np.float64), 1e-9)
     value = np.asarray(scores, dtype=np.float64)
-    by_ratio = np.argsort(-(value / cost), kind="stable")
-    prefix_cost = np.concatenate(([0.0], np.cumsum(cost[by_ratio])))
-    prefix_value = np.concatenate(([0.0], np.cumsum(value[by_ratio])))
     left = budget - cost
-    whole = np.searchsorted(prefix_cost, left, side="right") - 1  # items that fit whole
-    ratio_sorted = np.concatenate(((value / cost)[by_ratio], [0.0]))
-    lp = prefix_value[whole] + (left - prefix_cost[whole]) * ratio_sorted[whole]
+    others = max(0, max_items - 1)
     top = np.sort(value)[::-1]
-    k = max(0, max_items - 1)
-    best_others = np.where(
-        value >= (top[k] if k < len(top) else -np.inf), top[: k + 1].sum() - value, top[:k].sum()
-    )
-    bound = value + np.minimum(lp, best_others)
-    return [int(i) for i in np.flatnonzero(bound >= floor - 1e-9)]
+    kth = top[others] if others < len(top) else -np.inf
+    bound = np.where(value >= kth, top[: others + 1].sum() - value, top[:others].sum())
+    for rank in (others, len(top)):  # mu = the max_items-th best score, and mu = 0
+        mu = max(0.0, float(top[rank])) if rank < len(top) else 0.0
+        relaxed = mu * others + _lp_values(cost, np.maximum(value - mu, 0.0), left)
+        bound = np.minimum(bound, relaxed)
+    return [int(i) for i in np.flatnonzero(value + bound >= floor - 1e-9)]
 
 
 def pack(
@@ -209,57 +237,87 @@ def pack(
     max_items: int,
     max_buckets: int = MAX_BUCKETS,
     cell_ceiling: int = DP_CELL_CEILING,
+    bounded_cell_ceiling: int = DP_BOUNDED_CELL_CEILING,
 ) -> PackResult:
     ordered = _score_order(candidates)
     if not ordered or budget_tokens <= 0 or max_items <= 0:
-        return _result(ordered, set(), "empty")
-    fitting = [i for i, c in enumerate(ordered) if c.tokens <= budget_tokens]
+        return _result(ordered, (), "empty")
+    all_tokens = [c.tokens for c in ordered]
+    fitting = [i for i, t in enumerate(all_tokens) if t <= budget_tokens]
     if not fitting:
-        return _result(ordered, set(), "empty")
-    greedy = pack_greedy(ordered, budget_tokens, max_items=max_items, max_consecutive_skips=None)
-    reduced = [
-        fitting[j]
-        for j in _bound_reduction(
-            [ordered[i].tokens for i in fitting],
-            [ordered[i].score for i in fitting],
-            budget_tokens,
-            max_items,
-            greedy.total_score,
-        )
-    ]
-    candidates_for_dp = [reduced[j] for j in _undominated([ordered[i].tokens for i in reduced], max_items)]
-    if not candidates_for_dp:
-        return greedy
-    n = len(candidates_for_dp)
+        return _result(ordered, (), "empty")
+    tokens = [all_tokens[i] for i in fitting]
+    scores = [ordered[i].score for i in fitting]
+
+    # From here positions index into ``fitting`` (the candidates that fit at all).
+    greedy = _greedy(tokens, budget_tokens, max_items, None)
+    greedy_score = math.fsum(scores[j] for j in greedy)
+    reduced = _bound_reduction(tokens, scores, budget_tokens, max_items, greedy_score)
+    dp_items = [reduced[j] for j in _undominated([tokens[j] for j in reduced], max_items)]
+    n = len(dp_items)
+    if n == 0:
+        return _result(ordered, (fitting[j] for j in greedy), "greedy")
     count_bound = min(max_items, n)
-    costs = sorted(ordered[i].tokens for i in candidates_for_dp)
+    costs = sorted(tokens[j] for j in dp_items)
     # The count can only bind if the count_bound + 1 cheapest items fit together.
     count_may_bind = n > count_bound and sum(costs[: count_bound + 1]) <= budget_tokens
-    rows = count_bound + 1 if count_may_bind else 1
-    buckets = min(max_buckets, budget_tokens, cell_ceiling // (n * rows) - 1)
-    if buckets < min(MIN_BUCKETS, budget_tokens):
-        return greedy
-    bucket = math.ceil(budget_tokens / buckets)
-    capacity = budget_tokens // bucket
-    weights = [math.ceil(ordered[i].tokens / bucket) for i in candidates_for_dp]
-    values = [ordered[i].score for i in candidates_for_dp]
-    if count_may_bind:
-        picked = _dp_bounded_count(weights, values, capacity, count_bound)
-    else:
-        picked = _dp_unbounded_count(weights, values, capacity)
-    chosen = {candidates_for_dp[j] for j in picked}
+    values = [scores[j] for j in dp_items]
+
+    # First without the count dimension (finer buckets for the same cells): if that
+    # optimum respects max_items it is also the optimum of the bounded problem.
+    picked: list[int] | None = None
+    unbounded: list[int] = []
+    buckets = min(max_buckets, budget_tokens, cell_ceiling // n - 1)
+    if buckets >= min(MIN_BUCKETS, budget_tokens):
+        bucket = math.ceil(budget_tokens / buckets)
+        weights = [math.ceil(tokens[j] / bucket) for j in dp_items]
+        unbounded = _dp_unbounded_count(weights, values, budget_tokens // bucket)
+        picked = unbounded if len(unbounded) <= count_bound else None
+    if picked is None and count_may_bind:
+        buckets = min(max_buckets, budget_tokens, bounded_cell_ceiling // (n * (count_bound + 1)) - 1)
+        if buckets >= min(MIN_BUCKETS, budget_tokens):
+            bucket = math.ceil(budget_tokens / buckets)
+            weights = [math.ceil(tokens[j] / bucket) for j in dp_items]
+            picked = _dp_bounded_count(weights, values, budget_tokens // bucket, count_bound)
+        elif unbounded:
+            # Too big for the count dimension: the best max_items of the 1-D
+            # optimum, then refill and swaps below.
+            picked = sorted(unbounded, key=lambda k: (-values[k], k))[:count_bound]
+    if picked is None:
+        return _result(ordered, (fitting[j] for j in greedy), "greedy")
+    chosen = {dp_items[k] for k in picked}
 
     # Refill the slack the bucket rounding left, best first, by exact cost.
-    used = sum(ordered[i].tokens for i in chosen)
-    for i in fitting:
+    used = sum(tokens[j] for j in chosen)
+    for j in range(len(fitting)):
         if len(chosen) >= max_items:
             break
-        if i not in chosen and used + ordered[i].tokens <= budget_tokens:
-            chosen.add(i)
-            used += ordered[i].tokens
-    result = _result(ordered, chosen, "dp")
+        if j not in chosen and used + tokens[j] <= budget_tokens:
+            chosen.add(j)
+            used += tokens[j]
+    # Improve by single swaps: a better-scored left-out item replaces the weakest
+    # chosen one the exact costs allow (recovers most of what coarse buckets lose).
+    # Candidates are in score order, so the scan stops at the weakest chosen score.
+    weakest_first = sorted(chosen, key=lambda i: (scores[i], -i))
+    for j in range(len(fitting)):
+        if not weakest_first or scores[j] <= scores[weakest_first[0]]:
+            break
+        if j in chosen:
+            continue
+        need = used + tokens[j] - budget_tokens  # tokens the replaced item must free
+        for position, i in enumerate(weakest_first):
+            if scores[i] >= scores[j]:
+                break
+            if tokens[i] >= need:
+                chosen.remove(i)
+                chosen.add(j)
+                used += tokens[j] - tokens[i]
+                del weakest_first[position]
+                weakest_first.append(j)
+                weakest_first.sort(key=lambda k: (scores[k], -k))
+                break
     # used > budget cannot happen (weights round up); never ship an overflow, and
     # never do worse than greedy.
-    if used > budget_tokens or result.total_score < greedy.total_score:
-        return greedy
-    return result
+    if used > budget_tokens or math.fsum(scores[j] for j in chosen) < greedy_score:
+        return _result(ordered, (fitting[j] for j in greedy), "dp")
+    return _result(ordered, (fitting[j] for j in chosen), "dp")
