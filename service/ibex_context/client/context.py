@@ -288,6 +288,8 @@ class ContextClient:
         timeout: float | None,  # noqa: ASYNC109
         started: float,
     ) -> AssembleResult:
+        # The caller's budget covers the whole call: encoding, connecting, waiting.
+        deadline = Deadline.from_timeout(self.timeout if timeout is None else timeout)
         try:
             request = pb.AssembleContextRequest(
                 org_id=org_id,
@@ -306,9 +308,15 @@ class ContextClient:
             metadata["x-request-id"] = request_id
         # The caller's current span (or ours) as W3C traceparent; a no-op without OTel.
         propagate.inject(metadata)
-        deadline = Deadline.from_timeout(self.timeout if timeout is None else timeout)
         if not self._started:
-            await self.start()
+            # First use without start(): resolving a DNS name may take long, but not longer
+            # than this call's budget.
+            try:
+                await asyncio.wait_for(self.start(), max(0.0, deadline.time_remaining()))
+            except TimeoutError:
+                return self._fallback(
+                    original, _Failure(CLIENT_TIMEOUT, "timeout", "starting"), started, request_id
+                )
 
         attempts = 2 if self._endpoints.count() > 1 else 1
         failure = _Failure(CLIENT_UNAVAILABLE, "connect", detail="no address")

@@ -12,7 +12,7 @@ import re
 import ssl as ssl_module
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -104,7 +104,8 @@ def memory_input(memory: NewMemory) -> pb.MemoryInput:
         usefulness=memory.usefulness,
     )
     if memory.metadata:
-        message.metadata.update(dict(memory.metadata))
+        # Struct takes JSON-like values; anything else fails here, before the call.
+        message.metadata.update(cast("dict[str, Any]", dict(memory.metadata)))
     if memory.embedding is not None:
         message.embedding.extend(float(x) for x in memory.embedding)
     return message
