@@ -93,6 +93,7 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def template_args(values_files: Sequence[Path] = (), sets: Sequence[str] = ()) -> list[str]:
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds"]
+    args += ["--kube-version", VALIDATED_KUBERNETES_VERSION]
     for path in values_files:
         args += ["--values", str(path)]
     for item in sets:

@@ -1,0 +1,94 @@
+"""The chart's gRPC probes and `helm test` health check, asked of the real health service over a real
+socket with the real `ibex-context health` CLI (what the helm test Pod runs): the service names the
+chart probes must exist, readiness must drop when the server stops accepting, liveness must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from grpclib.server import Server
+from ibex_context.server.health import ServiceHealth
+
+from tests.chart.conftest import FULLNAME, Rendered
+
+CLI = str(Path(sys.executable).parent / "ibex-context")
+
+
+async def cli_health(port: int, service: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        CLI,
+        "health",
+        "--target",
+        f"127.0.0.1:{port}",
+        "--service",
+        service,
+        "--timeout",
+        "5",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, output.decode().strip()
+
+
+@pytest.fixture()
+async def health_server() -> AsyncIterator[tuple[ServiceHealth, int]]:
+    health = ServiceHealth([])  # no stores configured: the stores check passes
+    server = Server([health.service([])])
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))  # a free port, never a fixed one
+    port = listener.getsockname()[1]
+    await server.start(sock=listener)
+    try:
+        yield health, port
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def probe_services(rendered: Rendered) -> dict[str, str]:
+    spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    server = next(c for c in spec["containers"] if c["name"] == "server")
+    return {
+        probe: server[probe]["grpc"]["service"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe")
+    }
+
+
+async def test_every_probe_service_is_served_and_readiness_alone_drops_on_shutdown(
+    render: Callable[..., Rendered], health_server: tuple[ServiceHealth, int]
+) -> None:
+    health, port = health_server
+    services = probe_services(render())
+    for probe, service in services.items():
+        code, output = await cli_health(port, service)
+        assert (code, output) == (0, "SERVING"), f"{probe} ({service!r}): {output}"
+
+    health.set_not_serving()  # what SIGTERM does before the drain
+    code, output = await cli_health(port, services["readinessProbe"])
+    assert (code, output.splitlines()[-1]) == (1, "NOT_SERVING")
+    for probe in ("livenessProbe", "startupProbe"):
+        code, output = await cli_health(port, services[probe])
+        assert (code, output) == (0, "SERVING"), f"{probe} must not restart a draining pod"
+
+
+async def test_helm_test_health_arguments_work_against_a_serving_server(
+    render: Callable[..., Rendered], health_server: tuple[ServiceHealth, int]
+) -> None:
+    _, port = health_server
+    pod = render().one("Pod", f"{FULLNAME}-test-grpc")
+    args = list(pod["spec"]["initContainers"][0]["args"])
+    args[args.index("--target") + 1] = f"127.0.0.1:{port}"
+    process = await asyncio.create_subprocess_exec(
+        CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, output.decode()
+    assert output.decode().strip() == "SERVING"
