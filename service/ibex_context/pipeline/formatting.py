@@ -7,7 +7,8 @@ by name), each category in the order given (score order). Every memory is
 tagged with its id and the request's nonce, and its content is escaped so it
 cannot close its tag or forge another one:
 
-* xml (default): ``<memory id=".." nonce="..">`` with &, <, >, quotes escaped;
+* xml (default): ``<memory id=".." nonce="..">``; content has &, <, > escaped,
+  attributes also quotes;
 * markdown: a fenced block whose info string carries id and nonce; the fence is
   one backtick longer than any backtick run in the content (CommonMark), so
   the content can never close it;
@@ -35,10 +36,11 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.profiles.model import Format, InjectionMode
-from ibex_context.tokens.counting import TOKENS_PER_MESSAGE
+from ibex_context.tokens.counting import TOKENS_PER_MESSAGE, MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding
 
 SECTION_SEPARATOR = "\n\n"
@@ -70,13 +72,14 @@ def _check_nonce(nonce: str) -> None:
 
 
 def _xml_escape(text: str) -> str:
-    return (
-        text.replace("&", "&amp;")
-        .replace("<", "&lt;")
-        .replace(">", "&gt;")
-        .replace('"', "&quot;")
-        .replace("'", "&#x27;")
-    )
+    """For attribute values: everything that could end the value or start a tag."""
+    return _xml_text(text).replace('"', "&quot;").replace("'", "&#x27;")
+
+
+def _xml_text(text: str) -> str:
+    """For element content: without ``<`` no tag can be closed or opened; quotes
+    are left alone (escaping them would only cost tokens and readability)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _json(value: object) -> str:
@@ -106,7 +109,7 @@ def _memory_parts(record: MemoryRecord, fmt: Format, nonce: str) -> tuple[str, s
     if fmt == "xml":
         return (
             f'<memory id="{_xml_escape(record.id)}" nonce="{nonce}">\n',
-            _xml_escape(record.content),
+            _xml_text(record.content),
             "\n</memory>\n",
         )
     if fmt == "markdown":
@@ -218,6 +221,7 @@ def memory_cost(
     fmt: Format,
     *,
     nonce: str | None = None,
+    counter: MessageTokenCounter | None = None,
 ) -> int:
     """Tokens one memory adds to the injected text, its tag framing included.
 
@@ -225,7 +229,8 @@ def memory_cost(
     when escaping left the content unchanged, else the escaped content is
     counted now. Pass the request's ``nonce`` for a tight count; without it the
     nonce is costed at its upper bound, one token per character of a
-    ``NONCE_LENGTH_ALLOWANCE``-character nonce.
+    ``NONCE_LENGTH_ALLOWANCE``-character nonce. Pass a ``counter`` to count the
+    framing through its LRU (ids and the session's nonce recur every turn).
     """
     record = _record(memory)
     if nonce is None:
@@ -234,10 +239,11 @@ def memory_cost(
     else:
         opening, escaped, closing = _memory_parts(record, fmt, nonce)
         nonce_allowance = 0
+    count = encoding.count if counter is None else partial(counter.count_text_cached, encoding=encoding)
     stored = record.token_counts.get(encoding.name) if encoding.exact else None
     unchanged = stored is not None and escaped == record.content
-    content_tokens = stored if stored is not None and unchanged else encoding.count(escaped)
-    framing = encoding.count(opening) + encoding.count(closing) + nonce_allowance
+    content_tokens = stored if stored is not None and unchanged else count(escaped)
+    framing = count(opening) + count(closing) + nonce_allowance
     return framing + content_tokens + JOIN_ALLOWANCE_TOKENS
 
 

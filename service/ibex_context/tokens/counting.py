@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ibex_context.models import ChatMessage
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
 TOKENS_PER_MESSAGE = 3
 REPLY_PRIMING_TOKENS = 3
+# Texts up to this long key the cache directly; hashing would cost more.
+_SHORT_TEXT_CHARS = 256
 
 
 class MessageTokenCounter:
@@ -40,7 +42,9 @@ class MessageTokenCounter:
             raise ValueError("cache_size must be >= 0")
         self._registry = registry
         self._cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, bool, bytes], int] = OrderedDict()
+        # Keys: (encoding, exact, digest of role+content) for messages; short texts
+        # are their own key (a str never equals a digest's bytes).
+        self._cache: OrderedDict[tuple[str, bool, str | bytes], int] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -70,6 +74,16 @@ class MessageTokenCounter:
             total += tokens_per_message + self._cached_body(message, encoding)
         return total
 
+    def count_text_cached(self, text: str, encoding: Encoding) -> int:
+        """``count_text`` through the same LRU, for text that recurs across calls
+        (memory tag framing: a session's nonce and its memories' ids repeat every turn)."""
+        if self._cache_size == 0:
+            return encoding.count(text)
+        key: str | bytes = text
+        if len(text) > _SHORT_TEXT_CHARS:
+            key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        return self._lookup((encoding.name, encoding.exact, key), lambda: encoding.count(text))
+
     def _cached_body(self, message: ChatMessage, encoding: Encoding) -> int:
         if self._cache_size == 0:
             return encoding.count(message.role) + encoding.count(message.content)
@@ -77,14 +91,19 @@ class MessageTokenCounter:
         digest.update(message.role.encode("utf-8", "surrogatepass"))
         digest.update(b"\x00")
         digest.update(message.content.encode("utf-8", "surrogatepass"))
-        key = (encoding.name, encoding.exact, digest.digest())
+        return self._lookup(
+            (encoding.name, encoding.exact, digest.digest()),
+            lambda: encoding.count(message.role) + encoding.count(message.content),
+        )
+
+    def _lookup(self, key: tuple[str, bool, str | bytes], compute: Callable[[], int]) -> int:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
                 return cached
-        count = encoding.count(message.role) + encoding.count(message.content)
+        count = compute()
         with self._lock:
             self.misses += 1
             self._cache[key] = count
