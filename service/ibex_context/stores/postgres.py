@@ -160,7 +160,7 @@ async def create_pool(
     min_size: int,
     max_size: int,
     ef_search: int,
-    statement_timeout_ms: int = 5000,
+    statement_timeout_ms: int = 30_000,
     server_settings: Mapping[str, str] | None = None,
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections are ready for ``PostgresMemoryStore``.
