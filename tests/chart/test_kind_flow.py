@@ -66,7 +66,16 @@ def job(name: str) -> Mapping[str, Any]:
 @pytest.fixture(scope="module")
 def kind_release(helm: str) -> Rendered:
     result = run_helm(
-        helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(KIND_VALUES)
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--values",
+        str(KIND_VALUES),
+        "--kube-version",
+        VALIDATED_KUBERNETES_VERSION,
     )
     assert result.returncode == 0, result.stderr
     return Rendered("kind", parse_manifests(result.stdout))
@@ -151,7 +160,16 @@ def test_jobs_are_restricted_and_use_the_images_the_script_builds() -> None:
 
 
 def test_chart_values_for_kind_lint_and_use_the_loaded_image(helm: str, kind_release: Rendered) -> None:
-    result = run_helm(helm, "lint", "--strict", str(CHART), "--values", str(KIND_VALUES))
+    result = run_helm(
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--values",
+        str(KIND_VALUES),
+        "--kube-version",
+        VALIDATED_KUBERNETES_VERSION,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     repository, tag = script_var("IMAGE").split(":")
     server = kind_release.one("Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]
