@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import random
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
     directive_cost,
@@ -217,3 +220,28 @@ def test_nonce_is_hash_like_in_practice() -> None:
     render_injection(
         directive=None, memories=[scored("m", "c")], fmt="xml", nonce=hashlib.sha256(b"x").hexdigest()[:16]
     )
+
+
+contents = st.lists(st.text(min_size=0, max_size=80), min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=contents)
+def test_xml_blocks_parse_back_to_exactly_the_memories_given(texts: list[str]) -> None:
+    memories = [scored(f"m{i}", text) for i, text in enumerate(texts)]
+    out = render_injection(directive=None, memories=memories, fmt="xml", nonce=NONCE)
+    blocks = re.findall(
+        r'<memory id="([^"]*)" nonce="' + NONCE + r'">\n(.*?)\n</memory>', out, flags=re.DOTALL
+    )
+    assert [(i, html.unescape(c)) for i, c in blocks] == [(f"m{i}", t) for i, t in enumerate(texts)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=contents)
+def test_json_lines_parse_back_to_exactly_the_memories_given(texts: list[str]) -> None:
+    memories = [scored(f"m{i}", text) for i, text in enumerate(texts)]
+    out = render_injection(directive=None, memories=memories, fmt="json", nonce=NONCE)
+    objects = [json.loads(line) for line in out.split("\n") if line.startswith('{"category"')]
+    assert [(o["id"], o["content"], o["nonce"]) for o in objects] == [
+        (f"m{i}", t, NONCE) for i, t in enumerate(texts)
+    ]
