@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -13,7 +12,6 @@ import time
 from pathlib import Path
 
 import asyncpg
-import pytest
 import redis.asyncio as aioredis
 from ibex_context.embedded import (
     RedisProcess,
@@ -21,8 +19,6 @@ from ibex_context.embedded import (
     embedded_stores,
     start_redis,
 )
-from ibex_context.errors import ConfigurationError
-from ibex_context.stores.migrate import apply_migrations, load_migrations, migrate
 
 
 def _alive(pid: int) -> bool:
@@ -52,43 +48,13 @@ async def test_session_redis_answers_ping(redis_url: str) -> None:
         await client.aclose()
 
 
-async def test_session_postgres_has_pgvector_and_the_migrated_schema(postgres_dsn: str) -> None:
+async def test_session_postgres_has_pgvector(postgres_dsn: str) -> None:
     conn = await asyncpg.connect(postgres_dsn)
     try:
         extension = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-        versions = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
-        dim = await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'")
     finally:
         await conn.close()
     assert extension is not None
-    assert [r["name"] for r in versions] == [m.name for m in load_migrations()]
-    assert dim == "384"
-
-
-async def test_migrating_twice_applies_nothing_the_second_time(postgres_dsn: str) -> None:
-    assert await migrate(postgres_dsn, 384) == []
-
-
-async def test_migrating_with_another_embedding_dim_is_a_configuration_error(postgres_dsn: str) -> None:
-    with pytest.raises(ConfigurationError, match="embedding_dim"):
-        await migrate(postgres_dsn, 1024)
-
-
-async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str) -> None:
-    conn = await asyncpg.connect(postgres_dsn)
-    database = f"concurrent_{os.getpid()}_{time.monotonic_ns()}"
-    await conn.execute(f'CREATE DATABASE "{database}"')
-    await conn.close()
-    dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
-    results = await asyncio.gather(*(migrate(dsn, 384) for _ in range(4)))
-    applied = [name for result in results for name in result]
-    assert sorted(applied) == sorted(m.name for m in load_migrations())
-    conn = await asyncpg.connect(dsn)
-    try:
-        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(load_migrations())
-        assert await apply_migrations(conn, 384) == []
-    finally:
-        await conn.close()
 
 
 def test_redis_restarts_on_the_same_port(throwaway_redis: RedisProcess) -> None:

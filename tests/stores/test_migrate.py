@@ -1,0 +1,61 @@
+"""Versioned migrations: ordered, recorded, idempotent, safe to run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+from ibex_context.errors import ConfigurationError
+from ibex_context.stores.migrate import apply_migrations, load_migrations, migrate, render
+
+
+async def test_the_session_database_has_every_migration_recorded_and_its_dim(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        versions = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        dim = await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'")
+    finally:
+        await conn.close()
+    assert [r["name"] for r in versions] == [m.name for m in load_migrations()]
+    assert [r["version"] for r in versions] == sorted(r["version"] for r in versions)
+    assert dim == "384"
+
+
+def test_the_dimension_is_substituted_without_touching_other_braces() -> None:
+    assert render("vector({embedding_dim}) DEFAULT '{}'::jsonb", 384) == "vector(384) DEFAULT '{}'::jsonb"
+
+
+def test_a_badly_named_migration_file_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "1_oops.sql").write_text("SELECT 1")
+    with pytest.raises(ConfigurationError, match="NNNN_name"):
+        load_migrations(tmp_path)
+
+
+async def test_migrating_twice_applies_nothing_the_second_time(postgres_dsn: str) -> None:
+    assert await migrate(postgres_dsn, 384) == []
+
+
+async def test_migrating_with_another_embedding_dim_is_a_configuration_error(postgres_dsn: str) -> None:
+    with pytest.raises(ConfigurationError, match="embedding_dim"):
+        await migrate(postgres_dsn, 1024)
+
+
+async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    database = f"concurrent_{os.getpid()}_{time.monotonic_ns()}"
+    await conn.execute(f'CREATE DATABASE "{database}"')
+    await conn.close()
+    dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
+    results = await asyncio.gather(*(migrate(dsn, 384) for _ in range(4)))
+    applied = [name for result in results for name in result]
+    assert sorted(applied) == sorted(m.name for m in load_migrations())
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(load_migrations())
+        assert await apply_migrations(conn, 384) == []
+    finally:
+        await conn.close()
