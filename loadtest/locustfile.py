@@ -242,6 +242,8 @@ class AssembleContextUser(User):
         weights = parse_weights(options.scenario_weights)
         self._scenarios = [name for name in SCENARIOS if weights.get(name)]
         self._weights = [weights[name] for name in self._scenarios]
+        # Users spawned in the same instant would call in lock-step; spread their phases.
+        gevent.sleep(self._rng.random() / max(options.rps_per_user, 1e-3))
 
     def on_stop(self) -> None:
         self._channel.close()

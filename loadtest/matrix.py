@@ -5,7 +5,7 @@ Server pinned to CPU 0, locust to CPU 1 (``loadtest/run`` for each step). Steps:
 
 1. 100 agents x 1k memories, hashing embedder: 50 / 200 / 400 RPS;
 2. the maximum sustainable rate of one server process: step the arrival rate up
-   (``--step-start``, ``--step``) until p99 >= 50 ms, the fallback rate >= 0.1 % or the
+   (``--step-start``, x ``--step-factor`` per step) until p99 >= 50 ms, the fallback rate >= 0.1 % or the
    achieved rate falls 5 % short of the offered one;
 3. a py-spy profile of the server at 600 RPS (the per-process target);
 4. two server processes (``serve --workers 2``, SO_REUSEPORT; one per core, so locust
@@ -129,7 +129,7 @@ class Matrix:
             )
             if not row.sustained:
                 break
-            rps += self.opts.step
+            rps = round(rps * self.opts.step_factor)
 
     def profile(self) -> None:
         rps = self.opts.profile_rps
@@ -297,8 +297,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=40.0)
     p.add_argument("--warmup", type=float, default=8.0)
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 200.0, 400.0])
-    p.add_argument("--step-start", type=float, default=500.0)
-    p.add_argument("--step", type=float, default=100.0)
+    p.add_argument("--step-start", type=float, default=50.0)
+    p.add_argument("--step-factor", type=float, default=1.25, help="each step offers this much more")
     p.add_argument("--step-max", type=float, default=1500.0)
     p.add_argument("--profile-rps", type=float, default=600.0)
     p.add_argument("--include-big", action="store_true")

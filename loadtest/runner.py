@@ -232,6 +232,37 @@ def _stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], lab
     return table
 
 
+# PostgreSQL settings for the runs: the defaults (128 MB shared_buffers) keep neither a
+# 100k-row agent's HNSW index (~200 MB) nor the 100x1k heap in PostgreSQL's own cache.
+PG_SETTINGS: dict[str, str] = {"shared_buffers": "1GB", "effective_cache_size": "4GB"}
+
+
+def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
+    """ALTER SYSTEM for every setting that differs; True when a restart is needed."""
+    import asyncio
+
+    import asyncpg
+
+    async def apply() -> bool:
+        conn = await asyncpg.connect(dsn)
+        try:
+            changed = False
+            for name, value in settings.items():
+                current = await conn.fetchval(
+                    "SELECT setting || coalesce(unit, '') FROM pg_settings WHERE name = $1", name
+                )
+                wanted = await conn.fetchval("SELECT $1::text", value)
+                shown = await conn.fetchval(f"SHOW {name}")
+                if shown.replace(" ", "").lower() != wanted.replace(" ", "").lower():
+                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                    changed = changed or current is not None
+            return changed
+        finally:
+            await conn.close()
+
+    return asyncio.run(apply())
+
+
 @contextlib.contextmanager
 def stores(data_dir: Path, pin: str | None) -> Iterator[tuple[str, str, Any, Any]]:
     from ibex_context.embedded import start_postgres, start_redis
@@ -240,6 +271,9 @@ def stores(data_dir: Path, pin: str | None) -> Iterator[tuple[str, str, Any, Any
     try:
         postgres = start_postgres(data_dir)
         try:
+            if _configure_postgres(postgres.dsn, PG_SETTINGS):
+                postgres.stop()  # shared_buffers needs a restart; the data dir is kept
+                postgres = start_postgres(data_dir)
             if pin:
                 for pid in (redis.pid, postgres.pid):
                     if pid:
@@ -301,11 +335,15 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
         str(agents_file),
     ]
     log("seeding: " + " ".join(cmd[2:]))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    output = proc.stdout + proc.stderr
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            log("  seed| " + line.rstrip())
+    output = "".join(line for line in lines if not line.startswith("  ") or "agents," not in line)
     if proc.returncode != 0:
-        raise RuntimeError(f"seeding failed ({proc.returncode}):\n{output}")
-    log(output.rstrip())
+        raise RuntimeError(f"seeding failed ({proc.returncode}):\n{''.join(lines)[-4000:]}")
     marker.write_text(json.dumps({"params": wanted, "output": output}))
     return agents_file, output
 
@@ -318,6 +356,9 @@ def run(args: argparse.Namespace, log: Any = print) -> RunResult | None:
     elif args.scenario == "smoke":
         temp_dir = tempfile.TemporaryDirectory(prefix="ibex-loadtest-")
         data_dir = Path(temp_dir.name)
+        # Traversable, so PostgreSQL (run as 'pgserver' under root) keeps its files in here
+        # and they go away with the directory.
+        data_dir.chmod(0o755)
     else:
         data_dir = ROOT / "loadtest" / "out" / "data" / dataset_key(args)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -538,10 +579,29 @@ def finish_profiler(proc: subprocess.Popen[bytes], prefix: Path, log: Any) -> st
     return summarize_collapsed(path.read_text())
 
 
+def _frame_parts(frame: str) -> tuple[str, str]:
+    """``"func (path/file.py:12)"`` -> (``"func"``, ``"path/file.py"``)."""
+    name, _, where = frame.strip().rpartition(" (")
+    return name, where.rstrip(")").rsplit(":", 1)[0]
+
+
+def _component(path: str) -> str:
+    """What a frame's file belongs to: ``ibex_context/pipeline/packing.py`` or a library's top package."""
+    if "ibex_context/" in path:
+        return "ibex_context/" + path.split("ibex_context/", 1)[1]
+    top = path.split("/", 1)[0]
+    return top.removesuffix(".py") or path
+
+
 def summarize_collapsed(text: str, top: int = 15) -> str:
-    """Top frames by self time and by inclusive time from py-spy's collapsed stacks."""
-    self_counts: dict[str, int] = {}
-    incl_counts: dict[str, int] = {}
+    """Where the server's CPU goes, from py-spy's collapsed stacks (idle excluded by py-spy).
+
+    Two views: self time by component (our modules one by one, libraries by top-level
+    package), and inclusive time of our own functions (time spent in them and below).
+    """
+    by_component: dict[str, int] = {}
+    leaf_frames: dict[str, int] = {}
+    ours: dict[str, int] = {}
     total = 0
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -550,26 +610,37 @@ def summarize_collapsed(text: str, top: int = 15) -> str:
         count = int(count_text)
         total += count
         frames = stack.split(";")
-        leaf = frames[-1]
-        self_counts[leaf] = self_counts.get(leaf, 0) + count
-        for frame in set(frames):
-            incl_counts[frame] = incl_counts.get(frame, 0) + count
+        leaf_name, leaf_path = _frame_parts(frames[-1])
+        component = _component(leaf_path)
+        by_component[component] = by_component.get(component, 0) + count
+        key = f"{leaf_name} ({component})"
+        leaf_frames[key] = leaf_frames.get(key, 0) + count
+        seen: set[str] = set()
+        for frame in frames:
+            name, path = _frame_parts(frame)
+            if "ibex_context/" in path and not path.endswith(("cli.py", "__main__.py")):
+                fn = f"{name} ({_component(path)})"
+                if fn not in seen:
+                    seen.add(fn)
+                    ours[fn] = ours.get(fn, 0) + count
     if not total:
         return "no samples"
 
     def table(counts: dict[str, int], title: str) -> list[str]:
         rows = [f"| {title} | % of samples |", "|---|---:|"]
-        for frame, c in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
-            rows.append(f"| `{frame.strip()[:140]}` | {100.0 * c / total:.1f} |")
+        for name, c in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+            rows.append(f"| `{name[:150]}` | {100.0 * c / total:.1f} |")
         return rows
 
     return "\n".join(
         [
-            f"{total:,} samples at 200 Hz (idle included).",
+            f"{total:,} samples at 200 Hz of the busy server (py-spy excludes idle time).",
             "",
-            *table(self_counts, "self time (leaf frame)"),
+            *table(by_component, "self time by component"),
             "",
-            *table(incl_counts, "inclusive time (frame on the stack)"),
+            *table(leaf_frames, "self time by function"),
+            "",
+            *table(ours, "inclusive time of ibex_context functions"),
         ]
     )
 
