@@ -87,3 +87,25 @@ class Profile:
 
 
 DEFAULT_PROFILE = Profile()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSelector:
+    """Which requests a profile applies to: by agent id, by org id, or as the default."""
+
+    agent_ids: tuple[str, ...] = ()
+    org_ids: tuple[str, ...] = ()
+    default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileBinding:
+    """A profile with its selector and the creation time that ranks it in conflicts.
+
+    ``created_at`` is the ContextProfile's RFC 3339 ``creationTimestamp`` (UTC,
+    ``Z`` suffix, so it sorts as a string); ``None`` for hand-written files.
+    """
+
+    profile: Profile
+    selector: ProfileSelector
+    created_at: str | None = None
