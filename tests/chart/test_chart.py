@@ -1,0 +1,636 @@
+"""The Helm chart, checked offline: helm lint, helm template, kubernetes-validate against the validated
+Kubernetes version, and the chart's design rules asserted over the rendered manifests.
+
+Custom resources have no schema in kubernetes-validate: the ContextProfile is validated against our CRD's
+openAPIV3Schema with jsonschema and planned by the real operator code; the ServiceMonitor (prometheus-
+operator's CRD is not available offline) is checked structurally against the metrics Service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from ibex_context.cli import main as cli_main
+from ibex_context.profiles.loader import parse_profiles
+from ibex_context.settings import Settings
+from ibex_operator.config import OperatorConfig
+from ibex_operator.reconcile import ProfileView, configmap_name, plan_namespace
+
+from tests.chart.conftest import (
+    CHART,
+    CI_VALUES,
+    FULLNAME,
+    MINIMUM_KUBERNETES_VERSION,
+    NAMESPACE,
+    REPO,
+    VALIDATED_KUBERNETES_VERSION,
+    VALUES_SETS,
+    Rendered,
+    run_helm,
+    template_args,
+)
+
+CANONICAL_CRD = REPO / "operator" / "ibex_operator" / "crds" / "contextprofiles.context.ibex.dev.yaml"
+CHART_CRD = CHART / "crds" / "contextprofiles.context.ibex.dev.yaml"
+CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor"}
+SERVER_LABELS = {
+    "app.kubernetes.io/name": "ibex-context",
+    "app.kubernetes.io/instance": "rel",
+    "app.kubernetes.io/component": "server",
+}
+LOCAL_STORES = CHART / "ci" / "local-stores-values.yaml"
+OBSERVABILITY = CHART / "ci" / "observability-values.yaml"
+FIXED_REPLICAS = CHART / "ci" / "fixed-replicas-values.yaml"
+
+
+def values_of(path: Path) -> Mapping[str, Any]:
+    loaded: Mapping[str, Any] = yaml.safe_load(path.read_text())
+    return loaded
+
+
+def containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def server_container(r: Rendered) -> Mapping[str, Any]:
+    spec = r.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "server")
+
+
+def env_of(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- lint, render, validate -----------------------------------------------------------------------
+
+
+def test_ci_values_files_cover_at_least_two_other_configurations() -> None:
+    assert len(CI_VALUES) >= 2, [p.name for p in CI_VALUES]
+
+
+@pytest.mark.parametrize(("name", "files"), VALUES_SETS, ids=[n for n, _ in VALUES_SETS])
+def test_helm_lint_strict_passes(helm: str, name: str, files: tuple[Path, ...]) -> None:
+    args = [
+        "lint",
+        "--strict",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        VALIDATED_KUBERNETES_VERSION,
+    ]
+    for path in files:
+        args += ["--values", str(path)]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[ERROR]" not in result.stdout and "[WARNING]" not in result.stdout, result.stdout
+
+
+def test_every_builtin_manifest_validates_strictly_against_the_validated_kubernetes_version(
+    rendered: Rendered,
+) -> None:
+    checked = 0
+    for manifest in rendered.manifests:
+        if manifest["kind"] in CUSTOM_KINDS:
+            continue
+        for version in (VALIDATED_KUBERNETES_VERSION, MINIMUM_KUBERNETES_VERSION):
+            try:
+                kubernetes_validate.validate(manifest, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{manifest['kind']}/{manifest['metadata']['name']} invalid for {version}: {exc}")
+        checked += 1
+    assert checked >= 5  # CRD, ServiceAccount, Services, Deployment, PDB at the least
+
+
+def test_chart_declares_the_validated_and_minimum_kubernetes_versions() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == "0.1.0"
+    assert chart["kubeVersion"].startswith(">=1.28")
+    assert chart["annotations"]["ibex.dev/validated-kubernetes-version"] == VALIDATED_KUBERNETES_VERSION
+
+
+def test_unknown_value_keys_are_rejected_by_the_schema(helm: str) -> None:
+    result = run_helm(helm, *template_args(sets=["server.replicas=3"]))
+    assert result.returncode != 0
+    assert "replicas" in result.stderr
+
+
+def test_invalid_setting_values_are_rejected_naming_the_field(helm: str) -> None:
+    result = run_helm(helm, *template_args(sets=["config.embedder=word2vec"]))
+    assert result.returncode != 0
+    assert "embedder" in result.stderr
+
+
+def test_external_stores_without_a_secret_name_fail_with_a_clear_message(helm: str) -> None:
+    result = run_helm(helm, *template_args(sets=["secrets.existingSecret="]))
+    assert result.returncode != 0
+    assert "secrets.existingSecret is required" in result.stderr
+
+
+# --- pod security ---------------------------------------------------------------------------------
+
+
+def test_every_pod_runs_restricted(rendered: Rendered) -> None:
+    assert rendered.pod_specs
+    for workload, _, spec in rendered.pod_specs:
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, workload
+        assert pod_sc["seccompProfile"]["type"] == "RuntimeDefault", workload
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), workload
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), workload
+        for c in containers(spec):
+            sc = c["securityContext"]
+            where = f"{workload} container {c['name']}"
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert "add" not in sc["capabilities"], where
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault", where
+            assert sc.get("privileged") is not True, where
+            assert "resources" in c and c["resources"].get("requests"), where
+
+
+def test_our_image_runs_as_uid_and_gid_10001_with_a_writable_tmp(rendered: Rendered) -> None:
+    for workload, _, spec in rendered.pod_specs:
+        ours = [
+            c for c in containers(spec) if c["image"].split("@")[0].split(":")[0].endswith("ibex-context")
+        ]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in ours:
+            assert c["securityContext"]["runAsUser"] == 10001, workload
+            assert c["securityContext"]["runAsGroup"] == 10001, workload
+            tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert tmp and "emptyDir" in volumes[tmp[0]["name"]], (
+                f"{workload}/{c['name']} needs an emptyDir /tmp"
+            )
+
+
+def test_only_the_operator_mounts_a_service_account_token(rendered: Rendered) -> None:
+    for workload, _, spec in rendered.pod_specs:
+        expected = workload == f"Deployment/{FULLNAME}-operator"
+        assert spec["automountServiceAccountToken"] is expected, workload
+    for sa in rendered.of_kind("ServiceAccount"):
+        assert sa["automountServiceAccountToken"] is sa["metadata"]["name"].endswith("-operator")
+
+
+# --- the service Deployment ---------------------------------------------------------------------
+
+
+def test_server_probes_are_native_grpc_and_liveness_never_depends_on_the_stores(rendered: Rendered) -> None:
+    c = server_container(rendered)
+    grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert set(c[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {"grpc"}, probe
+        assert c[probe]["grpc"]["port"] == grpc_port == 50051
+    # Readiness = overall health (Redis and PostgreSQL answer); liveness = the process answers.
+    assert c["readinessProbe"]["grpc"]["service"] == ""
+    assert c["livenessProbe"]["grpc"]["service"] == "liveness"
+    assert c["startupProbe"]["grpc"]["service"] == "liveness"
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 30
+
+
+def test_termination_grace_outlasts_prestop_sleep_drain_and_in_flight_grace(rendered: Rendered) -> None:
+    spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    c = server_container(rendered)
+    env = env_of(c)
+    sleep_command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep_command[0] == "sleep"
+    pre_stop = float(sleep_command[1])
+    grace = float(env["IBEX_SHUTDOWN_GRACE_SECONDS"]["value"])
+    drain = float(env["IBEX_SHUTDOWN_DRAIN_DELAY_SECONDS"]["value"])
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + drain + grace
+    assert pre_stop > 0
+
+
+def test_observability_values_shift_termination_grace_with_the_shutdown_timing(
+    render: Callable[..., Rendered],
+) -> None:
+    spec = render([OBSERVABILITY]).one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 10 + 2 + 15 + 5
+
+
+def test_profiles_are_mounted_as_an_optional_directory_never_subpath(rendered: Rendered) -> None:
+    spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "profiles")
+    assert volume["configMap"] == {"name": f"{FULLNAME}-profiles", "optional": True}
+    assert volume["configMap"]["name"] == configmap_name(FULLNAME)  # the operator's naming
+    c = server_container(rendered)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "profiles")
+    assert mount["mountPath"] == "/etc/ibex-context/profiles"
+    assert env_of(c)["IBEX_PROFILES_PATH"]["value"] == "/etc/ibex-context/profiles/profiles.json"
+    for workload, _, pod in rendered.pod_specs:
+        for ctr in containers(pod):
+            assert all("subPath" not in m and "subPathExpr" not in m for m in ctr.get("volumeMounts", [])), (
+                workload
+            )
+
+
+def test_only_the_charts_own_secret_triggers_restarts_never_the_profiles(rendered: Rendered) -> None:
+    annotations = (
+        rendered.one("Deployment", FULLNAME)["spec"]["template"]["metadata"].get("annotations") or {}
+    )
+    checksums = {k for k in annotations if k.startswith("checksum/")}
+    assert checksums <= {"checksum/secret"}
+    assert not any("profile" in k for k in annotations)
+    secret = rendered.maybe("Secret", f"{FULLNAME}-generated")
+    assert ("checksum/secret" in checksums) == (secret is not None)
+
+
+def test_chart_never_renders_the_operator_owned_profiles_configmap(rendered: Rendered) -> None:
+    operator_on = rendered.maybe("Deployment", f"{FULLNAME}-operator") is not None
+    if operator_on:
+        assert rendered.maybe("ConfigMap", f"{FULLNAME}-profiles") is None
+
+
+def test_static_profiles_without_the_operator_load_with_the_service_loader(
+    render: Callable[..., Rendered],
+) -> None:
+    cm = render([LOCAL_STORES]).one("ConfigMap", f"{FULLNAME}-profiles")
+    profile_set = parse_profiles(cm["data"]["profiles.json"])
+    assert len(profile_set.bindings) == 2
+
+
+def test_every_ibex_environment_variable_is_a_real_setting(rendered: Rendered) -> None:
+    fields = set(Settings.model_fields)
+    spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    for c in containers(spec):
+        for name in env_of(c):
+            assert name.startswith("IBEX_"), name
+            assert name.removeprefix("IBEX_").lower() in fields, (
+                f"{c['name']}: {name} is not a Settings field"
+            )
+
+
+def test_store_urls_and_secrets_come_from_secrets_never_plain_values(rendered: Rendered) -> None:
+    env = env_of(server_container(rendered))
+    for name in ("IBEX_REDIS_URL", "IBEX_POSTGRES_DSN", "IBEX_NONCE_SECRET"):
+        assert "secretKeyRef" in env[name]["valueFrom"], name
+    if "IBEX_OPENAI_API_KEY" in env:
+        assert env["IBEX_OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+def test_default_install_reads_external_store_urls_from_the_existing_secret(
+    render: Callable[..., Rendered],
+) -> None:
+    env = env_of(server_container(render()))
+    assert env["IBEX_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ibex-context-stores",
+        "key": "redis-url",
+    }
+    assert env["IBEX_POSTGRES_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ibex-context-stores",
+        "key": "postgres-dsn",
+    }
+
+
+def test_in_chart_stores_are_wired_to_their_services_automatically(render: Callable[..., Rendered]) -> None:
+    import base64
+
+    r = render([LOCAL_STORES])
+    secret = r.one("Secret", f"{FULLNAME}-generated")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    redis_svc = r.one("Service", f"{FULLNAME}-redis")
+    pg_svc = r.one("Service", f"{FULLNAME}-postgresql")
+    assert data["redis-url"] == f"redis://{redis_svc['metadata']['name']}:6379/0"
+    assert data["postgres-dsn"] == (
+        f"postgresql://ibex:{data['postgres-password']}@{pg_svc['metadata']['name']}:5432/ibex"
+    )
+    assert len(data["postgres-password"]) >= 32
+    env = env_of(server_container(r))
+    assert env["IBEX_POSTGRES_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-generated",
+        "key": "postgres-dsn",
+    }
+    pg = r.one("StatefulSet", f"{FULLNAME}-postgresql")["spec"]["template"]["spec"]["containers"][0]
+    assert pg["image"] == "pgvector/pgvector:pg17"
+    assert env_of(pg)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "postgres-password"
+
+
+def test_in_chart_stores_are_opt_in(render: Callable[..., Rendered]) -> None:
+    for files in ((), (OBSERVABILITY,), (FIXED_REPLICAS,)):
+        assert not render(files).of_kind("StatefulSet")
+
+
+def test_migrations_run_before_the_server_with_the_same_store_settings(
+    render: Callable[..., Rendered],
+) -> None:
+    spec = render().one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    migrate = spec["initContainers"][0]
+    assert migrate["args"] == ["migrate"]
+    assert "migrate" in cli_main.commands
+    server_env = env_of(spec["containers"][0])
+    for name in ("IBEX_POSTGRES_DSN", "IBEX_EMBEDDING_DIM"):
+        assert env_of(migrate)[name] == server_env[name]
+    fixed = render([FIXED_REPLICAS]).one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert "initContainers" not in fixed
+
+
+# --- replicas, HPA, PDB ---------------------------------------------------------------------------
+
+
+def test_no_replicas_while_an_hpa_owns_the_deployment(render: Callable[..., Rendered]) -> None:
+    # Operator on: the operator always renders HPA <fullname>.
+    default = render()
+    assert "replicas" not in default.one("Deployment", FULLNAME)["spec"]
+    assert not default.of_kind("HorizontalPodAutoscaler")
+    # Operator off, autoscaling on: the chart renders the HPA itself.
+    local = render([LOCAL_STORES])
+    assert "replicas" not in local.one("Deployment", FULLNAME)["spec"]
+    hpa = local.one("HorizontalPodAutoscaler", FULLNAME)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}
+    assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 4
+    metric_kinds = [m["type"] for m in hpa["spec"]["metrics"]]
+    assert metric_kinds == ["Pods", "Resource"]
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "ibex_context_inflight_calls"
+
+
+def test_fixed_replicas_without_any_hpa(render: Callable[..., Rendered]) -> None:
+    r = render([FIXED_REPLICAS])
+    assert r.one("Deployment", FULLNAME)["spec"]["replicas"] == 3
+    assert not r.of_kind("HorizontalPodAutoscaler")
+
+
+def test_chart_hpa_matches_the_operators_scaling_policy(render: Callable[..., Rendered]) -> None:
+    from ibex_operator.reconcile import HPA_BEHAVIOR
+
+    hpa = render([LOCAL_STORES]).one("HorizontalPodAutoscaler", FULLNAME)
+    assert hpa["spec"]["behavior"] == HPA_BEHAVIOR
+
+
+def test_pdb_allows_one_disruption_of_server_pods_only(rendered: Rendered) -> None:
+    pdb = rendered.one("PodDisruptionBudget", FULLNAME)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == SERVER_LABELS
+
+
+# --- labels, selectors, Services --------------------------------------------------------------------
+
+
+def test_every_workload_selector_matches_its_own_pod_labels_and_no_other_workload(rendered: Rendered) -> None:
+    workloads = [m for m in rendered.manifests if m["kind"] in ("Deployment", "StatefulSet")]
+    for w in workloads:
+        selector = w["spec"]["selector"]["matchLabels"]
+        assert selects(selector, w["spec"]["template"]["metadata"]["labels"]), w["metadata"]["name"]
+        for other in workloads:
+            if other is not w:
+                assert not selects(selector, other["spec"]["template"]["metadata"]["labels"]), (
+                    f"{w['metadata']['name']} also selects {other['metadata']['name']}"
+                )
+
+
+def test_every_service_selects_exactly_one_workloads_pods_on_a_declared_port(rendered: Rendered) -> None:
+    workloads = [m for m in rendered.manifests if m["kind"] in ("Deployment", "StatefulSet")]
+    for svc in rendered.of_kind("Service"):
+        matched = [
+            w
+            for w in workloads
+            if selects(svc["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+        ]
+        assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)} workloads"
+        port_names = {
+            p["name"] for c in matched[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+        }
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in port_names, f"{svc['metadata']['name']}: {port['targetPort']}"
+
+
+def test_grpc_services_declare_app_protocol_grpc_and_headless_is_clusterip_none(rendered: Rendered) -> None:
+    main = rendered.one("Service", FULLNAME)
+    assert main["spec"]["ports"] == [
+        {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+    ]
+    assert main["spec"]["selector"] == SERVER_LABELS
+    headless = rendered.maybe("Service", f"{FULLNAME}-headless")
+    if headless is not None:
+        assert headless["spec"]["clusterIP"] == "None"
+        assert headless["spec"]["ports"][0]["appProtocol"] == "grpc"
+        assert headless["spec"]["selector"] == SERVER_LABELS
+    metrics = rendered.one("Service", f"{FULLNAME}-metrics")
+    assert metrics["spec"]["ports"][0]["port"] == 9464
+
+
+def test_headless_service_can_be_turned_off(render: Callable[..., Rendered]) -> None:
+    assert render().maybe("Service", f"{FULLNAME}-headless") is not None
+    assert render([FIXED_REPLICAS]).maybe("Service", f"{FULLNAME}-headless") is None
+
+
+def test_topology_spread_selects_the_server_pods(render: Callable[..., Rendered]) -> None:
+    spec = render().one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    keys = {c["topologyKey"] for c in spec["topologySpreadConstraints"]}
+    assert keys == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for constraint in spec["topologySpreadConstraints"]:
+        assert constraint["labelSelector"]["matchLabels"] == SERVER_LABELS
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+
+
+def test_service_monitor_scrapes_the_metrics_service_port(render: Callable[..., Rendered]) -> None:
+    r = render([OBSERVABILITY])
+    sm = r.one("ServiceMonitor", FULLNAME)
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    metrics_svc = r.one("Service", f"{FULLNAME}-metrics")
+    assert selects(sm["spec"]["selector"]["matchLabels"], metrics_svc["metadata"]["labels"])
+    others = [s for s in r.of_kind("Service") if s is not metrics_svc]
+    assert not any(selects(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"]) for s in others)
+    endpoint = sm["spec"]["endpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in metrics_svc["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not render().of_kind("ServiceMonitor")
+
+
+def test_network_policies_admit_grpc_from_configured_peers_and_isolate_the_operator(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([OBSERVABILITY])
+    server = r.one("NetworkPolicy", FULLNAME)
+    assert server["spec"]["podSelector"]["matchLabels"] == SERVER_LABELS
+    grpc_rule = next(rule for rule in server["spec"]["ingress"] if rule["ports"][0]["port"] == "grpc")
+    assert grpc_rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "llm-proxy"}}}
+    ]
+    egress_ports = {p["port"] for rule in server["spec"]["egress"] for p in rule["ports"]}
+    assert {53, 6379, 5432} <= egress_ports
+    operator = r.one("NetworkPolicy", f"{FULLNAME}-operator")
+    assert operator["spec"]["ingress"] == []
+    assert set(operator["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    assert not render().of_kind("NetworkPolicy")
+
+
+def test_dashboard_configmap_carries_the_grafana_label_and_the_dashboard_json(
+    render: Callable[..., Rendered],
+) -> None:
+    cm = render([OBSERVABILITY]).one("ConfigMap", f"{FULLNAME}-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    source = (CHART / "dashboards" / "ibex-context.json").read_text()
+    assert json.loads(cm["data"]["ibex-context.json"]) == json.loads(source)
+    assert render().maybe("ConfigMap", f"{FULLNAME}-dashboard") is None
+
+
+# --- the operator -----------------------------------------------------------------------------------
+
+EXPECTED_OPERATOR_RULES = [
+    {
+        "apiGroups": ["context.ibex.dev"],
+        "resources": ["contextprofiles"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    {"apiGroups": ["context.ibex.dev"], "resources": ["contextprofiles/status"], "verbs": ["patch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+    },
+    {
+        "apiGroups": ["autoscaling"],
+        "resources": ["horizontalpodautoscalers"],
+        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def test_operator_rbac_is_namespaced_with_exactly_the_designed_rules(render: Callable[..., Rendered]) -> None:
+    r = render()
+    role = r.one("Role", f"{FULLNAME}-operator")
+    assert role["rules"] == EXPECTED_OPERATOR_RULES
+    assert not r.of_kind("ClusterRole") and not r.of_kind("ClusterRoleBinding")
+    binding = r.one("RoleBinding", f"{FULLNAME}-operator")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": f"{FULLNAME}-operator",
+    }
+    operator_sa = r.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": operator_sa, "namespace": NAMESPACE}]
+
+
+def test_no_rbac_rule_anywhere_uses_a_wildcard(rendered: Rendered) -> None:
+    for kind in ("Role", "ClusterRole"):
+        for role in rendered.of_kind(kind):
+            for rule in role["rules"]:
+                for field in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: {rule}"
+
+
+def test_operator_runs_one_replica_with_recreate_and_a_liveness_probe(
+    render: Callable[..., Rendered],
+) -> None:
+    deployment = render().one("Deployment", f"{FULLNAME}-operator")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["ibex-context-operator"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-health"}
+    assert "readinessProbe" not in c
+
+
+def test_operator_environment_points_it_at_the_service_deployment_and_its_namespace(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render()
+    c = r.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(c)
+    assert env["WATCH_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    plain = {name: e["value"] for name, e in env.items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    assert config.namespaces == (NAMESPACE,)
+    assert config.default_service == r.one("Deployment", FULLNAME)["metadata"]["name"]
+    health_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http-health")
+    assert config.liveness_endpoint == f"http://0.0.0.0:{health_port}/healthz"
+
+
+def test_operator_is_absent_when_disabled(render: Callable[..., Rendered]) -> None:
+    r = render([LOCAL_STORES])
+    assert r.maybe("Deployment", f"{FULLNAME}-operator") is None
+    assert not r.of_kind("Role") and not r.of_kind("ContextProfile")
+
+
+# --- the CRD and the default ContextProfile --------------------------------------------------------
+
+
+def test_chart_crd_is_byte_identical_to_the_operators_canonical_crd() -> None:
+    assert CANONICAL_CRD.is_file(), f"{CANONICAL_CRD} is missing"
+    assert CHART_CRD.read_bytes() == CANONICAL_CRD.read_bytes(), (
+        f"copy {CANONICAL_CRD.relative_to(REPO)} into {CHART_CRD.parent.relative_to(REPO)}/"
+    )
+
+
+def test_crd_is_shipped_in_crds_and_validates(render: Callable[..., Rendered]) -> None:
+    crd = render().one("CustomResourceDefinition", "contextprofiles.context.ibex.dev")
+    kubernetes_validate.validate(crd, VALIDATED_KUBERNETES_VERSION, strict=True)
+    assert not list((CHART / "templates").rglob("*crd*")), "CRDs belong in crds/, not templates/"
+
+
+def _crd_schema() -> Mapping[str, Any]:
+    crd = yaml.safe_load(CHART_CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["storage"])
+    schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("files", [(), (OBSERVABILITY,)], ids=["default", "observability"])
+def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_children(
+    render: Callable[..., Rendered],
+    files: tuple[Path, ...],
+) -> None:
+    profile = render(files).one("ContextProfile", "default")
+    # CRD schemas are OpenAPI 3.0 (boolean exclusiveMinimum): JSON Schema draft 4 semantics.
+    jsonschema.Draft4Validator(_crd_schema()).validate(profile)
+    assert profile["spec"]["selector"] == {"default": True}
+    view = ProfileView.from_body(
+        {**profile, "metadata": {**profile["metadata"], "generation": 1, "uid": "u1"}}
+    )
+    plan = plan_namespace(NAMESPACE, [view], FULLNAME, "2026-11-22T00:00:00Z")
+    ready = next(c for c in plan.statuses["default"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True", ready
+    (objects,) = plan.services
+    assert objects.hpa["metadata"]["name"] == FULLNAME
+    assert objects.hpa["spec"]["scaleTargetRef"]["name"] == FULLNAME
+    assert objects.configmap["metadata"]["name"] == f"{FULLNAME}-profiles"
+    assert objects.hpa["spec"]["minReplicas"] == 2 and objects.hpa["spec"]["maxReplicas"] == 10
+
+
+def test_default_contextprofile_spec_overrides_are_merged(render: Callable[..., Rendered]) -> None:
+    profile = render([OBSERVABILITY]).one("ContextProfile", "default")
+    assert profile["spec"]["budget"] == {"maxMemoryTokens": 3000}
+    assert profile["spec"]["service"] == FULLNAME
+
+
+# --- helm test ------------------------------------------------------------------------------------
+
+
+def test_helm_test_pod_checks_health_then_makes_one_assemble_call(render: Callable[..., Rendered]) -> None:
+    r = render()
+    pod = r.one("Pod", f"{FULLNAME}-test-grpc")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    target = f"{FULLNAME}:50051"
+    health = pod["spec"]["initContainers"][0]["args"]
+    assemble = pod["spec"]["containers"][0]["args"]
+    assert health[:3] == ["health", "--target", target]
+    assert assemble[:3] == ["assemble", "--target", target]
+    assert r.one("Service", FULLNAME)["spec"]["ports"][0]["port"] == 50051
+
+
+def test_helm_test_arguments_parse_with_the_real_cli(render: Callable[..., Rendered]) -> None:
+    pod = render().one("Pod", f"{FULLNAME}-test-grpc")
+    for container in (pod["spec"]["initContainers"][0], pod["spec"]["containers"][0]):
+        command_name, *rest = container["args"]
+        command = cli_main.commands[command_name]
+        context = command.make_context(command_name, list(rest), resilient_parsing=False)
+        assert context.params["target"] == f"{FULLNAME}:50051"
