@@ -165,6 +165,26 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Seconds ``pid``'s threads (and its children's) spent runnable but waiting for a CPU.
+
+    From ``/proc/<pid>/task/<tid>/schedstat`` (field 2, ns). On a shared machine this
+    says how much of the latency is other processes holding the server's core.
+    """
+    import psutil
+
+    try:
+        pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return 0.0
+    total_ns = 0
+    for p in pids:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total_ns += int((task / "schedstat").read_text().split()[1])
+    return total_ns / 1e9
+
+
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return str(resp.read().decode())
@@ -205,6 +225,8 @@ class RunResult:
     fallbacks_server: dict[str, float]
     degradation_server: dict[str, float]
     server_cpu_s: float
+    server_runqueue_wait_s: float
+    load_average: tuple[float, float]
     locust_cpu_s: float
     wall_s: float
     seed_output: str
@@ -462,11 +484,13 @@ def _run_with_stores(
             time.sleep(args.warmup)
             before = [scrape(p) for p in metrics_ports]
             cpu0, lcpu0, t0 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
+            wait0, load0 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
             if args.profile:
                 profiler = start_profiler(server.pid, prefix, min(args.duration, args.profile_seconds), log)
             time.sleep(max(0.0, args.duration - 0.5))
             after = [scrape(p) for p in metrics_ports]
             cpu1, lcpu1, t1 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
+            wait1, load1 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
             try:
                 locust_rc = locust.wait(timeout=args.duration + args.warmup + 60)
             except subprocess.TimeoutExpired:
@@ -504,6 +528,8 @@ def _run_with_stores(
             fallbacks_server={k: v for k, v in fallbacks.items() if v},
             degradation_server={k: v for k, v in degradation.items() if v},
             server_cpu_s=cpu1 - cpu0,
+            server_runqueue_wait_s=wait1 - wait0,
+            load_average=(load0, load1),
             locust_cpu_s=lcpu1 - lcpu0,
             wall_s=t1 - t0,
             seed_output=seed_output,
@@ -694,6 +720,10 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
+        f"- CPU contention: the server's threads waited {result.server_runqueue_wait_s:.1f} s on the run queue "
+        f"({100 * result.server_runqueue_wait_s / max(result.wall_s, 1e-9):.0f} % of the window) while runnable; "
+        f"load average {result.load_average[0]:.2f} at the start, {result.load_average[1]:.2f} at the end of the "
+        "window (2 cores, shared with other work).",
         "",
         "### By scenario (client)",
         "",
