@@ -250,7 +250,7 @@ def _condition_schema() -> Schema:
             },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "lastTransitionTime": {"type": "string", "format": "date-time", "maxLength": 64},
             "reason": {
                 "type": "string",
                 "minLength": 1,
