@@ -14,8 +14,10 @@ started with ``spawn_tasks`` and stopped with ``run_tasks(ignored=...)`` because
 from __future__ import annotations
 
 import asyncio
+import socket
 import warnings
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kmock as kmock_lib
@@ -48,22 +50,41 @@ def k8s(kmock: Any) -> Any:
     return kmock
 
 
+@dataclass(frozen=True)
+class RunningOperator:
+    reconciler: Reconciler
+    liveness_url: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @pytest.fixture()
-async def operator(k8s: Any) -> AsyncIterator[Reconciler]:
+async def operator(k8s: Any) -> AsyncIterator[RunningOperator]:
     server = str(k8s.url).rstrip("/")
+    liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
     config = OperatorConfig(
         namespaces=(NAMESPACE,),
         default_service="ibex-context",
         drift_interval_s=DRIFT_INTERVAL_S,
-        liveness_endpoint=None,
+        liveness_endpoint=liveness_url,
     )
     registry, reconciler = build_registry(config, Credentials(lambda **_: kopf.ConnectionInfo(server=server)))
     stop, ready = asyncio.Event(), asyncio.Event()
     tasks = await kopf.spawn_tasks(
-        registry=registry, standalone=True, namespaces=[NAMESPACE], stop_flag=stop, ready_flag=ready
+        registry=registry,
+        standalone=True,
+        namespaces=[NAMESPACE],
+        stop_flag=stop,
+        ready_flag=ready,
+        liveness_endpoint=config.liveness_endpoint,
     )
     await asyncio.wait_for(ready.wait(), 10)
-    yield reconciler
+    yield RunningOperator(reconciler, liveness_url)
     stop.set()
     runner = asyncio.create_task(kopf.run_tasks(tasks, ignored=asyncio.all_tasks() - set(tasks)))
     deadline = asyncio.get_running_loop().time() + 15

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import kopf_harness
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.profiles.registry import ProfileRegistry
@@ -305,3 +306,13 @@ async def test_an_invalid_profile_is_left_out_and_reported_while_the_others_rend
     assert "coldMs must be less than assemblyMs" in condition(k8s, "bad", "Ready")["message"]
     assert [p["name"] for p in profiles_file(k8s)["profiles"]] == ["good"]
     await eventually(lambda: condition(k8s, "good", "Ready")["status"] == "True")
+
+
+async def test_the_liveness_endpoint_reports_the_reconciler(k8s: Any, operator: Any) -> None:
+    await create_profile(k8s, "support", {"selector": {"default": True}}, created="2026-11-01T10:00:00Z")
+    await eventually(lambda: operator.reconciler.stats.reconciles > 0)
+    async with aiohttp.ClientSession() as session, session.get(operator.liveness_url) as response:
+        assert response.status == 200
+        body = await response.json()
+    assert body["reconciler"]["reconciles"] >= 1
+    assert body["reconciler"]["lastError"] is None
