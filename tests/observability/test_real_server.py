@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Tenant
 from tests.observability.harness import Samples, sample
-from tests.server.conftest import generous_profiles_file, make_settings
+from tests.server.conftest import make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,27 @@ DIRECTIVE = "Sign every answer as Commander Pelican-7719"
 QUESTION = "What is the Reykjavik office door code? Ask Gladys-Umber-3390"
 DISTINCTIVE = ("Heron", "Tamarind", "Pelican", "Gladys", "Umber", "8842", "7719", "3390")
 ASSEMBLE = {"service": "ibex.context.v1.ContextAssemblyService", "method": "AssembleContext"}
+
+
+# Sources get the most time a profile allows, so a FULL assembly does not depend on
+# this machine's load (the product defaults are 10/10/35 ms).
+GENEROUS_PROFILES = {
+    "apiVersion": "context.ibex.dev/v1alpha1",
+    "kind": "ContextProfileSet",
+    "profiles": [
+        {
+            "name": "tests/generous",
+            "selector": {"default": True},
+            "deadlines": {"assemblyMs": 45, "directiveMs": 40, "hotMs": 40, "coldMs": 44},
+        }
+    ],
+}
+
+
+def generous_profiles_file(directory: Path) -> Path:
+    path = directory / "profiles.json"
+    path.write_text(json.dumps(GENEROUS_PROFILES))
+    return path
 
 
 @dataclass
