@@ -210,7 +210,7 @@ class ContextClient:
             await self._endpoints.start()
             self._started = True
 
-    async def warm_up(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109 - per-connection cap
+    async def warm_up(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109, RUF100 - per-connection cap
         """Open the connection(s) now so the first real call does not pay for the handshake."""
         await self.start()
         endpoint = self._endpoints.pick()
@@ -246,7 +246,7 @@ class ContextClient:
         messages: Sequence[ChatMessage],
         session_id: str = "",
         request_id: str = "",
-        timeout: float | None = None,  # noqa: ASYNC109 - becomes the gRPC deadline sent to the server
+        timeout: float | None = None,  # noqa: ASYNC109, RUF100 - becomes the gRPC deadline
     ) -> AssembleResult:
         """The messages to send to the model. Never raises for a runtime failure (see module doc)."""
         started = time.perf_counter()
@@ -285,7 +285,7 @@ class ContextClient:
         original: tuple[ChatMessage, ...],
         session_id: str,
         request_id: str,
-        timeout: float | None,  # noqa: ASYNC109
+        timeout: float | None,  # noqa: ASYNC109, RUF100
         started: float,
     ) -> AssembleResult:
         # The caller's budget covers the whole call: encoding, connecting, waiting.
