@@ -7,12 +7,11 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-import redis.asyncio as aioredis
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
-from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.repository import ContextRepository
 
 from tests.stores.helpers import DIM, MakeMemory
@@ -62,7 +61,10 @@ def make_memory() -> MakeMemory:
 @pytest.fixture
 async def redis_cache(redis_url: str) -> AsyncIterator[RedisContextCache]:
     cache = RedisContextCache(
-        aioredis.Redis.from_url(redis_url), directive_ttl_seconds=300, hot_set_size=5, hot_set_ttl_seconds=600
+        create_redis_client(redis_url, max_connections=8),
+        directive_ttl_seconds=300,
+        hot_set_size=5,
+        hot_set_ttl_seconds=600,
     )
     yield cache
     await cache.aclose()

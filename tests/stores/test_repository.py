@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 from ibex_context.embedded import RedisProcess
+from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import RedisContextCache, directive_key, hot_set_key
+from ibex_context.stores.redis import RedisContextCache, create_redis_client, directive_key, hot_set_key
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant
@@ -178,7 +181,7 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
 ) -> None:
     org, agent = tenant.org_id, tenant.agent_id
     cache = RedisContextCache(
-        aioredis.Redis.from_url(throwaway_redis.url, socket_connect_timeout=0.5),
+        create_redis_client(throwaway_redis.url, max_connections=4),
         directive_ttl_seconds=60,
         hot_set_size=5,
         hot_set_ttl_seconds=60,
@@ -192,10 +195,14 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
         assert await repository.set_directive(org, agent, "still works", {}) == 1
         assert [m.id for m in await pg_store.fetch_memories(org, agent, [memory.id])] == [memory.id]
         assert (await pg_store.get_directive(org, agent)) is not None
-        # Reads degrade instead of failing: directive from PostgreSQL, no hot memories.
+        # The directive is still served, from PostgreSQL; the hot set reports its store down,
+        # quickly (no retry backoff), so the assembly can say why it degraded.
+        started = time.monotonic()
         directive = await repository.get_directive(org, agent)
         assert directive is not None and directive.content == "still works"
-        assert await repository.get_hot_memories(org, agent, 5) == []
+        with pytest.raises(StoreUnavailable, match="redis"):
+            await repository.get_hot_memories(org, agent, 5)
+        assert time.monotonic() - started < 0.5
         assert repository.pending_invalidations == 2
         assert (await repository.check_health()).extra["redis"] == "down"
         throwaway_redis.start()
@@ -207,3 +214,12 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
     finally:
         await repository.aclose()
         await cache.aclose()
+
+
+async def test_the_first_write_builds_the_hot_set_so_reads_see_it(
+    repository: ContextRepository, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    memory = make_memory("written first")
+    await repository.upsert_memories(org, agent, [memory])
+    assert [m.id for m in await repository.get_hot_memories(org, agent, 5)] == [memory.id]

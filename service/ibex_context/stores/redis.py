@@ -26,6 +26,8 @@ import json
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ibex_context.models import MemoryRecord
@@ -101,6 +103,23 @@ return 1
 """
 
 
+def create_redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
+    """A client for the request path: one immediate retry, no backoff.
+
+    redis-py's default (10 retries with exponential backoff) turns a stopped Redis
+    into seconds of waiting per call; a request has milliseconds. The single retry
+    replaces a pooled connection that died with a Redis restart. ``socket_timeout``
+    is a backstop for background work; requests are bounded by their deadline.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        max_connections=max_connections,
+        retry=Retry(NoBackoff(), 1),
+        socket_connect_timeout=1.0,
+        socket_timeout=2.0,
+    )
+
+
 def directive_key(org_id: str, agent_id: str) -> str:
     return f"{{{org_id}}}:directive:{agent_id}"
 
@@ -157,11 +176,7 @@ class RedisContextCache:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisContextCache:
-        client = aioredis.Redis.from_url(
-            settings.redis_url,
-            max_connections=settings.redis_max_connections,
-            socket_connect_timeout=1.0,
-        )
+        client = create_redis_client(settings.redis_url, max_connections=settings.redis_max_connections)
         return cls(
             client,
             directive_ttl_seconds=settings.directive_cache_ttl_seconds,

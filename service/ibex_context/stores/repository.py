@@ -9,22 +9,27 @@ Consistency model (details and reasons: docs/adr/0003-stores.md):
   answers. Version guards (directive) and a generation counter (hot set) keep a
   slow cache fill from overwriting a newer write.
 * Reads never block on a rebuild: a missing hot set returns [] at once and
-  schedules one rebuild per agent in the background. A missing directive entry
+  schedules one rebuild per agent in the background. Writes do build a missing
+  hot set (after their commit), so a write is visible to the reads that follow. A missing directive entry
   is read from PostgreSQL and cached, including "no directive" (negative entry),
   so agents without a directive do not query PostgreSQL on every request.
-* A Redis failure on the read path is a cache miss (directive: read PostgreSQL;
-  hot set: []); it is never an error of the request.
+* A Redis failure on the read path: the directive is read from PostgreSQL (still
+  served); the hot set raises ``StoreUnavailable`` so the assembly reports the hot
+  source as failed (the request itself never fails; the pipeline degrades).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import asyncpg
 from redis.exceptions import RedisError
 
+from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
 from ibex_context.stores.hot_score import hot_set_score
@@ -32,6 +37,7 @@ from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
 from ibex_context.stores.redis import RedisContextCache
 
 _log = logging.getLogger(__name__)
+LOG_INTERVAL_SECONDS = 10.0
 _CACHE_ERRORS = (RedisError, OSError)
 _AgentKey = tuple[str, str]
 
@@ -60,6 +66,7 @@ class ContextRepository:
         self._pending_hot_invalidations: set[_AgentKey] = set()
         self._pending_directive_invalidations: set[_AgentKey] = set()
         self._retrier: asyncio.Task[None] | None = None
+        self._last_logged: dict[str, float] = {}
 
     async def aclose(self) -> None:
         tasks = [*self._rebuilds.values(), *([self._retrier] if self._retrier else [])]
@@ -75,7 +82,7 @@ class ContextRepository:
         try:
             cached = await self._cache.get_directive_state(org_id, agent_id)
         except _CACHE_ERRORS as exc:
-            _log.warning("directive cache read failed: %s", type(exc).__name__)
+            self._log_cache_failure("directive cache read", exc)
             return await self._postgres.get_directive(org_id, agent_id)
         if cached is not None:
             return cached.to_directive()
@@ -83,15 +90,18 @@ class ContextRepository:
         try:
             await self._cache.put_directive(org_id, agent_id, state)
         except _CACHE_ERRORS as exc:
-            _log.warning("directive cache fill failed: %s", type(exc).__name__)
+            self._log_cache_failure("directive cache fill", exc)
         return state.to_directive()
 
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        """The hot set's best ``limit``; [] while a missing hot set is rebuilt in the background.
+
+        Raises StoreUnavailable when Redis fails, so the failure is reported, not hidden.
+        """
         try:
             records = await self._cache.get_hot_memories(org_id, agent_id, limit)
         except _CACHE_ERRORS as exc:
-            _log.warning("hot set read failed: %s", type(exc).__name__)
-            return []
+            raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
         if records is None:
             self.schedule_hot_set_rebuild(org_id, agent_id)
             return []
@@ -132,15 +142,24 @@ class ContextRepository:
         return [(record, hot_set_score(record, now)) for record in records]
 
     async def _refresh_hot_members(self, org_id: str, agent_id: str, ids: Sequence[str]) -> None:
-        """Re-reads the memories from PostgreSQL and writes them (re-scored) into the hot set."""
+        """Writes the changed memories (re-read, re-scored) into the hot set after a commit.
+
+        When the agent has no hot set, it is built now from PostgreSQL (after the
+        commit, so it includes this write): a write is followed by reads that expect
+        its memories, and writes can afford one more query. Failures here only cost
+        cache freshness; the write has already succeeded and is not failed for them.
+        """
         if not ids:
             return
-        records = await self._postgres.fetch_memories(org_id, agent_id, ids)
         try:
-            await self._cache.add_hot_memories(org_id, agent_id, self._scored(records))
+            records = await self._postgres.fetch_memories(org_id, agent_id, ids)
+            if not await self._cache.add_hot_memories(org_id, agent_id, self._scored(records)):
+                await self.rebuild_hot_set(org_id, agent_id)
         except _CACHE_ERRORS as exc:
-            _log.warning("hot set write failed: %s", type(exc).__name__)
+            self._log_cache_failure("hot set write", exc)
             await self._invalidate_hot_set(org_id, agent_id)
+        except (asyncpg.PostgresError, StoreError) as exc:
+            self._log_cache_failure("hot set refresh read", exc)
 
     # ================================================================ writes
 
@@ -157,7 +176,7 @@ class ContextRepository:
         try:
             removed = await self._cache.remove_hot_memories(org_id, agent_id, ids)
         except _CACHE_ERRORS as exc:
-            _log.warning("hot set delete failed: %s", type(exc).__name__)
+            self._log_cache_failure("hot set delete", exc)
             await self._invalidate_hot_set(org_id, agent_id)
             return deleted
         if removed:
@@ -185,7 +204,7 @@ class ContextRepository:
         try:
             await self._cache.put_directive(org_id, agent_id, state)
         except _CACHE_ERRORS as exc:
-            _log.warning("directive cache write failed: %s", type(exc).__name__)
+            self._log_cache_failure("directive cache write", exc)
             await self._invalidate_directive(org_id, agent_id)
 
     async def record_feedback(
@@ -204,7 +223,7 @@ class ContextRepository:
             try:
                 await self._cache.add_hot_memories(org_id, agent_id, self._scored(records))
             except _CACHE_ERRORS as exc:
-                _log.warning("hot set score refresh failed: %s", type(exc).__name__)
+                self._log_cache_failure("hot set score refresh", exc)
                 await self._invalidate_hot_set(org_id, agent_id)
 
     # ================================================================ invalidation
@@ -247,6 +266,14 @@ class ContextRepository:
                 except _CACHE_ERRORS:
                     break
                 self._pending_directive_invalidations.discard(key)
+
+    def _log_cache_failure(self, operation: str, exc: BaseException) -> None:
+        """One warning per operation per ``LOG_INTERVAL_SECONDS``: a Redis outage would
+        otherwise log on every request."""
+        now = time.monotonic()
+        if now - self._last_logged.get(operation, -math.inf) >= LOG_INTERVAL_SECONDS:
+            self._last_logged[operation] = now
+            _log.warning("%s failed: %s", operation, type(exc).__name__)
 
     # ================================================================ health
 
