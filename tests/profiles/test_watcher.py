@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,17 @@ async def test_the_background_task_reloads_without_being_asked(h: Harness) -> No
     h.volume.publish(profiles(weighted("v3", 0.1)))
     await asyncio.sleep(0.05)
     assert h.relevance() == 0.8  # stopped: no more reloads
+
+
+def test_an_unreadable_file_is_reported_once_and_the_profiles_stay(h: Harness) -> None:
+    h.volume.publish(profiles(weighted("good", 0.6)))
+    h.watcher.load_initial()
+    h.volume.path.unlink()
+    os.symlink("profiles.json", h.volume.path)  # a symlink loop: stat fails with ELOOP, even for root
+    assert h.watcher.poll() is ReloadOutcome.UNREADABLE
+    assert h.watcher.status.last_error == "OSError"
+    assert h.watcher.poll() is None
+    assert h.relevance() == 0.6
+    h.volume.path.unlink()
+    os.symlink("..data/profiles.json", h.volume.path)
+    assert h.watcher.poll() is ReloadOutcome.OK

@@ -116,7 +116,7 @@ class ProfileWatcher:
             self._signature = None
             return self._report(ReloadOutcome.MISSING, "file not found")
         except OSError as exc:
-            return self._report(ReloadOutcome.UNREADABLE, type(exc).__name__)
+            return self._report_once(ReloadOutcome.UNREADABLE, type(exc).__name__)
         if signature == self._signature:
             return None
         try:
@@ -128,7 +128,7 @@ class ProfileWatcher:
             self._signature = signature
             return self._report(ReloadOutcome.INVALID, str(exc))
         except OSError as exc:
-            return self._report(ReloadOutcome.UNREADABLE, type(exc).__name__)
+            return self._report_once(ReloadOutcome.UNREADABLE, type(exc).__name__)
         self._signature = signature
         if profile_set.checksum == self._status.checksum and self._status.last_ok:
             return None
@@ -154,6 +154,14 @@ class ProfileWatcher:
         self._notify(ReloadOutcome.OK)
         return ReloadOutcome.OK
 
+    def _report_once(self, outcome: ReloadOutcome, error: str) -> ReloadOutcome | None:
+        # An unreadable file stays unreadable for a while: report it once, not every poll.
+        # Forget the signature so the same file, readable again, is read and reported OK.
+        self._signature = None
+        if (self._status.last_outcome, self._status.last_error) == (outcome, error):
+            return None
+        return self._report(outcome, error)
+
     def _report(self, outcome: ReloadOutcome, error: str) -> ReloadOutcome:
         # The current registry stays: a bad or vanished file never replaces a good set.
         self._status = replace(self._status, last_ok=False, last_outcome=outcome, last_error=error)
@@ -177,7 +185,10 @@ class ProfileWatcher:
         """Poll forever; cancel the task to stop."""
         while True:
             await asyncio.sleep(self._interval_s)
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # a bug here must not end hot reload for the life of the process
+                _log.exception("profiles watcher poll failed")
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
