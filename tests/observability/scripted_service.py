@@ -51,6 +51,8 @@ class ScriptedAssembly:
 
     calls: int = 0
     delay: float = 0.0
+    # The real handler only attaches its report; this one also names the request early.
+    sets_request_id: bool = True
     seen_metadata: list[dict[str, str]] = field(default_factory=list)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tests.scripted_service"))
 
@@ -78,7 +80,8 @@ class ScriptedAssembly:
         )
         if state is not None:
             state.report = report
-            state.request_id = report.request_id
+            if self.sets_request_id:
+                state.request_id = report.request_id
         # A handler that logs what it works on: the formatter must tag it, and the
         # tests check that only our (content-free) fields reach the output.
         self.log.info("assembling", extra={"messages": len(request.messages)})

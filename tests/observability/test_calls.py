@@ -154,3 +154,15 @@ async def test_health_probes_are_counted_but_neither_traced_nor_logged(
     )
     assert observed.exporter.get_finished_spans() == ()
     assert observed.access_lines() == []
+
+
+async def test_without_an_x_request_id_the_access_line_uses_the_reports_request_id(
+    observed: Observed,
+) -> None:
+    observed.service.sets_request_id = False  # like the real handler: it only attaches its report
+    async with ContextClient(observed.target, timeout=5) as c:
+        # No request_id: the client sends no x-request-id and the handler generates one.
+        await c.assemble(org_id="o", agent_id="a", model=scripted.FULL, messages=MESSAGES)
+    (line,) = observed.access_lines()
+    assert "x-request-id" not in observed.service.seen_metadata[0]
+    assert line["request_id"] == "generated-request-id"

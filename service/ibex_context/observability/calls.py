@@ -104,6 +104,9 @@ class CallObserver:
 
     def _record(self, state: CallState) -> None:
         assert state.status is not None
+        if not state.request_id and state.report is not None:
+            # The caller sent no x-request-id; the handler's report knows the id it used.
+            state.request_id = state.report.request_id
         try:
             self._metrics.record_call(state.method, state.status, state.duration_seconds)
             if state.method.startswith(QUIET_METHOD_PREFIXES):
