@@ -237,20 +237,33 @@ def _validate(view: ProfileView, default_service: str | None) -> _Valid | tuple[
     service = spec.get("service") or default_service
     if not service:
         return ("NoService", "spec.service is empty and the operator has no IBEX_OPERATOR_DEFAULT_SERVICE")
-    scaling = spec["autoscaling"]
-    if scaling["minReplicas"] > scaling["maxReplicas"]:
-        return ("InvalidSpec", "autoscaling: minReplicas must be less than or equal to maxReplicas")
     entry = file_entry(view.name, view.created_at, spec)
     try:
         # The service's own validator: a profile it would reject never reaches the file.
         parse_entry(entry, label="spec")
     except ConfigurationError as exc:
         return ("InvalidSpec", str(exc))
+    problem = _autoscaling_problem(spec.get("autoscaling"))
+    if problem:
+        return ("InvalidSpec", f"spec: autoscaling: {problem}")
     effective = dict(spec, service=service)
     scoring = dict(effective["scoring"])
     scoring["halfLifeDays"] = {**DEFAULT_HALF_LIVES_DAYS, **(scoring.get("halfLifeDays") or {})}
     effective["scoring"] = scoring
     return _Valid(view=view, service=service, spec=effective, entry=entry)
+
+
+def _autoscaling_problem(scaling: Any) -> str | None:
+    # The API server's schema and CEL normally guarantee this; a test server or an old CRD may not.
+    if not isinstance(scaling, dict):
+        return "must be an object"
+    for key in ("minReplicas", "maxReplicas", "targetInflightPerPod", "targetCPUUtilizationPercentage"):
+        value = scaling.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{key} must be a positive integer"
+    if scaling["minReplicas"] > scaling["maxReplicas"]:
+        return "minReplicas must be less than or equal to maxReplicas"
+    return None
 
 
 def _condition(type_: str, status: bool, reason: str, message: str, view: ProfileView, now: str) -> Obj:

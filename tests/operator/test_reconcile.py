@@ -242,6 +242,19 @@ def test_min_replicas_above_max_is_rejected_without_the_api_servers_cel() -> Non
     assert "minReplicas" in conditions(p.statuses["bad"])["Ready"]["message"]
 
 
+def test_a_malformed_spec_is_reported_on_its_profile_and_does_not_stop_the_others() -> None:
+    p = plan(
+        view("ok", {"selector": {"default": True}}),
+        view("null-scaling", {"selector": {"agentIds": ["a"]}, "autoscaling": None}),
+        view("text-scaling", {"selector": {"agentIds": ["b"]}, "autoscaling": {"minReplicas": "2"}}),
+        view("list-selector", {"selector": ["x"]}),
+    )
+    rendered = json.loads(p.services[0].configmap["data"]["profiles.json"])
+    assert [e["name"] for e in rendered["profiles"]] == ["ok"]
+    for name in ("null-scaling", "text-scaling", "list-selector"):
+        assert conditions(p.statuses[name])["Ready"]["reason"] == "InvalidSpec", name
+
+
 def test_without_spec_service_or_operator_default_the_profile_is_not_ready() -> None:
     p = plan(view("a", {"selector": {"default": True}}), default_service=None)
     assert conditions(p.statuses["a"])["Ready"]["reason"] == "NoService"
