@@ -222,3 +222,22 @@ def test_locust_job_sets_only_options_the_locustfile_declares() -> None:
     # The Dockerfile's loadtest target copies loadtest/ to /opt/ibex/loadtest.
     assert locustfile == "/opt/ibex/loadtest/locustfile.py"
     assert "COPY loadtest /opt/ibex/loadtest" in (REPO / "Dockerfile").read_text()
+
+
+def test_example_profiles_target_the_kind_release_and_never_collide_with_chart_objects(
+    kind_release: Rendered,
+) -> None:
+    examples = [
+        m
+        for path in sorted((REPO / "examples").glob("*.yaml"))
+        for m in manifests_of(path)
+        if m.get("kind") == "ContextProfile"
+    ]
+    assert examples, "up.sh applies the ContextProfiles in examples/"
+    chart_profiles = {m["metadata"]["name"] for m in kind_release.of_kind("ContextProfile")}
+    for example in examples:
+        assert example["metadata"]["name"] not in chart_profiles, "Helm and kubectl would share the object"
+        service = example["spec"].get("service")
+        if service is not None:
+            assert kind_release.one("Deployment", service)
+    assert any(m["spec"]["selector"].get("default") for m in examples), "some profile must be the default"
