@@ -153,6 +153,14 @@ def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    sock = free_socket()
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
 @dataclass
 class RunningServer:
     server: Server
