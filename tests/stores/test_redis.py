@@ -101,3 +101,23 @@ async def test_another_org_with_the_same_agent_id_sees_no_hot_set(
 
 async def test_health_is_ok_while_redis_answers(redis_cache: RedisContextCache) -> None:
     assert (await redis_cache.check_health()).ok
+
+
+async def test_warm_up_loads_every_script(redis_cache: RedisContextCache, redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.script_flush()
+        await redis_cache.warm_up(connections=2)
+        from ibex_context.stores import redis as module
+
+        scripts = [
+            module._READ_HOT,
+            module._REPLACE_HOT,
+            module._ADD_HOT,
+            module._REMOVE_HOT,
+            module._PUT_DIRECTIVE,
+        ]
+        shas = [redis_cache._client.register_script(s).sha for s in scripts]
+        assert await client.script_exists(*shas) == [True] * len(scripts)
+    finally:
+        await client.aclose()

@@ -79,6 +79,9 @@ class _VectorParam:
         self.array = array
 
 
+_DIRECTIVE_SQL = "SELECT content, version, token_counts FROM directives WHERE org_id = $1 AND agent_id = $2"
+
+
 def _encode_vector(value: Any) -> bytes:
     if isinstance(value, _VectorParam):
         value = value.array
@@ -213,6 +216,22 @@ class PostgresMemoryStore:
     async def aclose(self) -> None:
         await self._pool.close()
 
+    async def warm_up(self) -> None:
+        """Runs the read statements once on every idle pooled connection for a tenant that
+        does not exist: asyncpg then has them prepared per connection, so the first
+        requests pay no parse round trip."""
+        nobody = uuid.UUID(int=0)
+        dim = int(await self._pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
+        probe = np.zeros(dim, dtype=np.float32)
+        connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
+        try:
+            for conn in connections:
+                await conn.fetch(_SEARCH_SQL, nobody, nobody, probe, 1)
+                await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
+        finally:
+            for conn in connections:
+                await self._pool.release(conn)
+
     # ---------------------------------------------------------------- reads
 
     async def search(
@@ -239,7 +258,7 @@ class PostgresMemoryStore:
 
     async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState:
         row = await self._pool.fetchrow(
-            "SELECT content, version, token_counts FROM directives WHERE org_id = $1 AND agent_id = $2",
+            _DIRECTIVE_SQL,
             as_uuid(org_id, "org_id"),
             as_uuid(agent_id, "agent_id"),
         )

@@ -22,6 +22,7 @@ the periodic reconciliation with PostgreSQL (recency decays, trims drop members)
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 
@@ -190,6 +191,19 @@ class RedisContextCache:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def warm_up(self, connections: int = 4) -> None:
+        """Loads the scripts (so EVALSHA never meets NOSCRIPT on a request) and opens
+        ``connections`` pooled connections, so the first requests pay no set-up."""
+        for script in (
+            self._read_hot,
+            self._replace_hot,
+            self._add_hot,
+            self._remove_hot,
+            self._put_directive,
+        ):
+            await self._client.script_load(script.script)
+        await asyncio.gather(*(self._client.ping() for _ in range(connections)))
 
     # ---------------------------------------------------------------- directive
 
