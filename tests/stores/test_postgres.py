@@ -301,3 +301,15 @@ async def test_warm_up_prepares_the_read_statements_without_touching_any_tenant(
 ) -> None:
     await pg_store.warm_up()
     assert (await pg_store.check_health()).ok
+
+
+async def test_pooled_connections_carry_the_search_settings(postgres_dsn: str) -> None:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=77)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute("SELECT '[1,2]'::vector")  # loads pgvector, which applies its settings
+            assert await conn.fetchval("SHOW hnsw.ef_search") == "77"
+            assert await conn.fetchval("SHOW hnsw.iterative_scan") == "relaxed_order"
+            assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+    finally:
+        await pool.close()
