@@ -365,6 +365,14 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
 # --------------------------------------------------------------------------- gate
 
 
+def _failures_by_error(environment: Environment) -> dict[str, int]:
+    """Failures by error text, summed over every scenario (locust keeps them per name)."""
+    counts: Counter[str] = Counter()
+    for err in environment.stats.errors.values():
+        counts[str(err.error)] += err.occurrences
+    return dict(counts.most_common())
+
+
 def summarize(environment: Environment) -> dict[str, Any]:
     options = environment.parsed_options
     total = environment.stats.total
@@ -391,7 +399,7 @@ def summarize(environment: Environment) -> dict[str, Any]:
         "problems_by_kind": dict(tally.problems.most_common()),
         "degradation_levels": dict(tally.levels.most_common()),
         "mean_memories_injected": tally.memories_injected / tally.responses if tally.responses else 0.0,
-        "failures_by_error": {str(err.error): err.occurrences for err in environment.stats.errors.values()},
+        "failures_by_error": _failures_by_error(environment),
         "by_scenario": {
             entry.name.split("/", 1)[-1]: {
                 "requests": entry.num_requests,

@@ -210,6 +210,8 @@ def wait_ready(
 
 def dataset_key(args: argparse.Namespace) -> str:
     raw = f"{args.agents}x{args.memories}-L{args.large_agents}x{args.large_memories}-{args.vectors}-{args.seed_embedder}"
+    if args.embedding_storage != "schema":
+        raw += f"-{args.embedding_storage}"
     return f"{raw}-{hashlib.sha1(f'{raw}-{args.seed}'.encode()).hexdigest()[:8]}"
 
 
@@ -226,6 +228,7 @@ class RunResult:
     degradation_server: dict[str, float]
     server_cpu_s: float
     server_runqueue_wait_s: float
+    stores_cpu_s: float
     load_average: tuple[float, float]
     locust_cpu_s: float
     wall_s: float
@@ -323,9 +326,11 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
             "seed_embedder",
             "seed",
             "dim",
+            "embedding_storage",
         )
     }
     previous = json.loads(marker.read_text()) if marker.exists() and agents_file.exists() else {}
+    previous.get("params", {}).setdefault("embedding_storage", "schema")  # markers written before the option
     if not args.reseed and previous.get("params") == wanted:
         log(f"reusing seeded data in {data_dir}")
         return agents_file, str(previous.get("output", ""))
@@ -353,6 +358,8 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
         str(args.seed),
         "--dim",
         str(args.dim),
+        "--embedding-storage",
+        args.embedding_storage,
         "--agents-file",
         str(agents_file),
     ]
@@ -389,11 +396,14 @@ def run(args: argparse.Namespace, log: Any = print) -> RunResult | None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     prefix = out_dir / f"{stamp}-{args.label}"
     try:
-        with stores(data_dir, args.stores_cpus) as (dsn, redis_url, _redis, _postgres):
+        with stores(data_dir, args.stores_cpus) as (dsn, redis_url, redis, postgres):
             agents_file, seed_output = seed_if_needed(args, dsn, data_dir, log)
             if args.seed_only:
                 return None
-            return _run_with_stores(args, dsn, redis_url, agents_file, seed_output, prefix, started, log)
+            store_pids = [pid for pid in (redis.pid, postgres.pid) if pid]
+            return _run_with_stores(
+                args, dsn, redis_url, agents_file, seed_output, prefix, started, log, store_pids
+            )
     finally:
         if temp_dir is not None:
             temp_dir.cleanup()
@@ -408,6 +418,7 @@ def _run_with_stores(
     prefix: Path,
     started: float,
     log: Any,
+    store_pids: Sequence[int] = (),
 ) -> RunResult:
     grpc_port = free_port()
     metrics_base = free_port()
@@ -485,12 +496,14 @@ def _run_with_stores(
             before = [scrape(p) for p in metrics_ports]
             cpu0, lcpu0, t0 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait0, load0 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
+            stores0 = sum(cpu_seconds(pid) for pid in store_pids)
             if args.profile:
                 profiler = start_profiler(server.pid, prefix, min(args.duration, args.profile_seconds), log)
             time.sleep(max(0.0, args.duration - 0.5))
             after = [scrape(p) for p in metrics_ports]
             cpu1, lcpu1, t1 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait1, load1 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
+            stores1 = sum(cpu_seconds(pid) for pid in store_pids)
             try:
                 locust_rc = locust.wait(timeout=args.duration + args.warmup + 60)
             except subprocess.TimeoutExpired:
@@ -529,6 +542,7 @@ def _run_with_stores(
             degradation_server={k: v for k, v in degradation.items() if v},
             server_cpu_s=cpu1 - cpu0,
             server_runqueue_wait_s=wait1 - wait0,
+            stores_cpu_s=stores1 - stores0,
             load_average=(load0, load1),
             locust_cpu_s=lcpu1 - lcpu0,
             wall_s=t1 - t0,
@@ -720,6 +734,9 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
+        f"- Stores CPU (PostgreSQL backends + Redis): {result.stores_cpu_s:.1f} s = "
+        f"{100 * result.stores_cpu_s / max(result.wall_s, 1e-9):.0f} % of one core "
+        f"({1000 * result.stores_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms per request).",
         f"- CPU contention: the server's threads waited {result.server_runqueue_wait_s:.1f} s on the run queue "
         f"({100 * result.server_runqueue_wait_s / max(result.wall_s, 1e-9):.0f} % of the window) while runnable; "
         f"load average {result.load_average[0]:.2f} at the start, {result.load_average[1]:.2f} at the end of the "
@@ -817,6 +834,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeding processes")
     p.add_argument("--seed-only", action="store_true", help="start the stores, seed, stop")
+    p.add_argument(
+        "--embedding-storage",
+        choices=("schema", "plain"),
+        default="schema",
+        help="plain: EXPERIMENT, store vectors inline (see loadtest/pgcheck.py)",
+    )
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--workers", type=int, default=1, help="server processes (SO_REUSEPORT)")

@@ -323,7 +323,14 @@ class SeedReport:
 
 
 async def seed(
-    dsn: str, plan: SeedPlan, agents_file: Path, *, jobs: int, reset: bool, log: Any = print
+    dsn: str,
+    plan: SeedPlan,
+    agents_file: Path,
+    *,
+    jobs: int,
+    reset: bool,
+    embedding_storage: str = "schema",
+    log: Any = print,
 ) -> SeedReport:
     from ibex_context.stores.migrate import migrate
 
@@ -337,6 +344,10 @@ async def seed(
         else:
             log("seed: --no-reset: rows are appended, agents' rows are not guaranteed to be contiguous")
         await conn.execute("DROP INDEX IF EXISTS memories_embedding_hnsw")
+        if embedding_storage == "plain":
+            # An experiment, not the migrated schema: see loadtest/pgcheck.py.
+            await conn.execute("ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN")
+            log("seed: EXPERIMENT: memories.embedding set to STORAGE PLAIN")
         agents = plan_agents(plan)
         now = time.time()
         entries: list[dict[str, Any]] = []
@@ -437,6 +448,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--agents-file", type=Path, default=Path("loadtest/out/agents.json"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes")
     p.add_argument("--no-reset", dest="reset", action="store_false", help="append instead of emptying tables")
+    p.add_argument(
+        "--embedding-storage",
+        choices=("schema", "plain"),
+        default="schema",
+        help="plain: EXPERIMENT, embedding column STORAGE PLAIN (inline, not TOASTed) before loading",
+    )
     args = p.parse_args(argv)
     if not args.dsn:
         p.error("--dsn (or IBEX_POSTGRES_DSN) is required")
@@ -462,7 +479,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"embedder={plan.embedder}, jobs={args.jobs})",
         flush=True,
     )
-    report = asyncio.run(seed(args.dsn, plan, args.agents_file, jobs=args.jobs, reset=args.reset))
+    report = asyncio.run(
+        seed(
+            args.dsn,
+            plan,
+            args.agents_file,
+            jobs=args.jobs,
+            reset=args.reset,
+            embedding_storage=args.embedding_storage,
+        )
+    )
     for line in report.lines():
         print(line)
     print(f"agents file: {args.agents_file}")
