@@ -8,7 +8,7 @@ import uuid
 
 import asyncpg
 import pytest
-from ibex_context.errors import InvalidRequest
+from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, create_pool
@@ -313,3 +313,22 @@ async def test_pooled_connections_carry_the_search_settings(postgres_dsn: str) -
             assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
     finally:
         await pool.close()
+
+
+async def test_driver_errors_become_store_errors_that_do_not_quote_the_data(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    secret = "my secret memory text"
+    wrong_dim = make_memory(secret, embedding=unit_vector(1)[:10])
+    with pytest.raises(StoreError) as raised:
+        await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [wrong_dim])
+    assert secret not in str(raised.value) and raised.value.__cause__ is None
+    assert "SQLSTATE" in str(raised.value)
+
+
+async def test_a_closed_pool_is_store_unavailable(postgres_dsn: str, tenant: Tenant) -> None:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=64)
+    store = PostgresMemoryStore(pool, ef_search=64)
+    await store.aclose()
+    with pytest.raises(StoreUnavailable):
+        await store.get_directive(tenant.org_id, tenant.agent_id)

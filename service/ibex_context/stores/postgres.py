@@ -21,19 +21,20 @@ settings:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import asyncpg
 import numpy as np
 
-from ibex_context.errors import InvalidRequest, StoreUnavailable
+from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
 from ibex_context.settings import Settings
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
@@ -78,6 +79,10 @@ class _VectorParam:
     def __init__(self, array: FloatVector) -> None:
         self.array = array
 
+
+_Self = TypeVar("_Self")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _DIRECTIVE_SQL = "SELECT content, version, token_counts FROM directives WHERE org_id = $1 AND agent_id = $2"
 
@@ -130,6 +135,28 @@ def _record(row: asyncpg.Record, *, with_embedding: bool = False) -> MemoryRecor
         similarity=None if distance is None else 1.0 - float(distance),
         source=Source.COLD,
     )
+
+
+def _store_errors(
+    method: Callable[Concatenate[_Self, _P], Awaitable[_R]],
+) -> Callable[Concatenate[_Self, _P], Awaitable[_R]]:
+    """Turns driver errors into StoreError / StoreUnavailable without their messages.
+
+    asyncpg messages can quote query arguments (memory content); these errors reach
+    logs, so only the error class and SQLSTATE are kept, and the chain is cut.
+    Cancellation passes through untouched.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: _Self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(self, *args, **kwargs)
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+            raise StoreUnavailable(f"postgres: {type(exc).__name__}") from None
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"postgres: {type(exc).__name__} (SQLSTATE {exc.sqlstate})") from None
+
+    return wrapper
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +243,7 @@ class PostgresMemoryStore:
     async def aclose(self) -> None:
         await self._pool.close()
 
+    @_store_errors
     async def warm_up(self) -> None:
         """Runs the read statements once on every idle pooled connection for a tenant that
         does not exist: asyncpg then has them prepared per connection, so the first
@@ -234,6 +262,7 @@ class PostgresMemoryStore:
 
     # ---------------------------------------------------------------- reads
 
+    @_store_errors
     async def search(
         self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
     ) -> list[MemoryRecord]:
@@ -256,6 +285,7 @@ class PostgresMemoryStore:
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
         return (await self.get_directive_state(org_id, agent_id)).to_directive()
 
+    @_store_errors
     async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState:
         row = await self._pool.fetchrow(
             _DIRECTIVE_SQL,
@@ -268,6 +298,7 @@ class PostgresMemoryStore:
             content=row["content"], version=row["version"], token_counts=row["token_counts"]
         )
 
+    @_store_errors
     async def fetch_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> list[MemoryRecord]:
         """The stored memories among ``ids``, with embeddings (unknown ids are left out)."""
         if not ids:
@@ -281,6 +312,7 @@ class PostgresMemoryStore:
         )
         return [_record(row, with_embedding=True) for row in rows]
 
+    @_store_errors
     async def top_memories_for_hot_set(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
         """The agent's ``limit`` best memories by the write-time score (``stores.hot_score``)."""
         if limit <= 0:
@@ -296,6 +328,7 @@ class PostgresMemoryStore:
         )
         return [_record(row, with_embedding=True) for row in rows]
 
+    @_store_errors
     async def count_memories(self, org_id: str, agent_id: str) -> int:
         count: int = await self._pool.fetchval(
             "SELECT count(*) FROM memories WHERE org_id = $1 AND agent_id = $2",
@@ -306,6 +339,7 @@ class PostgresMemoryStore:
 
     # ---------------------------------------------------------------- writes
 
+    @_store_errors
     async def upsert_memories(
         self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
     ) -> list[UpsertResult]:
@@ -370,6 +404,7 @@ class PostgresMemoryStore:
                 )
         return list(plan.results)
 
+    @_store_errors
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         """Deletes the memories (and their feedback); returns how many memories existed."""
         if not ids:
@@ -398,6 +433,7 @@ class PostgresMemoryStore:
         """Stores the directive; returns its version (unchanged when the content is identical)."""
         return (await self.set_directive_state(org_id, agent_id, content, token_counts)).version
 
+    @_store_errors
     async def set_directive_state(
         self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
     ) -> DirectiveState:
@@ -429,6 +465,7 @@ class PostgresMemoryStore:
         """Removes the directive; False when there was none."""
         return await self.clear_directive_version(org_id, agent_id) is not None
 
+    @_store_errors
     async def clear_directive_version(self, org_id: str, agent_id: str) -> int | None:
         """Clears the directive and returns the version of the cleared state, or None."""
         version: int | None = await self._pool.fetchval(
@@ -440,6 +477,7 @@ class PostgresMemoryStore:
         )
         return version
 
+    @_store_errors
     async def record_feedback(
         self, org_id: str, agent_id: str, session_id: str | None, feedback: Sequence[tuple[str, str]]
     ) -> list[FeedbackUpdate]:
@@ -492,6 +530,7 @@ class PostgresMemoryStore:
     async def record_injections(self, injections: Sequence[Injection]) -> None:
         await self.record_injections_returning(injections)
 
+    @_store_errors
     async def record_injections_returning(self, injections: Sequence[Injection]) -> list[ScopedMemory]:
         """Counts injections in one statement; returns the updated memories (with embeddings).
 
