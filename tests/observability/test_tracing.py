@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+import time
+from typing import ClassVar
+
+from grpclib.const import Status
 from ibex_context.client import ContextClient
 from ibex_context.models import ChatMessage
-from ibex_context.observability.tracing import ratio_keeps, sampling_decision
+from ibex_context.observability.state import CallState
+from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
+from ibex_context.settings import Settings
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -195,3 +204,62 @@ async def test_no_span_attribute_contains_message_memory_directive_text_or_tenan
             text = " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
             assert not [f for f in forbidden if f in text], (span.name, key, value)
         assert not [f for f in forbidden if f in span.name]
+
+
+# --- exporters from settings -----------------------------------------------------------
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    bodies: ClassVar[list[tuple[str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        self.bodies.append((self.path, self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_exporter_none_disables_export_but_still_reads_the_callers_trace_id() -> None:
+    tracing = Tracing.from_settings(Settings(tracing_exporter="none"))
+    incoming = tracing.extract({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+    assert not tracing.enabled
+    assert incoming.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    assert incoming.parent_sampled is True
+
+
+def test_a_malformed_traceparent_starts_a_fresh_trace() -> None:
+    incoming = Tracing().extract({"traceparent": "00-zzzz-not-a-trace-01"})
+    assert incoming.context is None and incoming.parent_sampled is None
+    assert incoming.trace_id != 0
+
+
+def test_the_otlp_exporter_posts_the_spans_to_the_configured_endpoint() -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        tracing = Tracing.from_settings(Settings(tracing_exporter="otlp", otlp_endpoint=endpoint))
+        state = CallState(method="/" + RPC_NAME, start_ns=0, epoch_offset_ns=time.time_ns(), trace_id=7)
+        state.status, state.end_ns = Status.UNKNOWN, 2_000_000  # an error: always kept
+        assert tracing.record(state) == f"{7:032x}"
+        assert tracing.force_flush()
+        tracing.shutdown()
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+    (path, body), *_ = _Collector.bodies
+    request = ExportTraceServiceRequest.FromString(body)
+    (span,) = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    resource = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}
+    assert path == "/v1/traces"
+    assert span.name == RPC_NAME
+    assert span.trace_id == (7).to_bytes(16, "big")
+    assert resource["service.name"] == "ibex-context"
