@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -97,7 +96,7 @@ def test_embedded_stores_start_both_and_stop_both(tmp_path: Path) -> None:
     assert not pgdata.exists()
 
 
-def test_stores_are_stopped_when_their_process_is_killed(tmp_path: Path) -> None:
+def test_stores_are_stopped_and_ephemeral_data_removed_when_their_process_is_killed(tmp_path: Path) -> None:
     """SIGKILL runs no atexit handler: the watchdogs must stop both servers."""
     script = textwrap.dedent(
         f"""
@@ -105,7 +104,7 @@ def test_stores_are_stopped_when_their_process_is_killed(tmp_path: Path) -> None
         from pathlib import Path
         from ibex_context.embedded import start_postgres, start_redis
         redis = start_redis(Path({str(tmp_path)!r}) / "redis")
-        postgres = start_postgres(Path({str(tmp_path)!r}))
+        postgres = start_postgres(Path({str(tmp_path)!r}), remove_on_stop=True)
         print(redis.pid, postgres.pid, postgres.pgdata, flush=True)
         sys.stdin.read()
         """
@@ -119,7 +118,7 @@ def test_stores_are_stopped_when_their_process_is_killed(tmp_path: Path) -> None
         child.wait()
     assert _wait_dead(int(redis_pid))
     assert _wait_dead(int(postgres_pid))
-    root, is_fallback = _postgres_data_root(tmp_path.resolve())
-    assert Path(pgdata).is_relative_to(root)
-    if is_fallback:
-        shutil.rmtree(root, ignore_errors=True)
+    deadline = time.monotonic() + 10
+    while Path(pgdata).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(pgdata).exists()

@@ -37,26 +37,31 @@ _log = logging.getLogger(__name__)
 # Runs in its own session so a Ctrl-C aimed at our process group does not reach it.
 # One byte on stdin means "disarmed"; EOF means the parent died: run the stop command.
 _WATCHDOG_SOURCE = """
-import subprocess, sys
+import shutil, subprocess, sys
 if sys.stdin.buffer.read(1):
     sys.exit(0)
-user = sys.argv[1] or None
+user, remove = sys.argv[1] or None, sys.argv[2]
 try:
-    subprocess.run(sys.argv[2:], user=user, timeout=30, check=False,
+    subprocess.run(sys.argv[3:], user=user, timeout=30, check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 except Exception:
     pass
+if remove:
+    shutil.rmtree(remove, ignore_errors=True)
 """
 
 
 class _Watchdog:
-    """Stops a server with ``command`` when this process dies without disarming it."""
+    """Stops a server with ``command`` when this process dies without disarming it, then
+    deletes ``remove_dir`` if given (an ephemeral store must not outlive its owner)."""
 
-    def __init__(self, command: Sequence[str], user: str | None = None) -> None:
+    def __init__(
+        self, command: Sequence[str], user: str | None = None, remove_dir: Path | None = None
+    ) -> None:
         read_fd, write_fd = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _WATCHDOG_SOURCE, user or "", *command],
+                [sys.executable, "-I", "-c", _WATCHDOG_SOURCE, user or "", str(remove_dir or ""), *command],
                 stdin=read_fd,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -303,10 +308,12 @@ def start_postgres(data_dir: Path, *, remove_on_stop: bool = False) -> PostgresP
     pgdata = root / "postgres"
     server = get_server(pgdata, cleanup_mode="stop")
     pg_ctl = Path(server.bin_path) / "pg_ctl"
-    watchdog = _Watchdog(
-        [str(pg_ctl), "-D", str(pgdata), "-m", "fast", "-w", "stop"], user=server.system_user
-    )
     remove_dir = (root if is_fallback else pgdata) if remove_on_stop else None
+    watchdog = _Watchdog(
+        [str(pg_ctl), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
+        user=server.system_user,
+        remove_dir=remove_dir,
+    )
     process = PostgresProcess(server, pgdata, remove_dir, watchdog)
     _log.info("postgres started", extra={"pgdata": str(pgdata), "pid": process.pid})
     return process
