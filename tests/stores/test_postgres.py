@@ -332,3 +332,16 @@ async def test_a_closed_pool_is_store_unavailable(postgres_dsn: str, tenant: Ten
     await store.aclose()
     with pytest.raises(StoreUnavailable):
         await store.get_directive(tenant.org_id, tenant.agent_id)
+
+
+async def test_concurrent_injection_batches_over_the_same_rows_all_count(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    batch = [make_memory(f"contended {i}") for i in range(20)]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
+    at = time.time()
+    forward = [Injection(tenant.org_id, tenant.agent_id, m.id, at) for m in batch]
+    backward = list(reversed(forward))
+    await asyncio.gather(*(pg_store.record_injections(forward if i % 2 else backward) for i in range(8)))
+    stored = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [m.id for m in batch])
+    assert sorted(m.retrieval_count for m in stored) == [8] * 20

@@ -555,14 +555,21 @@ class PostgresMemoryStore:
             WITH batch AS (
                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
                     AS u(org_id, agent_id, id, n, at)
-                ORDER BY org_id, agent_id, id
+            ), locked AS (
+                -- Row locks taken in key order (LockRows above the sort), whatever plan the
+                -- UPDATE's join gets: two batches touching the same rows cannot deadlock.
+                SELECT t.org_id, t.agent_id, t.id FROM memories AS t
+                JOIN batch AS b ON t.org_id = b.org_id AND t.agent_id = b.agent_id AND t.id = b.id
+                ORDER BY t.org_id, t.agent_id, t.id
+                FOR UPDATE OF t
             )
             UPDATE memories AS m SET
                 retrieval_count = m.retrieval_count + b.n,
                 last_retrieved_at = greatest(m.last_retrieved_at, to_timestamp(b.at)),
                 last_injected_at = greatest(m.last_injected_at, to_timestamp(b.at))
-            FROM batch AS b
+            FROM batch AS b, locked AS l
             WHERE m.org_id = b.org_id AND m.agent_id = b.agent_id AND m.id = b.id
+              AND m.org_id = l.org_id AND m.agent_id = l.agent_id AND m.id = l.id
             RETURNING m.org_id, m.agent_id, {_memory_columns("m")}, m.embedding
             """,
             [k[0] for k in keys],
