@@ -211,3 +211,25 @@ async def test_warm_up_opens_the_connection_before_the_first_call(server: Runnin
         assert await client.warm_up()
     async with ContextClient(f"127.0.0.1:{closed_port()}") as client:
         assert not await client.warm_up()
+
+
+async def test_a_connection_that_keeps_timing_out_is_replaced_by_a_new_one() -> None:
+    # A peer that vanished without FIN/RST leaves an HTTP/2 connection that never answers.
+    connections = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.read(1 << 16)
+        await asyncio.sleep(10)
+
+    sink = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = sink.sockets[0].getsockname()[1]
+    try:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=0.05) as client:
+            reasons = [(await assemble(client)).fallback_reason for _ in range(4)]  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)
+    finally:
+        sink.close()
+    assert reasons == ["client_timeout"] * 4
+    assert connections == 2  # three timeouts on the first connection, then a fresh one

@@ -63,11 +63,24 @@ class Endpoints(Protocol):
     async def close(self) -> None: ...
 
 
+# Consecutive timeouts after which a connection is presumed dead (a peer that vanished
+# without a FIN/RST keeps an HTTP/2 connection "open" forever) and is replaced.
+TIMEOUTS_BEFORE_RECONNECT = 3
+
+
 class SingleChannel:
     """One channel to ``host:port`` (a ClusterIP Service, a sidecar, a test server)."""
 
-    def __init__(self, host: str, port: int, *, ssl: ssl_module.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        timeouts_before_reconnect: int = TIMEOUTS_BEFORE_RECONNECT,
+    ) -> None:
         self._host, self._port, self._ssl = host, port, ssl
+        self._timeouts_before_reconnect = timeouts_before_reconnect
         self._endpoint: Endpoint | None = None
 
     async def start(self) -> None:
@@ -85,7 +98,9 @@ class SingleChannel:
         pass  # nowhere else to go; grpclib reconnects on the next call
 
     def timed_out(self, endpoint: Endpoint) -> None:
-        pass
+        endpoint.consecutive_timeouts += 1
+        if endpoint.consecutive_timeouts >= self._timeouts_before_reconnect:
+            _reconnect(endpoint)
 
     def succeeded(self, endpoint: Endpoint) -> None:
         pass
@@ -94,6 +109,12 @@ class SingleChannel:
         if self._endpoint is not None:
             self._endpoint.channel.close()
             self._endpoint = None
+
+
+def _reconnect(endpoint: Endpoint) -> None:
+    """Drop the endpoint's connection; grpclib opens a new one on the next call."""
+    endpoint.consecutive_timeouts = 0
+    endpoint.channel.close()
 
 
 async def resolve_all(host: str, port: int) -> list[str]:
@@ -115,7 +136,7 @@ class DnsRoundRobin:
         ssl: ssl_module.SSLContext | None = None,
         refresh_seconds: float = 30.0,
         resolver: Resolver = resolve_all,
-        timeouts_before_down: int = 3,
+        timeouts_before_down: int = TIMEOUTS_BEFORE_RECONNECT,
         retire_after_seconds: float = 60.0,
     ) -> None:
         self._host, self._port, self._ssl = host, port, ssl
@@ -209,6 +230,7 @@ class DnsRoundRobin:
                 endpoint.port,
                 endpoint.consecutive_timeouts,
             )
+            _reconnect(endpoint)
 
     def succeeded(self, endpoint: Endpoint) -> None:
         endpoint.consecutive_timeouts = 0
