@@ -10,6 +10,7 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest
 from ibex_context.client import ContextClient
 from ibex_context.models import ChatMessage
+from ibex_context.observability.calls import safe_request_id
 
 from tests.observability import scripted_service as scripted
 from tests.observability.harness import Observed, ObservedFactory, sample
@@ -166,3 +167,11 @@ async def test_without_an_x_request_id_the_access_line_uses_the_reports_request_
     (line,) = observed.access_lines()
     assert "x-request-id" not in observed.service.seen_metadata[0]
     assert line["request_id"] == "generated-request-id"
+
+
+def test_a_request_id_is_bounded_and_stripped_of_control_characters() -> None:
+    assert safe_request_id("req-1") == "req-1"
+    assert safe_request_id("req\n2026-01-01 INFO forged line") == "req2026-01-01 INFO forged line"
+    assert safe_request_id("x" * 500) == "x" * 128
+    assert safe_request_id(b"binary") == ""
+    assert safe_request_id(None) == ""

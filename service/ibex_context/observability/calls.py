@@ -63,7 +63,7 @@ class CallObserver:
             method=event.method_name,
             start_ns=start_ns,
             epoch_offset_ns=time.time_ns() - start_ns,
-            request_id=_text(event.metadata.get("x-request-id")),
+            request_id=safe_request_id(event.metadata.get("x-request-id")),
             parent=incoming.context,
             trace_id=incoming.trace_id,
             parent_sampled=incoming.parent_sampled,
@@ -106,7 +106,7 @@ class CallObserver:
         assert state.status is not None
         if not state.request_id and state.report is not None:
             # The caller sent no x-request-id; the handler's report knows the id it used.
-            state.request_id = state.report.request_id
+            state.request_id = safe_request_id(state.report.request_id)
         try:
             self._metrics.record_call(state.method, state.status, state.duration_seconds)
             if state.method.startswith(QUIET_METHOD_PREFIXES):
@@ -127,8 +127,19 @@ class CallObserver:
                 logging.getLogger(__name__).exception("recording a finished call failed")
 
 
-def _text(value: str | bytes | None) -> str:
-    return value if isinstance(value, str) else ""
+MAX_REQUEST_ID_CHARS = 128
+
+
+def safe_request_id(value: str | bytes | None) -> str:
+    """The caller's id as it may go into a log line or a span: bounded, printable only.
+
+    It comes from the caller unchecked (grpclib does not validate header values), and a
+    control character in it could forge lines in the text log format.
+    """
+    if not isinstance(value, str):
+        return ""
+    value = value[:MAX_REQUEST_ID_CHARS]
+    return value if value.isprintable() else "".join(c for c in value if c.isprintable())
 
 
 def _interrupted_status(state: CallState) -> Status:

@@ -131,5 +131,6 @@ def _iso_utc(created: float) -> str:
 
 def _compact(value: object) -> str:
     if isinstance(value, str):
-        return value if value and " " not in value else json.dumps(value)
+        # Quoted (and escaped) unless it is one printable token: no forged lines.
+        return value if value and value.isprintable() and " " not in value else json.dumps(value)
     return json.dumps(value, default=str, separators=(",", ":"))
