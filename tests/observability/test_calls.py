@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
+import pytest
 from grpclib.client import Channel
 from grpclib.health.service import Health
 from grpclib.health.v1.health_grpc import HealthStub
@@ -11,6 +13,9 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest
 from ibex_context.client import ContextClient
 from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import safe_request_id
+from ibex_context.observability.metrics import Metrics
+from ibex_context.observability.tracing import IncomingTrace, Tracing
+from prometheus_client import CollectorRegistry
 
 from tests.observability import scripted_service as scripted
 from tests.observability.harness import Observed, ObservedFactory, sample
@@ -175,3 +180,22 @@ def test_a_request_id_is_bounded_and_stripped_of_control_characters() -> None:
     assert safe_request_id("x" * 500) == "x" * 128
     assert safe_request_id(b"binary") == ""
     assert safe_request_id(None) == ""
+
+
+async def test_a_failing_observer_costs_the_call_its_telemetry_not_its_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class BrokenTracing(Tracing):
+        def extract(self, metadata: Mapping[str, str | bytes]) -> IncomingTrace:
+            raise RuntimeError("tracing bug")
+
+    metrics = Metrics(CollectorRegistry())
+    async with (
+        scripted.scripted_server(metrics=metrics, tracing=BrokenTracing()) as server,
+        ContextClient(server.target, timeout=5) as client,
+    ):
+        result = await client.assemble(org_id="o", agent_id="a", model=scripted.FULL, messages=MESSAGES)
+
+    assert result.from_service
+    assert metrics.inflight_calls._value.get() == 0
+    assert "observing a call failed" in caplog.text

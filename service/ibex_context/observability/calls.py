@@ -56,6 +56,13 @@ class CallObserver:
         self._last_recording_error = 0.0
 
     async def on_request(self, event: RecvRequest) -> None:
+        try:
+            self._start(event)
+        except Exception:
+            # A bug here must cost the call its telemetry, never the call itself.
+            self._recording_failed()
+
+    def _start(self, event: RecvRequest) -> None:
         start_ns = time.perf_counter_ns()
         incoming = self._tracing.extract(event.metadata)
         deadline = event.deadline
@@ -70,9 +77,9 @@ class CallObserver:
             deadline=deadline,
             deadline_ms=deadline.time_remaining() * 1000 if deadline is not None else None,
         )
+        event.method_func = self._observed(event.method_func, state)
         current_call.set(state)
         self._metrics.call_started()
-        event.method_func = self._observed(event.method_func, state)
 
     async def on_trailers(self, event: SendTrailingMetadata) -> None:
         state = current_call.get()
@@ -120,11 +127,14 @@ class CallObserver:
             if self._log.isEnabledFor(logging.INFO):
                 self._log.info("rpc", extra=access_log_fields(state, traced=trace_id is not None))
         except Exception:
-            # Observability must never take the service down; but say so, now and then.
-            now = time.monotonic()
-            if now - self._last_recording_error >= _RECORDING_ERROR_LOG_INTERVAL_SECONDS:
-                self._last_recording_error = now
-                logging.getLogger(__name__).exception("recording a finished call failed")
+            self._recording_failed()
+
+    def _recording_failed(self) -> None:
+        # Observability must never take the service down; but say so, now and then.
+        now = time.monotonic()
+        if now - self._last_recording_error >= _RECORDING_ERROR_LOG_INTERVAL_SECONDS:
+            self._last_recording_error = now
+            logging.getLogger(__name__).exception("observing a call failed")
 
 
 MAX_REQUEST_ID_CHARS = 128
