@@ -43,10 +43,16 @@ def _protoc(args: list[str]) -> None:
 def _rewrite_imports(directory: Path) -> None:
     # protoc writes absolute imports rooted at the proto path ("ibex.context.v1");
     # the generated package lives inside ours, so root them there.
-    pattern = re.compile(r"^(from|import) ibex\.", re.MULTILINE)
+    # grpclib's stubs refer to messages as ``ibex.context.v1.context_pb2.X``, so
+    # they also need the name ``ibex`` bound to our package's copy.
+    plain_import = re.compile(r"^import ibex\.(\S+)$", re.MULTILINE)
+    from_import = re.compile(r"^from ibex\.", re.MULTILINE)
     for path in directory.rglob("*.py*"):
         text = path.read_text()
-        new = pattern.sub(lambda m: f"{m.group(1)} {PB_PACKAGE}.ibex.", text)
+        new = plain_import.sub(
+            lambda m: f"import {PB_PACKAGE}.ibex.{m.group(1)}\nfrom {PB_PACKAGE} import ibex", text
+        )
+        new = from_import.sub(f"from {PB_PACKAGE}.ibex.", new)
         if new != text:
             path.write_text(new)
 

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 log = logging.getLogger("ibex_context.cli")
 
 
-def _run(main: Callable[[], Awaitable[T]], *, use_uvloop: bool = False) -> T:
+def _run(main: Callable[[], Coroutine[Any, Any, T]], *, use_uvloop: bool = False) -> T:
     if use_uvloop:
         try:
             import uvloop
@@ -63,7 +63,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--workers", type=int, default=1, show_default=True, help="Processes sharing the port (SO_REUSEPORT).")
+@click.option(
+    "--workers", type=int, default=1, show_default=True, help="Processes sharing the port (SO_REUSEPORT)."
+)
 def serve(workers: int) -> None:
     """Serve gRPC with the settings from the environment (IBEX_*)."""
     if workers > 1:
@@ -217,7 +219,9 @@ def assemble(
 
     async def run() -> pb.AssembleContextResponse:
         async with Channel(host, port) as channel:
-            return await context_grpc.ContextAssemblyServiceStub(channel).AssembleContext(request, timeout=timeout)
+            stub = context_grpc.ContextAssemblyServiceStub(channel)
+            reply: pb.AssembleContextResponse = await stub.AssembleContext(request, timeout=timeout)
+            return reply
 
     try:
         response = _run(run)
@@ -242,7 +246,8 @@ def render_response(response: pb.AssembleContextResponse) -> str:
     lines.append("── metadata " + "─" * 52)
     lines.append(
         f"level={level} directive_injected={md.directive_injected} memories={md.memories_injected}/"
-        f"{md.memories_available} tokens_injected={md.total_tokens_injected} window_used={md.context_window_used}% "
+        f"{md.memories_available} tokens_injected={md.total_tokens_injected} "
+        f"window_used={md.context_window_used}% "
         f"truncated={md.was_truncated} profile={md.profile}"
     )
     if md.fallback_reason:
@@ -275,7 +280,9 @@ def directive() -> None:
 @click.option("--target", default="127.0.0.1:50051", show_default=True)
 @click.option("--org", "org_id", required=True)
 @click.option("--agent", "agent_id", required=True)
-@click.option("--file", "file", type=click.File("r"), default=None, help="Read the directive from a file (- for stdin).")
+@click.option(
+    "--file", "file", type=click.File("r"), default=None, help="Read the directive from a file (- for stdin)."
+)
 @click.argument("text", nargs=-1)
 def directive_set(target: str, org_id: str, agent_id: str, file: Any, text: tuple[str, ...]) -> None:
     content = file.read() if file is not None else " ".join(text)
@@ -336,7 +343,7 @@ def health(target: str, service: str, timeout: float) -> None:
         status = _run(run)
     except (GRPCError, OSError, TimeoutError) as exc:
         raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
-    name = HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
+    name = HealthCheckResponse.ServingStatus.Name(HealthCheckResponse.ServingStatus.ValueType(status))
     click.echo(name)
     if name != "SERVING":
         raise SystemExit(1)

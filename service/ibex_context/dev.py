@@ -111,4 +111,5 @@ async def _demo_call(port: int) -> pb.AssembleContextResponse:
         # The first call warms the query path (model, pools); show the second.
         await stub.AssembleContext(request, timeout=5)
         await asyncio.sleep(0.05)
-        return await stub.AssembleContext(request, timeout=1)
+        reply: pb.AssembleContextResponse = await stub.AssembleContext(request, timeout=1)
+        return reply

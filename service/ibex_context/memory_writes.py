@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.errors import EmbeddingError
-from ibex_context.models import NewMemory
+from ibex_context.models import FloatVector, NewMemory
 from ibex_context.stores.base import FeedbackUpdate, MemoryWriter, PreparedMemory, UpsertResult
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -78,8 +78,8 @@ class MemoryWrites:
         exact = [e for e in encodings if e.exact]
         return [{e.name: e.count(text) for e in exact} for text in texts]
 
-    async def _embed(self, texts: Sequence[str]) -> list[object]:
-        vectors: list[object] = []
+    async def _embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        vectors: list[FloatVector] = []
         for i in range(0, len(texts), _EMBED_BATCH):
             batch = texts[i : i + _EMBED_BATCH]
             result = await self._embedder.embed(batch)

@@ -71,15 +71,12 @@ class InjectionQueue:
         while True:
             first = await self._queue.get()
             batch = [first]
-            deadline = time.monotonic() + self._flush_interval
-            while len(batch) < self._batch_size:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
-                except TimeoutError:
-                    break
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+            # cancellation that races with the get() completing (CPython gh-86296).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + self._flush_interval):
+                    while len(batch) < self._batch_size:
+                        batch.append(await self._queue.get())
             await self._flush(batch)
 
     async def _flush(self, batch: list[Injection]) -> None:
@@ -95,8 +92,7 @@ class InjectionQueue:
         """Flush what is queued (at shutdown), then stop."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=timeout)
             self._task = None
         pending: list[Injection] = []
         while not self._queue.empty():

@@ -64,11 +64,10 @@ class Settings(BaseSettings):
     query_max_chars: int = Field(2000, ge=1)
 
     # --- assembly ---------------------------------------------------------------------
+    # Budgets, deadlines (default 40 ms; directive 10, hot 10, cold 35), weights and
+    # formats come from profiles (docs/profiles.md); without a file, built-in defaults.
     profiles_path: Path | None = None
-    deadline_ms: float = Field(40.0, gt=0, le=1000)
-    directive_timeout_ms: float = Field(10.0, gt=0)
-    hot_timeout_ms: float = Field(10.0, gt=0)
-    cold_timeout_ms: float = Field(35.0, gt=0)
+    profiles_poll_seconds: float = Field(1.0, gt=0)
     # Kept back from the caller's gRPC deadline for serialization and the network.
     deadline_safety_margin_ms: float = Field(3.0, ge=0)
     tiktoken_cache_dir: Path | None = None

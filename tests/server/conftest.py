@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from grpclib.client import Channel
-
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
 
 StartService = Callable[..., Awaitable[ContextService]]
+
+
+# Tests that assert a FULL assembly must not depend on this machine's load: the
+# sources get the most time a profile allows (the product defaults are 10/10/35 ms).
+GENEROUS_PROFILES = {
+    "apiVersion": "context.ibex.dev/v1alpha1",
+    "kind": "ContextProfileSet",
+    "profiles": [
+        {
+            "name": "tests/generous",
+            "selector": {"default": True},
+            "deadlines": {"assemblyMs": 45, "directiveMs": 40, "hotMs": 40, "coldMs": 44},
+        }
+    ],
+}
+
+
+def generous_profiles_file(directory: Path) -> Path:
+    path = directory / "profiles.json"
+    path.write_text(json.dumps(GENEROUS_PROFILES))
+    return path
 
 
 def make_settings(redis_url: str, postgres_dsn: str, **overrides: Any) -> Settings:
@@ -33,15 +55,18 @@ def make_settings(redis_url: str, postgres_dsn: str, **overrides: Any) -> Settin
 
 
 @pytest.fixture
-async def start_service(redis_url: str, postgres_dsn: str) -> AsyncIterator[StartService]:
-    """Starts a server per call (for tests that need their own settings or stores)."""
+async def start_service(redis_url: str, postgres_dsn: str, tmp_path: Path) -> AsyncIterator[StartService]:
+    """Starts a server per call (for tests that need their own settings or stores);
+    with the generous profile unless ``profiles_path`` is given."""
     started: list[ContextService] = []
+    generous = generous_profiles_file(tmp_path)
 
-    async def start(*, embedder: Any = None, **overrides: Any) -> ContextService:
+    async def start(*, embedder_instance: Any = None, **overrides: Any) -> ContextService:
+        overrides.setdefault("profiles_path", generous)
         settings = make_settings(
             overrides.pop("redis_url", redis_url), overrides.pop("postgres_dsn", postgres_dsn), **overrides
         )
-        service = ContextService(settings, embedder=embedder)
+        service = ContextService(settings, embedder=embedder_instance)
         await service.start()
         started.append(service)
         return service
@@ -52,9 +77,12 @@ async def start_service(redis_url: str, postgres_dsn: str) -> AsyncIterator[Star
 
 
 @pytest.fixture(scope="session")
-async def shared_service(redis_url: str, postgres_dsn: str) -> AsyncIterator[ContextService]:
+async def shared_service(
+    redis_url: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ContextService]:
     """One server for the tests that only read and write their own tenants."""
-    service = ContextService(make_settings(redis_url, postgres_dsn))
+    profiles = generous_profiles_file(tmp_path_factory.mktemp("profiles"))
+    service = ContextService(make_settings(redis_url, postgres_dsn, profiles_path=profiles))
     await service.start()
     yield service
     await service.stop(grace=1.0)
@@ -80,7 +108,9 @@ def user(content: str) -> pb.Message:
     return pb.Message(role="user", content=content)
 
 
-def request(org_id: str, agent_id: str, *messages: pb.Message, model: str = "gpt-4o") -> pb.AssembleContextRequest:
+def request(
+    org_id: str, agent_id: str, *messages: pb.Message, model: str = "gpt-4o"
+) -> pb.AssembleContextRequest:
     return pb.AssembleContextRequest(
         org_id=org_id, agent_id=agent_id, model=model, request_id="test", messages=list(messages)
     )

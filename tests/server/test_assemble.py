@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import tiktoken
-
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.server.app import ContextService
+
 from tests.conftest import Tenant
 
 from .conftest import request, user
@@ -35,7 +35,8 @@ async def _store(memories: context_grpc.MemoryServiceStub, tenant: Tenant, conte
             org_id=tenant.org_id,
             agent_id=tenant.agent_id,
             memories=[
-                pb.MemoryInput(content=c, category=CATEGORIES[i % len(CATEGORIES)]) for i, c in enumerate(contents)
+                pb.MemoryInput(content=c, category=CATEGORIES[i % len(CATEGORIES)])
+                for i, c in enumerate(contents)
             ],
         )
     )
@@ -48,7 +49,9 @@ def _thirty_memories() -> list[str]:
 
 
 async def test_stored_memories_are_injected_and_the_relevant_one_scores_highest(
-    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub, tenant: Tenant
+    assembly: context_grpc.ContextAssemblyServiceStub,
+    memories: context_grpc.MemoryServiceStub,
+    tenant: Tenant,
 ) -> None:
     ids = await _store(memories, tenant, _thirty_memories())
     await memories.SetDirective(
@@ -84,15 +87,19 @@ async def test_injected_text_recounted_with_tiktoken_never_exceeds_the_budget(
     memories: context_grpc.MemoryServiceStub,
     tenant: Tenant,
 ) -> None:
-    # 30 long memories (~250 tokens each) cannot all fit the 4,000-token default.
-    long = [f"{topic}. " + " ".join(f"detail{i}-{j} about {topic.split()[1]}" for j in range(60)) for i, topic in
-            enumerate(_thirty_memories())]  # fmt: skip
+    # 30 long, similar memories (~300 tokens each) cannot all fit the 4,000-token default.
+    long = [
+        f"Office budget note {i}: " + " ".join(f"the office budget line {i}-{j} covers item {j}" for j in range(30))
+        for i in range(30)
+    ]
     await _store(memories, tenant, long)
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_tiktoken_cache(shared_service)))
 
     for model, encoding_name in (("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")):
         response = await assembly.AssembleContext(
-            request(tenant.org_id, tenant.agent_id, user("tell me about the details of the office"), model=model)
+            request(
+                tenant.org_id, tenant.agent_id, user("which office budget line covers the item?"), model=model
+            )
         )
         md = response.metadata
         assert md.tokens.encoding == encoding_name

@@ -14,9 +14,9 @@ import time
 from grpclib.client import Channel
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+
 from tests.conftest import Tenant
 
 from .conftest import request, user
@@ -36,7 +36,7 @@ async def _wait_serving(port: int, timeout: float = 30.0) -> None:
                 reply = await HealthStub(channel).Check(HealthCheckRequest(), timeout=1)
                 if reply.status == HealthCheckResponse.SERVING:
                     return
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             pass
         await asyncio.sleep(0.1)
     raise AssertionError("server did not become SERVING")
@@ -66,14 +66,18 @@ async def test_sigterm_lets_every_in_flight_call_finish(
                 pb.UpsertMemoriesRequest(
                     org_id=tenant.org_id,
                     agent_id=tenant.agent_id,
-                    memories=[pb.MemoryInput(content=f"fact number {i} about shutdown", category="factual")
-                              for i in range(30)],  # fmt: skip
+                    memories=[
+                        pb.MemoryInput(content=f"fact number {i} about shutdown", category="factual")
+                        for i in range(30)
+                    ],
                 )
             )
             stub = context_grpc.ContextAssemblyServiceStub(channel)
             calls = [
                 asyncio.create_task(
-                    stub.AssembleContext(request(tenant.org_id, tenant.agent_id, user(f"shutdown fact {i}")), timeout=20)
+                    stub.AssembleContext(
+                        request(tenant.org_id, tenant.agent_id, user(f"shutdown fact {i}")), timeout=20
+                    )
                 )
                 for i in range(300)
             ]

@@ -9,6 +9,7 @@ import uuid
 
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+
 from tests.conftest import Tenant
 
 from .conftest import request, user
@@ -22,7 +23,8 @@ async def _seed(memories: context_grpc.MemoryServiceStub, tenant: Tenant, marker
             org_id=tenant.org_id,
             agent_id=tenant.agent_id,
             memories=[
-                pb.MemoryInput(content=f"{SHARED_WORDS} note {i} {marker}", category="factual") for i in range(5)
+                pb.MemoryInput(content=f"{SHARED_WORDS} note {i} {marker}", category="factual")
+                for i in range(5)
             ],
         )
     )
@@ -76,7 +78,9 @@ async def test_no_leakage_under_concurrent_requests_from_many_tenants(
     picks = [rng.choice(tenants) for _ in range(160)]
 
     async def call(t: Tenant) -> tuple[Tenant, pb.AssembleContextResponse]:
-        return t, await assembly.AssembleContext(request(t.org_id, t.agent_id, user(SHARED_WORDS)), timeout=10)
+        return t, await assembly.AssembleContext(
+            request(t.org_id, t.agent_id, user(SHARED_WORDS)), timeout=10
+        )
 
     results = await asyncio.gather(*(call(t) for t in picks))
 

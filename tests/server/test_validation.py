@@ -6,9 +6,9 @@ import asyncpg
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+
 from tests.conftest import Tenant
 
 from .conftest import user
@@ -40,8 +40,16 @@ def _assemble(**fields: object) -> pb.AssembleContextRequest:
         (_assemble(messages=[pb.Message(role="user", content="x" * 400_001)]), "messages[0].content"),
         (_assemble(messages=[user("m")] * 10_000), "messages"),
     ],
-    ids=["malformed-org", "missing-org", "malformed-agent", "malformed-session", "missing-model",
-         "unknown-role", "oversized-content", "10k-messages"],  # fmt: skip
+    ids=[
+        "malformed-org",
+        "missing-org",
+        "malformed-agent",
+        "malformed-session",
+        "missing-model",
+        "unknown-role",
+        "oversized-content",
+        "10k-messages",
+    ],
 )
 async def test_assemble_rejects_bad_input_naming_the_field(
     assembly: context_grpc.ContextAssemblyServiceStub, request_: pb.AssembleContextRequest, field: str
@@ -69,7 +77,9 @@ async def _count(postgres_dsn: str, tenant: Tenant) -> int:
     try:
         return int(
             await conn.fetchval(
-                "SELECT count(*) FROM memories WHERE org_id = $1 AND agent_id = $2", tenant.org_id, tenant.agent_id
+                "SELECT count(*) FROM memories WHERE org_id = $1 AND agent_id = $2",
+                tenant.org_id,
+                tenant.agent_id,
             )
         )
     finally:
@@ -87,8 +97,15 @@ async def _count(postgres_dsn: str, tenant: Tenant) -> int:
         (pb.MemoryInput(content="ok", category="factual", confidence=1.5), "memories[1].confidence"),
         (pb.MemoryInput(content="ok", category="factual", embedding=[0.1] * 3), "memories[1].embedding"),
     ],
-    ids=["empty", "blank", "oversized", "unknown-category", "malformed-id", "confidence-out-of-range",
-         "wrong-dimension"],  # fmt: skip
+    ids=[
+        "empty",
+        "blank",
+        "oversized",
+        "unknown-category",
+        "malformed-id",
+        "confidence-out-of-range",
+        "wrong-dimension",
+    ],
 )
 async def test_upsert_rejects_the_whole_batch_naming_the_field_and_writes_nothing(
     memories: context_grpc.MemoryServiceStub,
@@ -113,5 +130,7 @@ async def test_write_calls_reject_malformed_scope(memories: context_grpc.MemoryS
     assert error.value.status is Status.INVALID_ARGUMENT
     assert error.value.message is not None and error.value.message.startswith("org_id:")
     with pytest.raises(GRPCError) as error:
-        await memories.DeleteMemories(pb.DeleteMemoriesRequest(org_id=VALID_ORG, agent_id=VALID_AGENT, ids=["1"]))
+        await memories.DeleteMemories(
+            pb.DeleteMemoriesRequest(org_id=VALID_ORG, agent_id=VALID_AGENT, ids=["1"])
+        )
     assert error.value.message is not None and error.value.message.startswith("ids[0]:")

@@ -28,7 +28,10 @@ ACME_SUPPORT = DemoAgent(
         ("factual", "Priya's home airport is Lisbon (LIS); she usually flies to Berlin for work."),
         ("preference", "Priya is vegetarian and always asks for a vegetarian meal on long-haul flights."),
         ("procedural", "To change a booking: look up the PNR, check the fare rules, then quote the fee."),
-        ("episodic", "On 3 March Priya's bag was delayed in Frankfurt for two days; it was delivered to her hotel."),
+        (
+            "episodic",
+            "On 3 March Priya's bag was delayed in Frankfurt for two days; it was delivered to her hotel.",
+        ),
         ("behavioral", "Priya gets frustrated by long answers; keep replies under five sentences."),
         ("factual", "Priya travels with her service dog, Miso, a small labrador mix."),
         ("procedural", "Pets in cabin need a carrier under 8 kg and must be booked 48 hours in advance."),
@@ -44,7 +47,10 @@ GLOBEX_TUTOR = DemoAgent(
     memories=(
         ("factual", "The student, Tomás, is in year 10 and preparing for his GCSE exams in June."),
         ("preference", "Tomás learns best from worked examples followed by one practice problem."),
-        ("episodic", "In the last session Tomás struggled with factorising quadratics with a leading coefficient."),
+        (
+            "episodic",
+            "In the last session Tomás struggled with factorising quadratics with a leading coefficient.",
+        ),
         ("procedural", "When Tomás gets stuck, ask him to explain the first step in his own words."),
         ("behavioral", "Tomás loses focus after about twenty minutes; suggest a short break."),
         ("factual", "Tomás's favourite subject is physics; relate maths to motion when possible."),

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.formatting import FormattedContext, format_context, memory_cost
+from ibex_context.pipeline.formatting import FormattedContext, format_context, memory_cost, section_overhead
 from ibex_context.pipeline.packing import pack
 from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever
@@ -201,8 +201,12 @@ class Assembler:
 
         t0 = time.perf_counter_ns()
         base = format_context(
-            request.messages, directive=directive, memories=(), fmt=profile.format,
-            mode=profile.injection_mode, nonce=nonce,
+            request.messages,
+            directive=directive,
+            memories=(),
+            fmt=profile.format,
+            mode=profile.injection_mode,
+            nonce=nonce,
         )
         directive_tokens = self._injection_tokens(base, encoding, call.messages_tokens)
         budget = compute_budget(
@@ -214,8 +218,24 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
-        costed = [replace(m, tokens=memory_cost(m, encoding, profile.format)) for m in scored]
-        packed = pack(costed, budget.memory_budget, max_items=profile.budget.max_memories)
+        costed = [
+            replace(m, tokens=memory_cost(m, encoding, profile.format, nonce=nonce, counter=self._counter))
+            for m in scored
+        ]
+        # The notice and category sections cost tokens too; an upper bound for the
+        # candidates' categories keeps the exact repair below a rare event.
+        overhead = (
+            section_overhead(
+                encoding,
+                profile.format,
+                nonce=nonce,
+                categories={m.memory.category for m in scored},
+                include_message_framing=not base.injected,
+            )
+            if scored
+            else 0
+        )
+        packed = pack(costed, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories)
         report.add_stage("pack", t0, time.perf_counter_ns())
 
         t0 = time.perf_counter_ns()
@@ -226,8 +246,12 @@ class Assembler:
         while True:
             formatted = (
                 format_context(
-                    request.messages, directive=directive, memories=selected, fmt=profile.format,
-                    mode=profile.injection_mode, nonce=nonce,
+                    request.messages,
+                    directive=directive,
+                    memories=selected,
+                    fmt=profile.format,
+                    mode=profile.injection_mode,
+                    nonce=nonce,
                 )
                 if selected
                 else base
@@ -266,8 +290,12 @@ class Assembler:
         if directive is not None and call.encoding is not None:
             try:
                 formatted = format_context(
-                    call.request.messages, directive=directive, memories=(), fmt=call.profile.format,
-                    mode=call.profile.injection_mode, nonce=self._nonce(call.request),
+                    call.request.messages,
+                    directive=directive,
+                    memories=(),
+                    fmt=call.profile.format,
+                    mode=call.profile.injection_mode,
+                    nonce=self._nonce(call.request),
                 )
                 tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
                 return self._finish(
@@ -322,7 +350,9 @@ class Assembler:
         }.get(degradation, Outcome.FALLBACK)
         if degradation is Degradation.FULL and reasons:
             report.outcome = Outcome.DEGRADED
-        report.sources = [call.state.sources[s] for s in ("directive", "hot", "embed", "cold") if s in call.state.sources]
+        report.sources = [
+            call.state.sources[s] for s in ("directive", "hot", "embed", "cold") if s in call.state.sources
+        ]
         report.memories_injected = len(memories)
         report.directive_injected = directive_injected
         report.tokens_injected = tokens_injected

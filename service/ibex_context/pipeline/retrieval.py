@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ibex_context.embedding.base import Embedder
@@ -73,8 +73,6 @@ class RetrievalState:
 
 
 def _with_source(record: MemoryRecord, source: Source) -> MemoryRecord:
-    from dataclasses import replace
-
     return replace(record, source=source)
 
 
@@ -111,7 +109,7 @@ class Retriever:
             lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
             count=lambda d: 1 if d is not None else 0,
         )
-        if directive is not _FAILED:
+        if not isinstance(directive, _Failed):
             state.directive = directive
             state.directive_done = True
 
@@ -126,7 +124,7 @@ class Retriever:
             lambda: self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit),
             count=len,
         )
-        if hot is not _FAILED:
+        if not isinstance(hot, _Failed):
             state.hot = hot
 
     async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState) -> None:
@@ -143,7 +141,7 @@ class Retriever:
             lambda: self._embedder.embed([plan.query]),
             count=len,
         )
-        if vectors is _FAILED:
+        if isinstance(vectors, _Failed) or not vectors:
             _skip(state, "cold", "query embedding failed")
             return
         state.query_embedding = vectors[0]
@@ -162,7 +160,7 @@ class Retriever:
             lambda: self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit),
             count=len,
         )
-        if cold is not _FAILED:
+        if not isinstance(cold, _Failed):
             state.cold = cold
 
 

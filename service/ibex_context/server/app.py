@@ -14,6 +14,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import asyncpg
 from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server
 from prometheus_client import CollectorRegistry
@@ -24,9 +25,12 @@ from ibex_context.embedding.factory import build_embedder
 from ibex_context.errors import ConfigurationError
 from ibex_context.memory_writes import STORED_ENCODINGS, MemoryWrites
 from ibex_context.observability.calls import current_call, instrument_server
-from ibex_context.observability.metrics import Metrics, start_metrics_server
+from ibex_context.observability.exposition import HealthStatus, start_metrics_server
+from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.assembler import Assembler, AssemblerConfig
+from ibex_context.models import ChatMessage
+from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.post_response import InjectionQueue, QueueHooks
@@ -38,7 +42,7 @@ from ibex_context.server.health import ServiceHealth
 from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import check_embedding_dim_dsn
+from ibex_context.stores.migrate import check_embedding_dim
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.redis import RedisContextCache
 from ibex_context.stores.repository import ContextRepository
@@ -65,7 +69,8 @@ class ContextService:
     port: int = field(init=False, default=0)
     metrics_port: int = field(init=False, default=0)
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
-    _tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
+    watcher: ProfileWatcher | None = field(init=False, default=None)
+    _injections: InjectionQueue = field(init=False)
     _stopping: bool = field(init=False, default=False)
 
     async def start(self) -> None:
@@ -81,34 +86,37 @@ class ContextService:
         embedder = self.embedder or build_embedder(s)
         if embedder.dim != s.embedding_dim:
             raise ConfigurationError(
-                f"embedder {embedder.name} produces {embedder.dim} dimensions, IBEX_EMBEDDING_DIM is {s.embedding_dim}"
+                f"embedding_dim: embedder {embedder.name} produces {embedder.dim} dimensions, "
+                f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
-        await check_embedding_dim_dsn(s.postgres_dsn, s.embedding_dim)
+        self._closers.append(embedder.aclose)
+        await _check_database_dim(s.postgres_dsn, s.embedding_dim)
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
 
-        postgres = PostgresMemoryStore(
-            s.postgres_dsn,
-            min_size=s.postgres_pool_min,
-            max_size=s.postgres_pool_max,
-            ef_search=max(s.hnsw_ef_search, s.cold_limit),
-        )
-        await postgres.open()
-        self._closers.append(postgres.close)
-        redis = RedisContextCache(
-            s.redis_url,
-            max_connections=s.redis_max_connections,
-            directive_ttl=s.directive_cache_ttl_seconds,
-            hot_set_size=s.hot_set_size,
-            hot_set_ttl=s.hot_set_ttl_seconds,
-        )
-        self._closers.append(redis.close)
-        repository = ContextRepository(postgres=postgres, cache=redis, hot_set_size=s.hot_set_size)
-        self._closers.append(repository.close)
+        postgres = await PostgresMemoryStore.from_settings(s)
+        self._closers.append(postgres.aclose)
+        redis = RedisContextCache.from_settings(s)
+        self._closers.append(redis.aclose)
+        repository = ContextRepository(postgres, redis)
+        self._closers.append(repository.aclose)
+        # Prepared statements and Lua scripts on every pooled connection; a store that
+        # is down now is reported by health, not fatal.
+        for store in (postgres, redis):
+            try:
+                await store.warm_up()
+            except Exception as exc:
+                log.warning("warming up %s failed: %s", type(store).__name__, type(exc).__name__)
 
-        self.profiles = ProfileStore.from_path(s.profiles_path, defaults_from=s)
-        watcher = ProfileWatcher(s.profiles_path, self.profiles, on_reload=self._on_profile_reload)
+        self.profiles = ProfileStore()
         if s.profiles_path is not None:
-            self._tasks.append(asyncio.create_task(watcher.run(), name="profile-watcher"))
+            self.watcher = ProfileWatcher(
+                s.profiles_path,
+                self.profiles,
+                on_reload=self._on_profile_reload,
+                interval_s=s.profiles_poll_seconds,
+            )
+            self.watcher.load_initial()
+            self.watcher.start()
 
         self.inflight = InflightCalls()
         self._injections = InjectionQueue(
@@ -117,11 +125,10 @@ class ContextService:
             batch_size=s.post_response_batch_size,
             flush_interval=s.post_response_flush_ms / 1000,
             hooks=QueueHooks(
-                depth=self.metrics.post_response_queue_depth.set,
-                dropped=self.metrics.post_response_dropped.inc,
-                failed=self.metrics.post_response_failures.inc,
+                dropped=self.metrics.post_response_dropped_items, failed=self.metrics.post_response_failed
             ),
         )
+        self.metrics.track_post_response_queue(lambda: self._injections.depth)
         self._injections.start()
 
         limits = Limits(
@@ -134,7 +141,10 @@ class ContextService:
         )
         assembler = Assembler(
             retriever=Retriever(
-                directives=repository, hot_memories=repository, cold_memories=repository, embedder=query_embedder
+                directives=repository,
+                hot_memories=repository,
+                cold_memories=repository,
+                embedder=query_embedder,
             ),
             encodings=encodings,
             message_counter=MessageTokenCounter(encodings, cache_size=s.message_token_cache_size),
@@ -147,7 +157,7 @@ class ContextService:
         )
         assembly = ContextAssemblyHandler(
             assembler=assembler,
-            resolve_profile=lambda org, agent: self.profiles.current.resolve(org, agent),
+            resolve_profile=self.profiles.resolve,
             limits=limits,
             deadlines=DeadlinePolicy(safety_margin=s.deadline_safety_margin_ms / 1000),
             injections=self._injections,
@@ -159,20 +169,45 @@ class ContextService:
             limits=limits,
             inflight=self.inflight,
         )
+        await _warm_up(assembler)
         self.health = ServiceHealth([postgres, redis])
         services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
         self.server = Server(services, codec=LimitedProtoCodec(s.max_request_bytes))
-        instrument_server(self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access"))
+        instrument_server(
+            self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
+        )
         await self.server.start(s.grpc_host, s.grpc_port, reuse_port=s.grpc_reuse_port)
-        sockets = self.server._server.sockets if self.server._server else []  # noqa: SLF001 - grpclib exposes no port
-        self.port = sockets[0].getsockname()[1] if sockets else s.grpc_port
-        if s.metrics_port or s.metrics_port == 0:
-            stop_metrics, self.metrics_port = start_metrics_server(s.metrics_port, self.metrics_registry)
-            self._closers.append(stop_metrics)
-        log.info("serving", extra={"grpc_port": self.port, "metrics_port": self.metrics_port})
+        self.port = _bound_port(self.server, s.grpc_port)
+        metrics_server = start_metrics_server(
+            s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
+        )
+        self.metrics_port = metrics_server.port
+        self._closers.append(metrics_server.close)
+        log.info("serving gRPC on port %d, metrics on port %d", self.port, self.metrics_port)
+
+    async def _health_detail(self) -> HealthStatus:
+        stores_ok = await self.health.stores_ok()
+        detail: dict[str, object] = {
+            "stores": dict(self.health.last_details),
+            "inflight": self.inflight.count,
+        }
+        if self.watcher is not None:
+            status = self.watcher.status
+            detail["profiles"] = {
+                "source": status.source,
+                "last_ok": status.last_ok,
+                "last_outcome": str(status.last_outcome) if status.last_outcome else None,
+                "last_error": status.last_error,
+                "loaded_at": status.loaded_at,
+                "count": status.profile_count,
+                "checksum": status.checksum,
+            }
+        return HealthStatus(ok=stores_ok and not self._stopping, detail=detail)
 
     def _on_profile_reload(self, outcome: ReloadOutcome) -> None:
-        self.metrics.record_profile_reload(outcome.ok)
+        ok = outcome is ReloadOutcome.OK
+        count = self.watcher.status.profile_count if self.watcher is not None else None
+        self.metrics.record_profile_reload(ok, profiles=count)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful: NOT_SERVING, let in-flight calls finish (capped), then close."""
@@ -190,14 +225,16 @@ class ContextService:
         # grpclib waits for clients to hang up (no GOAWAY, grpclib#107): bounded wait.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.server.wait_closed(), 1.0)
-        for task in self._tasks:
-            task.cancel()
+        if self.watcher is not None:
+            await self.watcher.stop()
         await self._injections.drain(timeout=2.0)
         for close in reversed(self._closers):
             result = close()
             if asyncio.iscoroutine(result):
-                with contextlib.suppress(Exception):
-                    await result
+                try:
+                    await asyncio.wait_for(result, 5.0)
+                except Exception:
+                    log.warning("closing %s failed", getattr(close, "__qualname__", close), exc_info=True)
         if self.tracing is not None:
             self.tracing.shutdown()
 
@@ -209,6 +246,40 @@ class ContextService:
         await stop.wait()
         log.info("signal received; draining")
         await self.stop()
+
+
+async def _warm_up(assembler: Assembler) -> None:
+    """One assembly for a tenant nobody has, before accepting calls: opens the pools,
+    loads the Redis scripts, prepares the statements and warms the embedder, so the
+    first real call is not the slow one. Failures are fine (stores may be down)."""
+    nil = "00000000-0000-0000-0000-000000000000"
+    request = AssemblyRequest(
+        org_id=nil,
+        agent_id=nil,
+        session_id="",
+        model="gpt-4o",
+        request_id="warm-up",
+        messages=(ChatMessage("user", "warm up"),),
+    )
+    try:
+        await assembler.assemble(request, DEFAULT_PROFILE, deadline=2.0)
+    except Exception:
+        log.warning("warm-up assembly failed", exc_info=True)
+
+
+def _bound_port(server: Server, configured: int) -> int:
+    # grpclib has no public accessor for the bound port (needed when configured as 0).
+    listener = getattr(server, "_server", None)
+    sockets = getattr(listener, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else configured
+
+
+async def _check_database_dim(dsn: str, dim: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await check_embedding_dim(conn, dim)
+    finally:
+        await conn.close()
 
 
 def _attach_report(report: AssemblyReport) -> None:

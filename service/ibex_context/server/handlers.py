@@ -84,7 +84,9 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
             if stream.deadline is not None:
                 caller = stream.deadline.time_remaining() - self._deadlines.safety_margin
                 budget = min(budget, caller)
-            assembly = await self._assembler.assemble(request, profile, budget if math.isfinite(budget) else 0)
+            assembly = await self._assembler.assemble(
+                request, profile, budget if math.isfinite(budget) else 0
+            )
             response = convert.assemble_response(assembly)
             report = assembly.report
             self._report_sink(report)
@@ -92,7 +94,9 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
             await stream.send_message(response)
             report.add_stage("serialize", start, time.perf_counter_ns())
             if assembly.memories:
-                self._injections.submit(request.org_id, request.agent_id, [m.memory.id for m in assembly.memories])
+                self._injections.submit(
+                    request.org_id, request.agent_id, [m.memory.id for m in assembly.memories]
+                )
 
 
 class MemoryHandler(context_grpc.MemoryServiceBase):
@@ -101,7 +105,9 @@ class MemoryHandler(context_grpc.MemoryServiceBase):
         self._limits = limits
         self._inflight = inflight
 
-    async def UpsertMemories(self, stream: Stream[pb.UpsertMemoriesRequest, pb.UpsertMemoriesResponse]) -> None:
+    async def UpsertMemories(
+        self, stream: Stream[pb.UpsertMemoriesRequest, pb.UpsertMemoriesResponse]
+    ) -> None:
         with self._inflight.track(), _errors_to_status("UpsertMemories"):
             message = await stream.recv_message()
             assert message is not None
@@ -111,13 +117,17 @@ class MemoryHandler(context_grpc.MemoryServiceBase):
             await stream.send_message(
                 pb.UpsertMemoriesResponse(
                     results=[
-                        pb.UpsertResult(id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED))
+                        pb.UpsertResult(
+                            id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED)
+                        )
                         for r in results
                     ]
                 )
             )
 
-    async def DeleteMemories(self, stream: Stream[pb.DeleteMemoriesRequest, pb.DeleteMemoriesResponse]) -> None:
+    async def DeleteMemories(
+        self, stream: Stream[pb.DeleteMemoriesRequest, pb.DeleteMemoriesResponse]
+    ) -> None:
         with self._inflight.track(), _errors_to_status("DeleteMemories"):
             message = await stream.recv_message()
             assert message is not None
@@ -135,7 +145,9 @@ class MemoryHandler(context_grpc.MemoryServiceBase):
             version = await self._writes.set_directive(org_id, agent_id, content)
             await stream.send_message(pb.SetDirectiveResponse(version=version))
 
-    async def ClearDirective(self, stream: Stream[pb.ClearDirectiveRequest, pb.ClearDirectiveResponse]) -> None:
+    async def ClearDirective(
+        self, stream: Stream[pb.ClearDirectiveRequest, pb.ClearDirectiveResponse]
+    ) -> None:
         with self._inflight.track(), _errors_to_status("ClearDirective"):
             message = await stream.recv_message()
             assert message is not None
@@ -143,7 +155,9 @@ class MemoryHandler(context_grpc.MemoryServiceBase):
             cleared = await self._writes.clear_directive(org_id, agent_id)
             await stream.send_message(pb.ClearDirectiveResponse(cleared=cleared))
 
-    async def RecordFeedback(self, stream: Stream[pb.RecordFeedbackRequest, pb.RecordFeedbackResponse]) -> None:
+    async def RecordFeedback(
+        self, stream: Stream[pb.RecordFeedbackRequest, pb.RecordFeedbackResponse]
+    ) -> None:
         with self._inflight.track(), _errors_to_status("RecordFeedback"):
             message = await stream.recv_message()
             assert message is not None

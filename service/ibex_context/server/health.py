@@ -25,12 +25,17 @@ class _NamedService:
 
 
 class ServiceHealth:
-    def __init__(self, probes: Sequence[HealthProbe], *, check_ttl: float = 1.0, check_timeout: float = 0.5) -> None:
+    def __init__(
+        self, probes: Sequence[HealthProbe], *, check_ttl: float = 1.0, check_timeout: float = 0.5
+    ) -> None:
         self._probes = list(probes)
         self.accepting = ServiceStatus()
         self.accepting.set(True)
         self.stores = ServiceCheck(self._stores_ok, check_ttl=check_ttl, check_timeout=check_timeout)
         self.last_details: dict[str, str] = {}
+
+    async def stores_ok(self) -> bool:
+        return await self._stores_ok()
 
     async def _stores_ok(self) -> bool:
         results = await asyncio.gather(*(p.check_health() for p in self._probes), return_exceptions=True)

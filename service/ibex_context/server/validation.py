@@ -23,7 +23,11 @@ from ibex_context.pipeline.assembler import AssemblyRequest
 _MAX_MODEL_CHARS = 200
 _MAX_REQUEST_ID_CHARS = 128
 _MAX_METADATA_BYTES = 16 * 1024
-_FEEDBACK = {pb.FEEDBACK_POSITIVE: "positive", pb.FEEDBACK_NEGATIVE: "negative", pb.FEEDBACK_NEUTRAL: "neutral"}
+_FEEDBACK = {
+    pb.FEEDBACK_POSITIVE: "positive",
+    pb.FEEDBACK_NEGATIVE: "negative",
+    pb.FEEDBACK_NEUTRAL: "neutral",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,9 @@ def new_memories(inputs: Sequence[pb.MemoryInput], limits: Limits) -> list[NewMe
     if not inputs:
         raise InvalidRequest("memories", "is empty; send at least one memory")
     if len(inputs) > limits.max_upsert_batch:
-        raise InvalidRequest("memories", f"has {len(inputs)} items; at most {limits.max_upsert_batch} per call")
+        raise InvalidRequest(
+            "memories", f"has {len(inputs)} items; at most {limits.max_upsert_batch} per call"
+        )
     result = []
     for i, item in enumerate(inputs):
         path = f"memories[{i}]"
@@ -150,7 +156,9 @@ def directive_content(content: str, limits: Limits) -> str:
     if not content.strip():
         raise InvalidRequest("content", "is empty; use ClearDirective to remove a directive")
     if len(content) > limits.max_directive_chars:
-        raise InvalidRequest("content", f"has {len(content)} characters; at most {limits.max_directive_chars}")
+        raise InvalidRequest(
+            "content", f"has {len(content)} characters; at most {limits.max_directive_chars}"
+        )
     return content
 
 

@@ -42,9 +42,7 @@ class ListValue(betterproto2.Message):
     Represents a JSON array.
     """
 
-    values: "list[Value]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    values: "list[Value]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Repeated field of dynamically typed values.
     """
@@ -90,9 +88,7 @@ class Struct(betterproto2.Message):
     fields: "dict[str, Value]" = betterproto2.field(
         1,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
     )
     """
     Unordered map of dynamically typed values.
@@ -121,9 +117,7 @@ class Struct(betterproto2.Message):
 
         return {
             key: value.to_dict(
-                output_format=output_format,
-                casing=casing,
-                include_default_values=include_default_values,
+                output_format=output_format, casing=casing, include_default_values=include_default_values
             )
             for key, value in self.fields.items()
         }
@@ -163,16 +157,12 @@ class Value(betterproto2.Message):
     support them in its number type.
     """
 
-    string_value: "str | None" = betterproto2.field(
-        3, betterproto2.TYPE_STRING, optional=True, group="kind"
-    )
+    string_value: "str | None" = betterproto2.field(3, betterproto2.TYPE_STRING, optional=True, group="kind")
     """
     Represents a JSON string.
     """
 
-    bool_value: "bool | None" = betterproto2.field(
-        4, betterproto2.TYPE_BOOL, optional=True, group="kind"
-    )
+    bool_value: "bool | None" = betterproto2.field(4, betterproto2.TYPE_BOOL, optional=True, group="kind")
     """
     Represents a JSON boolean (`true` or `false` literal in JSON).
     """

@@ -69,12 +69,14 @@ class DegradationLevel(betterproto2.Enum):
 
     HOT_ONLY = 2
     """
-    Cold (semantic) search failed or timed out; hot memories and directive used.
+    Part of memory retrieval failed or timed out (normally the cold, semantic
+    search): the memories that arrived in time and the directive were used.
     """
 
     DIRECTIVE_ONLY = 3
     """
-    No memories could be retrieved (or the deadline ran out); directive only.
+    No memory source answered (or the whole call's deadline ran out): the
+    directive only, if it was fetched.
     """
 
     PASS_THROUGH = 4
@@ -262,38 +264,28 @@ class AssembleContextRequest(betterproto2.Message):
     Caller's id for tracing and logs. Generated when empty.
     """
 
-    messages: "list[Message]" = betterproto2.field(
-        6, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    messages: "list[Message]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     The client's messages, before injection.
     """
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "AssembleContextRequest", AssembleContextRequest
-)
+default_message_pool.register_message("ibex.context.v1", "AssembleContextRequest", AssembleContextRequest)
 
 
 @dataclass(eq=False, repr=False)
 class AssembleContextResponse(betterproto2.Message):
-    messages: "list[Message]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    messages: "list[Message]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     The messages to send to the model: at most one injected system message
     first (or the client's first system message extended), then the client's
     messages unchanged and in order.
     """
 
-    metadata: "InjectionMetadata | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    metadata: "InjectionMetadata | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "AssembleContextResponse", AssembleContextResponse
-)
+default_message_pool.register_message("ibex.context.v1", "AssembleContextResponse", AssembleContextResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -303,9 +295,7 @@ class ClearDirectiveRequest(betterproto2.Message):
     agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "ClearDirectiveRequest", ClearDirectiveRequest
-)
+default_message_pool.register_message("ibex.context.v1", "ClearDirectiveRequest", ClearDirectiveRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -313,9 +303,7 @@ class ClearDirectiveResponse(betterproto2.Message):
     cleared: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "ClearDirectiveResponse", ClearDirectiveResponse
-)
+default_message_pool.register_message("ibex.context.v1", "ClearDirectiveResponse", ClearDirectiveResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -327,9 +315,7 @@ class DeleteMemoriesRequest(betterproto2.Message):
     ids: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "DeleteMemoriesRequest", DeleteMemoriesRequest
-)
+default_message_pool.register_message("ibex.context.v1", "DeleteMemoriesRequest", DeleteMemoriesRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -337,9 +323,7 @@ class DeleteMemoriesResponse(betterproto2.Message):
     deleted: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "DeleteMemoriesResponse", DeleteMemoriesResponse
-)
+default_message_pool.register_message("ibex.context.v1", "DeleteMemoriesResponse", DeleteMemoriesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -367,9 +351,7 @@ class InjectedMemory(betterproto2.Message):
     )
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "InjectedMemory", InjectedMemory
-)
+default_message_pool.register_message("ibex.context.v1", "InjectedMemory", InjectedMemory)
 
 
 @dataclass(eq=False, repr=False)
@@ -407,9 +389,7 @@ class InjectionMetadata(betterproto2.Message):
     Non-empty when the assembly degraded: the first (most severe) reason.
     """
 
-    memory_ids: "list[str]" = betterproto2.field(
-        8, betterproto2.TYPE_STRING, repeated=True
-    )
+    memory_ids: "list[str]" = betterproto2.field(8, betterproto2.TYPE_STRING, repeated=True)
     """
     Ids of the injected memories, in injection order.
     """
@@ -421,31 +401,21 @@ class InjectionMetadata(betterproto2.Message):
     Additions to the reference contract.
     """
 
-    timings: "StageTimings | None" = betterproto2.field(
-        10, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    timings: "StageTimings | None" = betterproto2.field(10, betterproto2.TYPE_MESSAGE, optional=True)
 
-    memories: "list[InjectedMemory]" = betterproto2.field(
-        11, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    memories: "list[InjectedMemory]" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Injected memories with their component scores, in injection order.
     """
 
-    tokens: "TokenAccounting | None" = betterproto2.field(
-        12, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    tokens: "TokenAccounting | None" = betterproto2.field(12, betterproto2.TYPE_MESSAGE, optional=True)
 
-    sources: "list[SourceOutcome]" = betterproto2.field(
-        13, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    sources: "list[SourceOutcome]" = betterproto2.field(13, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Per-source outcome of retrieval.
     """
 
-    degradation_reasons: "list[str]" = betterproto2.field(
-        14, betterproto2.TYPE_STRING, repeated=True
-    )
+    degradation_reasons: "list[str]" = betterproto2.field(14, betterproto2.TYPE_STRING, repeated=True)
     """
     Every degradation reason, most severe first (fallback_reason is the first).
     """
@@ -461,23 +431,17 @@ class InjectionMetadata(betterproto2.Message):
     """
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "InjectionMetadata", InjectionMetadata
-)
+default_message_pool.register_message("ibex.context.v1", "InjectionMetadata", InjectionMetadata)
 
 
 @dataclass(eq=False, repr=False)
 class MemoryFeedback(betterproto2.Message):
     memory_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
-    feedback: "Feedback" = betterproto2.field(
-        2, betterproto2.TYPE_ENUM, default_factory=lambda: Feedback(0)
-    )
+    feedback: "Feedback" = betterproto2.field(2, betterproto2.TYPE_ENUM, default_factory=lambda: Feedback(0))
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "MemoryFeedback", MemoryFeedback
-)
+default_message_pool.register_message("ibex.context.v1", "MemoryFeedback", MemoryFeedback)
 
 
 @dataclass(eq=False, repr=False)
@@ -495,16 +459,12 @@ class MemoryInput(betterproto2.Message):
     "procedural", "factual", "preference", "behavioral" or "episodic".
     """
 
-    confidence: "float | None" = betterproto2.field(
-        4, betterproto2.TYPE_DOUBLE, optional=True
-    )
+    confidence: "float | None" = betterproto2.field(4, betterproto2.TYPE_DOUBLE, optional=True)
     """
     0..1; 0.8 when unset.
     """
 
-    usefulness: "float | None" = betterproto2.field(
-        5, betterproto2.TYPE_DOUBLE, optional=True
-    )
+    usefulness: "float | None" = betterproto2.field(5, betterproto2.TYPE_DOUBLE, optional=True)
     """
     0..1; 0.5 when unset.
     """
@@ -513,9 +473,7 @@ class MemoryInput(betterproto2.Message):
         6, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    embedding: "list[float]" = betterproto2.field(
-        7, betterproto2.TYPE_FLOAT, repeated=True
-    )
+    embedding: "list[float]" = betterproto2.field(7, betterproto2.TYPE_FLOAT, repeated=True)
     """
     Precomputed embedding of the configured dimension; the service embeds the
     content when empty.
@@ -534,9 +492,7 @@ class MemoryScoreUpdate(betterproto2.Message):
     new_usefulness: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "MemoryScoreUpdate", MemoryScoreUpdate
-)
+default_message_pool.register_message("ibex.context.v1", "MemoryScoreUpdate", MemoryScoreUpdate)
 
 
 @dataclass(eq=False, repr=False)
@@ -560,26 +516,18 @@ class RecordFeedbackRequest(betterproto2.Message):
 
     session_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
-    feedback: "list[MemoryFeedback]" = betterproto2.field(
-        4, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    feedback: "list[MemoryFeedback]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "RecordFeedbackRequest", RecordFeedbackRequest
-)
+default_message_pool.register_message("ibex.context.v1", "RecordFeedbackRequest", RecordFeedbackRequest)
 
 
 @dataclass(eq=False, repr=False)
 class RecordFeedbackResponse(betterproto2.Message):
-    updates: "list[MemoryScoreUpdate]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    updates: "list[MemoryScoreUpdate]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "RecordFeedbackResponse", RecordFeedbackResponse
-)
+default_message_pool.register_message("ibex.context.v1", "RecordFeedbackResponse", RecordFeedbackResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -591,9 +539,7 @@ class SetDirectiveRequest(betterproto2.Message):
     content: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "SetDirectiveRequest", SetDirectiveRequest
-)
+default_message_pool.register_message("ibex.context.v1", "SetDirectiveRequest", SetDirectiveRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -604,9 +550,7 @@ class SetDirectiveResponse(betterproto2.Message):
     """
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "SetDirectiveResponse", SetDirectiveResponse
-)
+default_message_pool.register_message("ibex.context.v1", "SetDirectiveResponse", SetDirectiveResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -710,9 +654,7 @@ class TokenAccounting(betterproto2.Message):
     """
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "TokenAccounting", TokenAccounting
-)
+default_message_pool.register_message("ibex.context.v1", "TokenAccounting", TokenAccounting)
 
 
 @dataclass(eq=False, repr=False)
@@ -721,29 +663,21 @@ class UpsertMemoriesRequest(betterproto2.Message):
 
     agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
-    memories: "list[MemoryInput]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    memories: "list[MemoryInput]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "UpsertMemoriesRequest", UpsertMemoriesRequest
-)
+default_message_pool.register_message("ibex.context.v1", "UpsertMemoriesRequest", UpsertMemoriesRequest)
 
 
 @dataclass(eq=False, repr=False)
 class UpsertMemoriesResponse(betterproto2.Message):
-    results: "list[UpsertResult]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    results: "list[UpsertResult]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     One result per input, in input order.
     """
 
 
-default_message_pool.register_message(
-    "ibex.context.v1", "UpsertMemoriesResponse", UpsertMemoriesResponse
-)
+default_message_pool.register_message("ibex.context.v1", "UpsertMemoriesResponse", UpsertMemoriesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -910,9 +844,7 @@ class ContextAssemblyServiceBase(betterproto2_grpclib.ServiceBase):
     ContextAssemblyService is called by the LLM proxy on every LLM request.
     """
 
-    async def assemble_context(
-        self, message: "AssembleContextRequest"
-    ) -> "AssembleContextResponse":
+    async def assemble_context(self, message: "AssembleContextRequest") -> "AssembleContextResponse":
         """
         AssembleContext returns the client's messages with the agent's directive and
         best memories injected. It never fails because a store is slow or down: it
@@ -923,8 +855,7 @@ class ContextAssemblyServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_assemble_context(
-        self,
-        stream: "grpclib.server.Stream[AssembleContextRequest, AssembleContextResponse]",
+        self, stream: "grpclib.server.Stream[AssembleContextRequest, AssembleContextResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -948,9 +879,7 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
     Every call is scoped by org_id and agent_id.
     """
 
-    async def upsert_memories(
-        self, message: "UpsertMemoriesRequest"
-    ) -> "UpsertMemoriesResponse":
+    async def upsert_memories(self, message: "UpsertMemoriesRequest") -> "UpsertMemoriesResponse":
         """
         UpsertMemories inserts or updates memories. Re-upserting the same content
         for the same agent is idempotent (content hash). The content is embedded
@@ -959,36 +888,28 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def delete_memories(
-        self, message: "DeleteMemoriesRequest"
-    ) -> "DeleteMemoriesResponse":
+    async def delete_memories(self, message: "DeleteMemoriesRequest") -> "DeleteMemoriesResponse":
         """
         DeleteMemories deletes memories by id.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def set_directive(
-        self, message: "SetDirectiveRequest"
-    ) -> "SetDirectiveResponse":
+    async def set_directive(self, message: "SetDirectiveRequest") -> "SetDirectiveResponse":
         """
         SetDirective sets the agent's directive, replacing any previous one.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def clear_directive(
-        self, message: "ClearDirectiveRequest"
-    ) -> "ClearDirectiveResponse":
+    async def clear_directive(self, message: "ClearDirectiveRequest") -> "ClearDirectiveResponse":
         """
         ClearDirective removes the agent's directive.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def record_feedback(
-        self, message: "RecordFeedbackRequest"
-    ) -> "RecordFeedbackResponse":
+    async def record_feedback(self, message: "RecordFeedbackRequest") -> "RecordFeedbackResponse":
         """
         RecordFeedback moves the usefulness of memories towards the feedback.
         """
@@ -996,8 +917,7 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_upsert_memories(
-        self,
-        stream: "grpclib.server.Stream[UpsertMemoriesRequest, UpsertMemoriesResponse]",
+        self, stream: "grpclib.server.Stream[UpsertMemoriesRequest, UpsertMemoriesResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -1005,8 +925,7 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_delete_memories(
-        self,
-        stream: "grpclib.server.Stream[DeleteMemoriesRequest, DeleteMemoriesResponse]",
+        self, stream: "grpclib.server.Stream[DeleteMemoriesRequest, DeleteMemoriesResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -1022,8 +941,7 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_clear_directive(
-        self,
-        stream: "grpclib.server.Stream[ClearDirectiveRequest, ClearDirectiveResponse]",
+        self, stream: "grpclib.server.Stream[ClearDirectiveRequest, ClearDirectiveResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -1031,8 +949,7 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_record_feedback(
-        self,
-        stream: "grpclib.server.Stream[RecordFeedbackRequest, RecordFeedbackResponse]",
+        self, stream: "grpclib.server.Stream[RecordFeedbackRequest, RecordFeedbackResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None

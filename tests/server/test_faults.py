@@ -1,0 +1,184 @@
+"""Every fault gives its documented degradation and reason (ADR-0007), and the call
+still answers: Redis stopped, PostgreSQL blocked, embedder slow, caller deadline
+shorter than the work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from aiohttp import web
+from grpclib.client import Channel
+from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.embedded import RedisProcess
+from ibex_context.embedding.hashing import HashingEmbedder
+
+from tests.conftest import Tenant
+
+from .conftest import StartService, request, user
+
+FACTS = [f"The warehouse in city {i} opens at {6 + i % 4} in the morning" for i in range(12)]
+
+
+async def _seed(port: int, tenant: Tenant) -> list[str]:
+    async with Channel("127.0.0.1", port) as channel:
+        stub = context_grpc.MemoryServiceStub(channel)
+        await stub.SetDirective(
+            pb.SetDirectiveRequest(
+                org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be exact about hours."
+            )
+        )
+        reply = await stub.UpsertMemories(
+            pb.UpsertMemoriesRequest(
+                org_id=tenant.org_id,
+                agent_id=tenant.agent_id,
+                memories=[pb.MemoryInput(content=f, category="factual") for f in FACTS],
+            ),
+            timeout=30,
+        )
+        return [r.id for r in reply.results]
+
+
+async def _assemble(port: int, tenant: Tenant, text: str, timeout: float = 5.0) -> pb.AssembleContextResponse:
+    async with Channel("127.0.0.1", port) as channel:
+        stub = context_grpc.ContextAssemblyServiceStub(channel)
+        return await stub.AssembleContext(
+            request(tenant.org_id, tenant.agent_id, user(text)), timeout=timeout
+        )
+
+
+def _source(md: pb.InjectionMetadata, name: str) -> pb.SourceOutcome:
+    return next(s for s in md.sources if s.source == name)
+
+
+async def test_redis_stopped_serves_cold_memories_and_the_directive_from_postgres(
+    start_service: StartService, throwaway_redis: RedisProcess, tenant: Tenant
+) -> None:
+    service = await start_service(redis_url=throwaway_redis.url)
+    await _seed(service.port, tenant)
+    throwaway_redis.stop()
+
+    response = await _assemble(service.port, tenant, "when does the warehouse in city 3 open?")
+
+    md = response.metadata
+    assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY
+    assert md.fallback_reason in {"hot_error", "hot_timeout"}
+    assert _source(md, "hot").status in {pb.SOURCE_STATUS_ERROR, pb.SOURCE_STATUS_TIMEOUT}
+    assert _source(md, "cold").status == pb.SOURCE_STATUS_OK
+    assert md.memories_injected > 0
+    assert md.directive_injected, "the directive is read from PostgreSQL when Redis fails"
+    assert response.messages[-1].content == "when does the warehouse in city 3 open?"
+
+
+async def test_postgres_blocked_times_out_cold_search_uses_hot_set_and_leaves_no_orphan_query(
+    start_service: StartService, postgres_dsn: str, tenant: Tenant
+) -> None:
+    service = await start_service()
+    await _seed(service.port, tenant)
+    blocker = await asyncpg.connect(postgres_dsn)
+    try:
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+
+        response = await _assemble(service.port, tenant, "when does the warehouse in city 5 open?")
+
+        md = response.metadata
+        assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY
+        assert md.fallback_reason == "cold_timeout"
+        assert _source(md, "cold").status == pb.SOURCE_STATUS_TIMEOUT
+        assert _source(md, "hot").status == pb.SOURCE_STATUS_OK
+        assert md.memories_injected > 0 and md.directive_injected
+
+        # The cancelled search must not keep waiting on the lock.
+        waiting = -1
+        for _ in range(50):
+            waiting = await blocker.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND wait_event_type = 'Lock' AND query ILIKE '%FROM memories%'"
+            )
+            if waiting == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert waiting == 0, "a cancelled cold search is still waiting in PostgreSQL"
+        await transaction.rollback()
+    finally:
+        await blocker.close()
+
+
+@pytest.fixture
+async def slow_embeddings() -> AsyncIterator[tuple[str, dict[str, float]]]:
+    """A real OpenAI-compatible /v1/embeddings server whose delay the test sets."""
+    hashing = HashingEmbedder(384)
+    control = {"delay": 0.0}
+
+    async def embeddings(http: web.Request) -> web.Response:
+        body = await http.json()
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        await asyncio.sleep(control["delay"])
+        vectors = await hashing.embed(texts)
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body.get("model", "test"),
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": v.tolist()}
+                    for i, v in enumerate(vectors)
+                ],
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", embeddings)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}/v1", control
+    await runner.cleanup()
+
+
+async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
+    start_service: StartService, slow_embeddings: tuple[str, dict[str, float]], tenant: Tenant
+) -> None:
+    base_url, control = slow_embeddings
+    service = await start_service(embedder="openai", openai_base_url=base_url, openai_api_key="test")
+    await _seed(service.port, tenant)
+    control["delay"] = 0.2
+
+    response = await _assemble(service.port, tenant, "when does the warehouse in city 7 open?")
+
+    md = response.metadata
+    assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY
+    assert md.fallback_reason == "embed_timeout"
+    assert _source(md, "embed").status == pb.SOURCE_STATUS_TIMEOUT
+    assert _source(md, "cold").status == pb.SOURCE_STATUS_SKIPPED
+    assert md.memories_injected > 0
+
+
+async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expires(
+    start_service: StartService, postgres_dsn: str, tenant: Tenant
+) -> None:
+    service = await start_service()
+    await _seed(service.port, tenant)
+    blocker = await asyncpg.connect(postgres_dsn)
+    try:
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+        # 30 ms for the whole call: the blocked cold search cannot finish; the answer
+        # must still arrive before the caller gives up (else this raises TimeoutError).
+        response = await _assemble(
+            service.port, tenant, "when does the warehouse in city 2 open?", timeout=0.03
+        )
+        md = response.metadata
+        assert md.degradation_level != pb.DEGRADATION_LEVEL_FULL
+        assert _source(md, "cold").status == pb.SOURCE_STATUS_TIMEOUT
+        assert "cold_timeout" in md.degradation_reasons
+        await transaction.rollback()
+    finally:
+        await blocker.close()
