@@ -185,6 +185,69 @@ def runqueue_wait_seconds(pid: int) -> float:
     return total_ns / 1e9
 
 
+class PgActivitySampler:
+    """Samples ``pg_stat_activity`` every ``interval`` s in a thread: which statements
+    the PostgreSQL backends are running, as a share of samples (a poor man's profile
+    of the database; there is no pg_stat_statements in this build)."""
+
+    def __init__(self, dsn: str, interval: float = 0.02) -> None:
+        import threading
+
+        self._dsn, self._interval = dsn, interval
+        self._stop = threading.Event()
+        self.samples = 0
+        self.active: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import asyncio
+        import re
+
+        import asyncpg
+
+        async def loop() -> None:
+            conn = await asyncpg.connect(self._dsn)
+            try:
+                while not self._stop.is_set():
+                    rows = await conn.fetch(
+                        "SELECT query FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()"
+                        " AND backend_type = 'client backend'"
+                    )
+                    self.samples += 1
+                    for row in rows:
+                        text = re.sub(r"\s+", " ", row["query"] or "").strip()
+                        key = re.sub(r"'[^']*'", "?", text)[:120]
+                        self.active[key] = self.active.get(key, 0) + 1
+                    await asyncio.sleep(self._interval)
+            finally:
+                await conn.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(loop())
+
+    def summary(self, top: int = 8) -> list[str]:
+        if not self.samples:
+            return []
+        busy = sum(self.active.values())
+        rows = [
+            f"PostgreSQL activity: {self.samples} samples of pg_stat_activity; on average "
+            f"{busy / self.samples:.2f} backends were running a statement.",
+            "",
+            "| statement (normalised) | mean active backends |",
+            "|---|---:|",
+        ]
+        for key, n in sorted(self.active.items(), key=lambda kv: -kv[1])[:top]:
+            rows.append(f"| `{key}` | {n / self.samples:.2f} |")
+        return rows
+
+
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return str(resp.read().decode())
@@ -229,6 +292,7 @@ class RunResult:
     server_cpu_s: float
     server_runqueue_wait_s: float
     stores_cpu_s: float
+    pg_activity: list[str]
     load_average: tuple[float, float]
     locust_cpu_s: float
     wall_s: float
@@ -497,6 +561,8 @@ def _run_with_stores(
             cpu0, lcpu0, t0 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait0, load0 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
             stores0 = sum(cpu_seconds(pid) for pid in store_pids)
+            sampler = PgActivitySampler(dsn)
+            sampler.start()
             if args.profile:
                 profiler = start_profiler(server.pid, prefix, min(args.duration, args.profile_seconds), log)
             time.sleep(max(0.0, args.duration - 0.5))
@@ -504,6 +570,7 @@ def _run_with_stores(
             cpu1, lcpu1, t1 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait1, load1 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
             stores1 = sum(cpu_seconds(pid) for pid in store_pids)
+            sampler.stop()
             try:
                 locust_rc = locust.wait(timeout=args.duration + args.warmup + 60)
             except subprocess.TimeoutExpired:
@@ -543,6 +610,7 @@ def _run_with_stores(
             server_cpu_s=cpu1 - cpu0,
             server_runqueue_wait_s=wait1 - wait0,
             stores_cpu_s=stores1 - stores0,
+            pg_activity=sampler.summary(),
             load_average=(load0, load1),
             locust_cpu_s=lcpu1 - lcpu0,
             wall_s=t1 - t0,
@@ -768,6 +836,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
                 f"| {title} `{name}` | {_fmt(int(row['count'] or 0))} | {_fmt(row['mean_ms'], 2)} | "
                 f"{_fmt(row['p50_ms'], 2)} | {_fmt(row['p95_ms'], 2)} | {_fmt(row['p99_ms'], 2)} |"
             )
+    if result.pg_activity:
+        lines += ["", "### What PostgreSQL was doing", "", *result.pg_activity]
     if result.profile_summary:
         lines += ["", "### py-spy profile of the server under this load", "", result.profile_summary]
     v = versions()

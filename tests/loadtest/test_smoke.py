@@ -1,0 +1,68 @@
+"""The load-test smoke run, end to end: real stores, the real service, locust over gRPC.
+
+``loadtest/run --scenario smoke`` seeds 5 agents x 200 memories, offers 40 RPS for 30 s
+and gates on p99 < 50 ms and fallback and failure rates < 0.1 %. One run (~50 s) serves
+both tests: that the whole chain works and produces its figures, and that the service
+passes the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    returncode: int
+    output: str
+    report: str
+    summary: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
+    base = tmp_path_factory.mktemp("smoke")
+    results, out = base / "results", base / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtest.runner", "--scenario", "smoke",
+         "--results-dir", str(results), "--out-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=220, check=False,
+    )  # fmt: skip
+    output = proc.stdout[-6000:] + proc.stderr[-3000:]
+    reports = list(results.glob("*-smoke.md"))
+    summaries = list(out.glob("*-smoke.json"))
+    assert reports and summaries, f"the smoke run wrote no results:\n{output}"
+    return SmokeRun(proc.returncode, output, reports[0].read_text(), json.loads(summaries[0].read_text()))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_the_smoke_run_drives_the_real_service_and_reports_its_figures(smoke: SmokeRun) -> None:
+    s = smoke.summary
+    assert s["requests"] > 500, smoke.output  # 40 RPS x 30 s were offered and answered or timed out
+    assert s["responses"] > 0, smoke.output  # the service answered over real gRPC
+    assert s["problems_by_kind"] == {}, s["problems_by_kind"]  # every response kept the contract
+    assert "| offered RPS | achieved RPS |" in smoke.report
+    assert "stage `" in smoke.report  # the service's own stage histograms were scraped
+    assert "Server CPU:" in smoke.report
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.xfail(
+    reason="the service misses p99 < 50 ms / fallback < 0.1 % at 40 RPS on the shared 2-core machine "
+    "(loadtest/results/2026-11-22-analysis.md); remove this marker once it passes",
+    strict=False,
+)
+def test_the_smoke_run_passes_the_latency_and_fallback_gate(smoke: SmokeRun) -> None:
+    assert smoke.returncode == 0, smoke.summary.get("violations")
+    assert "PASSED" in smoke.report
