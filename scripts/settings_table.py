@@ -6,11 +6,11 @@ from ibex_context.settings import Settings
 
 
 def table() -> str:
-    rows = ["| variable | default |", "|---|---|"]
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default
         shown = "(empty)" if default in ("", None) else f"`{default}`"
-        rows.append(f"| `IBEX_{name.upper()}` | {shown} |")
+        rows.append(f"| `IBEX_{name.upper()}` | {shown} | {field.description or ''} |")
     return "\n".join(rows)
 
 

@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from google.protobuf import json_format
@@ -20,6 +20,9 @@ from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.settings import Settings
+
+if TYPE_CHECKING:
+    from ibex_context.client import AssembleResult
 
 T = TypeVar("T")
 log = logging.getLogger("ibex_context.cli")
@@ -60,6 +63,9 @@ def _target(target: str) -> tuple[str, int]:
 @click.version_option(package_name="ibex-context")
 def main() -> None:
     """ibex-context: context assembly for LLM agents."""
+    # Small matrix products (query embeddings) are slower with a multi-threaded BLAS
+    # competing with the event loop; numpy is imported after this runs.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @main.command()
@@ -204,35 +210,39 @@ def assemble(
 
     MESSAGE is the user's message (words are joined).
     """
-    host, port = _target(target)
-    messages = ([pb.Message(role="system", content=system)] if system else []) + [
-        pb.Message(role="user", content=" ".join(message))
-    ]
-    request = pb.AssembleContextRequest(
-        org_id=org_id,
-        agent_id=agent_id,
-        session_id=session_id,
-        model=model,
-        request_id=uuid.uuid4().hex,
-        messages=messages,
+    from ibex_context.client import ContextClient
+    from ibex_context.models import ChatMessage
+
+    _target(target)
+    messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", " ".join(message))]
+
+    async def run() -> AssembleResult:
+        # The proxy's own client: on any failure it returns the messages unchanged
+        # with a client_* fallback reason instead of raising.
+        async with ContextClient(target, timeout=timeout) as client:
+            return await client.assemble(
+                org_id=org_id,
+                agent_id=agent_id,
+                session_id=session_id,
+                model=model,
+                request_id=uuid.uuid4().hex,
+                messages=messages,
+            )
+
+    result = _run(run)
+    response = pb.AssembleContextResponse(
+        messages=[pb.Message(role=m.role, content=m.content) for m in result.messages],
+        metadata=result.metadata if result.metadata is not None else pb.InjectionMetadata(),
     )
-
-    async def run() -> pb.AssembleContextResponse:
-        async with Channel(host, port) as channel:
-            stub = context_grpc.ContextAssemblyServiceStub(channel)
-            reply: pb.AssembleContextResponse = await stub.AssembleContext(request, timeout=timeout)
-            return reply
-
-    try:
-        response = _run(run)
-    except GRPCError as exc:
-        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
-    except (OSError, TimeoutError) as exc:
-        raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
+    if not result.from_service:
+        response.metadata.fallback_reason = result.fallback_reason
+        response.metadata.degradation_level = pb.DEGRADATION_LEVEL_PASS_THROUGH
     if as_json:
         click.echo(json_format.MessageToJson(response))
     else:
         click.echo(render_response(response))
+    if result.fallback_reason.startswith("client_invalid_argument"):
+        raise SystemExit(2)
 
 
 def render_response(response: pb.AssembleContextResponse) -> str:

@@ -32,9 +32,12 @@ GENEROUS_PROFILES = {
 }
 
 
-def generous_profiles_file(directory: Path) -> Path:
+def generous_profiles_file(directory: Path, **deadlines: float) -> Path:
+    """A profiles file with the generous default profile (``deadlines`` override it)."""
+    profiles = json.loads(json.dumps(GENEROUS_PROFILES))
+    profiles["profiles"][0]["deadlines"].update(deadlines)
     path = directory / "profiles.json"
-    path.write_text(json.dumps(GENEROUS_PROFILES))
+    path.write_text(json.dumps(profiles))
     return path
 
 

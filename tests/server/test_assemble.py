@@ -89,7 +89,8 @@ async def test_injected_text_recounted_with_tiktoken_never_exceeds_the_budget(
 ) -> None:
     # 30 long, similar memories (~300 tokens each) cannot all fit the 4,000-token default.
     long = [
-        f"Office budget note {i}: " + " ".join(f"the office budget line {i}-{j} covers item {j}" for j in range(30))
+        f"Office budget note {i}: "
+        + " ".join(f"the office budget line {i}-{j} covers item {j}" for j in range(30))
         for i in range(30)
     ]
     await _store(memories, tenant, long)

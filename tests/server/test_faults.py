@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -18,7 +19,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 
 from tests.conftest import Tenant
 
-from .conftest import StartService, request, user
+from .conftest import StartService, generous_profiles_file, request, user
 
 FACTS = [f"The warehouse in city {i} opens at {6 + i % 4} in the morning" for i in range(12)]
 
@@ -143,10 +144,14 @@ async def slow_embeddings() -> AsyncIterator[tuple[str, dict[str, float]]]:
 
 
 async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
-    start_service: StartService, slow_embeddings: tuple[str, dict[str, float]], tenant: Tenant
+    start_service: StartService, slow_embeddings: tuple[str, dict[str, float]], tenant: Tenant, tmp_path: Path
 ) -> None:
     base_url, control = slow_embeddings
-    service = await start_service(embedder="openai", openai_base_url=base_url, openai_api_key="test")
+    # Cold (embedding + search) must give up on its own, well before the call does.
+    profiles = generous_profiles_file(tmp_path, coldMs=25)
+    service = await start_service(
+        embedder="openai", openai_base_url=base_url, openai_api_key="test", profiles_path=profiles
+    )
     await _seed(service.port, tenant)
     control["delay"] = 0.2
 
@@ -154,7 +159,7 @@ async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
 
     md = response.metadata
     assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY
-    assert md.fallback_reason == "embed_timeout"
+    assert md.fallback_reason == "embed_timeout", list(md.degradation_reasons)
     assert _source(md, "embed").status == pb.SOURCE_STATUS_TIMEOUT
     assert _source(md, "cold").status == pb.SOURCE_STATUS_SKIPPED
     assert md.memories_injected > 0
@@ -163,14 +168,15 @@ async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
 async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expires(
     start_service: StartService, postgres_dsn: str, tenant: Tenant
 ) -> None:
-    service = await start_service()
+    # The service keeps 15 ms of the caller's 40 for itself and the way back.
+    service = await start_service(deadline_safety_margin_ms=15)
     await _seed(service.port, tenant)
     blocker = await asyncpg.connect(postgres_dsn)
     try:
         transaction = blocker.transaction()
         await transaction.start()
         await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
-        # 30 ms for the whole call: the blocked cold search cannot finish; the answer
+        # 40 ms for the whole call: the blocked cold search cannot finish; the answer
         # must still arrive before the caller gives up (else this raises TimeoutError).
         response = await _assemble(
             service.port, tenant, "when does the warehouse in city 2 open?", timeout=0.03

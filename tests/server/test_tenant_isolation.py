@@ -84,12 +84,13 @@ async def test_no_leakage_under_concurrent_requests_from_many_tenants(
 
     results = await asyncio.gather(*(call(t) for t in picks))
 
-    injected_any = 0
+    carried_content = 0
     for t, response in results:
         md = response.metadata
         assert set(md.memory_ids) <= owned[t]
         text = "\n".join(m.content for m in response.messages)
         foreign = [markers[o] for o in tenants if o != t and markers[o] in text]
         assert not foreign, f"{t} saw markers of other tenants: {foreign}"
-        injected_any += md.memories_injected
-    assert injected_any > 0
+        carried_content += md.memories_injected + int(md.directive_injected)
+    # Leakage could only show in responses that carry content: make sure some did.
+    assert carried_content > 0
