@@ -217,8 +217,10 @@ class PgActivitySampler:
             try:
                 while not self._stop.is_set():
                     rows = await conn.fetch(
-                        "SELECT query FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()"
-                        " AND backend_type = 'client backend'"
+                        "SELECT CASE WHEN backend_type = 'client backend' THEN query"
+                        " ELSE backend_type || ': ' || coalesce(query, '') END AS query"
+                        " FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()"
+                        " AND backend_type IN ('client backend', 'autovacuum worker', 'parallel worker')"
                     )
                     self.samples += 1
                     for row in rows:
@@ -238,7 +240,7 @@ class PgActivitySampler:
         busy = sum(self.active.values())
         rows = [
             f"PostgreSQL activity: {self.samples} samples of pg_stat_activity; on average "
-            f"{busy / self.samples:.2f} backends were running a statement.",
+            f"{busy / self.samples:.2f} backends (client backends and autovacuum workers) were running a statement.",
             "",
             "| statement (normalised) | mean active backends |",
             "|---|---:|",
