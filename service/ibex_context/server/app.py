@@ -24,19 +24,20 @@ from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
 from ibex_context.errors import ConfigurationError
 from ibex_context.memory_writes import STORED_ENCODINGS, MemoryWrites
+from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import current_call, instrument_server
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
-from ibex_context.models import ChatMessage
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
-from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.post_response import InjectionQueue, QueueHooks
+from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.codec import LimitedProtoCodec
+from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy, MemoryHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.lifecycle import InflightCalls
@@ -61,7 +62,7 @@ class ContextService:
     metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     tracing: Tracing | None = None
 
-    server: Server = field(init=False)
+    server: ServiceServer = field(init=False)
     health: ServiceHealth = field(init=False)
     inflight: InflightCalls = field(init=False)
     profiles: ProfileStore = field(init=False)
@@ -172,7 +173,7 @@ class ContextService:
         await _warm_up(assembler)
         self.health = ServiceHealth([postgres, redis])
         services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
-        self.server = Server(services, codec=LimitedProtoCodec(s.max_request_bytes))
+        self.server = ServiceServer(services, codec=LimitedProtoCodec(s.max_request_bytes))
         instrument_server(
             self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
         )
@@ -222,7 +223,8 @@ class ContextService:
         if not await self.inflight.wait_idle(grace):
             log.warning("shutdown grace elapsed with %d calls in flight", self.inflight.count)
         self.server.close()
-        # grpclib waits for clients to hang up (no GOAWAY, grpclib#107): bounded wait.
+        # grpclib would wait for every client to hang up (grpclib#107): tell them to go.
+        self.server.close_connections()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.server.wait_closed(), 1.0)
         if self.watcher is not None:

@@ -1,0 +1,46 @@
+"""grpclib's Server, plus closing idle client connections at shutdown.
+
+grpclib (0.4.9) stops listening on ``close()`` but leaves accepted connections
+open, so ``wait_closed()`` waits for every client to hang up (grpclib#107, no
+GOAWAY). After draining, ``close_connections`` sends each connection an HTTP/2
+GOAWAY (clients then reconnect elsewhere) and closes its transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any
+
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+
+class ServiceServer(Server):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> int:
+        """GOAWAY and close every accepted connection; returns how many were open."""
+        closed = 0
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is None:
+                continue
+            h2 = getattr(connection, "_connection", None)
+            transport = getattr(connection, "_transport", None)
+            if transport is None or transport.is_closing():
+                continue
+            with contextlib.suppress(Exception):
+                if h2 is not None:
+                    h2.close_connection()
+                    transport.write(h2.data_to_send())
+            connection.close()
+            closed += 1
+        return closed
