@@ -1,0 +1,115 @@
+"""The CLI against a real server: import JSONL, set a directive, assemble, health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from ibex_context.server.app import ContextService
+
+from tests.conftest import Tenant
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ibex_context",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_import_directive_and_assemble_round_trip(
+    shared_service: ContextService, tenant: Tenant, tmp_path: Path
+) -> None:
+    target = f"127.0.0.1:{shared_service.port}"
+    lines = [
+        {"content": "The build server is called Falcon and lives in rack 7", "category": "factual"},
+        {"content": "Prefer short answers with a code sample", "category": "preference", "confidence": 0.9},
+    ]
+    jsonl = tmp_path / "memories.jsonl"
+    jsonl.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+    code, out, err = await _cli(
+        "import", str(jsonl), "--target", target, "--org", tenant.org_id, "--agent", tenant.agent_id
+    )
+    assert code == 0, err
+    assert "imported 2 memories" in out
+
+    code, out, err = await _cli(
+        "directive",
+        "set",
+        "--target",
+        target,
+        "--org",
+        tenant.org_id,
+        "--agent",
+        tenant.agent_id,
+        "Always name the server.",
+    )
+    assert code == 0, err
+    assert "version 1" in out
+
+    code, out, err = await _cli(
+        "assemble",
+        "--target",
+        target,
+        "--org",
+        tenant.org_id,
+        "--agent",
+        tenant.agent_id,
+        "--json",
+        "--timeout",
+        "2",
+        "where does the build server Falcon live?",
+    )
+    assert code == 0, err
+    response = json.loads(out)
+    system = response["messages"][0]
+    assert system["role"] == "system"
+    assert "Always name the server." in system["content"]
+    assert "rack 7" in system["content"]
+    assert response["messages"][-1]["content"] == "where does the build server Falcon live?"
+
+    code, out, _ = await _cli("health", "--target", target)
+    assert code == 0 and out.strip() == "SERVING"
+
+
+async def test_import_rejects_a_bad_line_naming_it(shared_service: ContextService, tmp_path: Path) -> None:
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"content": "fine", "category": "factual"}\nnot json\n')
+    code, _, err = await _cli(
+        "import",
+        str(jsonl),
+        "--target",
+        f"127.0.0.1:{shared_service.port}",
+        "--org",
+        "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01",
+        "--agent",
+        "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11",
+    )
+    assert code != 0
+    assert "bad.jsonl:2: not JSON" in err
+
+
+async def test_assemble_against_nothing_listening_falls_back_without_failing() -> None:
+    code, out, err = await _cli(
+        "assemble",
+        "--target",
+        "127.0.0.1:1",
+        "--org",
+        "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01",
+        "--agent",
+        "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11",
+        "hello",
+    )
+    assert code == 0, err
+    assert "fallback_reason=client_unavailable" in out
+    assert "hello" in out
