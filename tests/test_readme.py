@@ -12,7 +12,10 @@ README = (ROOT / "README.md").read_text()
 
 def test_readme_lists_every_setting_as_generated() -> None:
     table = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "settings_table.py")], capture_output=True, text=True, check=True
+        [sys.executable, str(ROOT / "scripts" / "settings_table.py")],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert table in README, "README settings table is stale: run scripts/settings_table.py"
 
