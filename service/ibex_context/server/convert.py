@@ -22,7 +22,7 @@ def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
     md.context_window_used = assembly.context_window_used
     md.was_truncated = assembly.was_truncated
     md.fallback_reason = assembly.reasons[0] if assembly.reasons else ""
-    md.degradation_level = pb.DegradationLevel(int(assembly.degradation))
+    md.degradation_level = int(assembly.degradation)  # type: ignore[assignment]
     md.degradation_reasons.extend(assembly.reasons)
     md.profile = report.profile
     md.request_id = report.request_id
