@@ -37,3 +37,22 @@ async def test_text_without_words_still_gives_a_unit_vector() -> None:
 def test_a_tiny_dimension_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="embedding_dim"):
         HashingEmbedder(4)
+
+
+async def test_ascii_and_unicode_texts_split_into_the_same_words() -> None:
+    # ASCII text takes a byte-level fast path; it must cut words exactly like \w+.
+    embedder = HashingEmbedder(384)
+    ascii_text, with_accent = await embedder.embed(
+        ["tea_time, 2 cups; no-sugar!", "tea_time, 2 cups; no-sugar! é"]
+    )
+    [words_only] = await embedder.embed(["tea_time 2 cups no sugar é"])
+    np.testing.assert_allclose(with_accent, words_only, atol=1e-6)
+    assert float(ascii_text @ with_accent) > 0.8
+
+
+async def test_vectors_do_not_depend_on_what_the_embedder_saw_before() -> None:
+    fresh, used = HashingEmbedder(384), HashingEmbedder(384)
+    await used.embed([f"warm up word{i} and more" for i in range(200)])
+    [a] = await fresh.embed(["the user lives in Lisbon"])
+    [b] = await used.embed(["the user lives in Lisbon"])
+    np.testing.assert_array_equal(a, b)
