@@ -59,3 +59,31 @@ async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str)
         assert await apply_migrations(conn, 384) == []
     finally:
         await conn.close()
+
+
+async def test_the_usage_migration_carries_existing_counters_over(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    database = f"usage_{os.getpid()}_{time.monotonic_ns()}"
+    await conn.execute(f'CREATE DATABASE "{database}"')
+    await conn.close()
+    conn = await asyncpg.connect(postgres_dsn.replace("/postgres?", f"/{database}?"))
+    try:
+        migrations = load_migrations()
+        before_usage = [m for m in migrations if m.version < 3]
+        assert await apply_migrations(conn, 8, before_usage) == [m.name for m in before_usage]
+        await conn.execute(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, retrieval_count,"
+            " last_injected_at, embedding) VALUES"
+            " (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'used', 'a', 'factual', 5, now(),"
+            "  '[1,0,0,0,0,0,0,0]'),"
+            " (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'unused', 'b', 'factual', 0, NULL,"
+            "  '[0,1,0,0,0,0,0,0]')"
+        )
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 3]
+        usage = await conn.fetch(
+            "SELECT u.retrieval_count, u.last_injected_at IS NOT NULL AS injected FROM memory_usage AS u"
+            " JOIN memories AS m ON m.org_id = u.org_id AND m.agent_id = u.agent_id AND m.id = u.memory_id"
+        )
+        assert [(r["retrieval_count"], r["injected"]) for r in usage] == [(5, True)]
+    finally:
+        await conn.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 
 import asyncpg
 import pytest
@@ -345,3 +347,97 @@ async def test_concurrent_injection_batches_over_the_same_rows_all_count(
     await asyncio.gather(*(pg_store.record_injections(forward if i % 2 else backward) for i in range(8)))
     stored = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [m.id for m in batch])
     assert sorted(m.retrieval_count for m in stored) == [8] * 20
+
+
+async def _memory_row_version(postgres_dsn: str, tenant: Tenant, memory_id: str) -> str:
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        ctid: str = await conn.fetchval(
+            "SELECT ctid::text || '/' || xmin::text FROM memories"
+            " WHERE org_id = $1 AND agent_id = $2 AND id = $3",
+            uuid.UUID(tenant.org_id),
+            uuid.UUID(tenant.agent_id),
+            uuid.UUID(memory_id),
+        )
+    finally:
+        await conn.close()
+    return ctid
+
+
+async def test_injections_never_rewrite_the_memory_row(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memory = make_memory("counted elsewhere")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    before = await _memory_row_version(postgres_dsn, tenant, memory.id)
+    at = time.time()
+    counters = await pg_store.record_injection_counters(
+        [Injection(tenant.org_id, tenant.agent_id, memory.id, at) for _ in range(3)]
+    )
+    await pg_store.record_injections([Injection(tenant.org_id, tenant.agent_id, memory.id, at + 1)])
+    assert [(c.memory_id, c.retrieval_count) for c in counters] == [(memory.id, 3)]
+    assert counters[0].last_injected_at == pytest.approx(at, abs=1e-3)
+    assert await _memory_row_version(postgres_dsn, tenant, memory.id) == before
+    [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [memory.id])
+    assert stored.retrieval_count == 4
+    [found] = await pg_store.search(tenant.org_id, tenant.agent_id, memory.embedding, 5)
+    assert (found.retrieval_count, found.last_injected_at) == (4, pytest.approx(at + 1, abs=1e-3))
+
+
+async def test_injections_of_unknown_or_other_tenants_memories_are_skipped(
+    pg_store: PostgresMemoryStore, tenant: Tenant, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
+) -> None:
+    memory = make_memory("belongs to the first tenant")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    other = new_tenant()
+    counters = await pg_store.record_injection_counters(
+        [
+            Injection(other.org_id, other.agent_id, memory.id, time.time()),
+            Injection(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), time.time()),
+        ]
+    )
+    assert counters == []
+    [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [memory.id])
+    assert stored.retrieval_count == 0
+
+
+async def test_deleting_a_memory_deletes_its_counters_and_a_reused_id_starts_from_zero(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memory = make_memory("short-lived")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    await pg_store.record_injections([Injection(tenant.org_id, tenant.agent_id, memory.id, time.time())])
+    assert await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [memory.id]) == 1
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM memory_usage WHERE org_id = $1 AND agent_id = $2",
+            uuid.UUID(tenant.org_id),
+            uuid.UUID(tenant.agent_id),
+        )
+        # A stale counter row (an injection batch that raced the delete) for the same id:
+        await conn.execute(
+            "INSERT INTO memory_usage (org_id, agent_id, memory_id, retrieval_count) VALUES ($1, $2, $3, 7)",
+            uuid.UUID(tenant.org_id),
+            uuid.UUID(tenant.agent_id),
+            uuid.UUID(memory.id),
+        )
+    finally:
+        await conn.close()
+    assert left == 0
+    reborn = dataclasses.replace(make_memory("a new text under the old id"), id=memory.id)
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [reborn])
+    [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [memory.id])
+    assert (stored.content, stored.retrieval_count) == ("a new text under the old id", 0)
+
+
+async def test_vectors_are_stored_inline(postgres_dsn: str) -> None:
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        storage = await conn.fetchval(
+            "SELECT attstorage::text FROM pg_attribute"
+            " WHERE attrelid = 'memories'::regclass AND attname = 'embedding'"
+        )
+    finally:
+        await conn.close()
+    assert storage == "p"  # PLAIN: never TOASTed, so the exact scan reads no TOAST pages

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
-from ibex_context.stores.postgres import DirectiveState
+from ibex_context.stores.hot_score import frequency_weight
+from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key, hot_set_key
 
 from tests.conftest import Tenant
@@ -121,3 +123,54 @@ async def test_warm_up_loads_every_script(redis_cache: RedisContextCache, redis_
         assert await client.script_exists(*shas) == [True] * len(scripts)
     finally:
         await client.aclose()
+
+
+async def test_patching_counters_moves_only_the_frequency_term_of_members_already_there(
+    redis_cache: RedisContextCache, tenant: Tenant, redis_url: str
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5), (record(2), 0.4)], 0)
+    generation = await redis_cache.hot_set_generation(org, agent)
+    absent = str(uuid.UUID(int=99))
+    patched = await redis_cache.patch_hot_counters(
+        org,
+        agent,
+        [
+            MemoryCounters(org, agent, record(2).id, 60, 1_700_000_000.5),  # past the cap
+            MemoryCounters(org, agent, absent, 3, 1_700_000_000.5),
+        ],
+    )
+    assert patched == 1
+    weight, _ = frequency_weight()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.zscore(hot_set_key(org, agent), record(2).id) == pytest.approx(0.4 + weight)
+        assert await client.zscore(hot_set_key(org, agent), record(1).id) == pytest.approx(0.5)
+        assert await client.zscore(hot_set_key(org, agent), absent) is None  # never added
+    finally:
+        await client.aclose()
+    hot = await redis_cache.get_hot_memories(org, agent, 5)
+    assert hot is not None
+    by_id = {r.id: r for r in hot}
+    assert (by_id[record(2).id].retrieval_count, by_id[record(2).id].last_injected_at) == (
+        60,
+        1_700_000_000.5,
+    )
+    assert by_id[record(2).id].content == "memory 2" and by_id[record(2).id].embedding is not None
+    assert by_id[record(1).id].retrieval_count == 0
+    # The generation moved, so a rebuild that read PostgreSQL before these counters cannot land.
+    assert await redis_cache.hot_set_generation(org, agent) == generation + 1
+    # The last injection time never moves backwards; the score follows the count only.
+    await redis_cache.patch_hot_counters(org, agent, [MemoryCounters(org, agent, record(2).id, 61, 5.0)])
+    [again] = [r for r in await redis_cache.get_hot_memories(org, agent, 5) or [] if r.id == record(2).id]
+    assert (again.retrieval_count, again.last_injected_at) == (61, 1_700_000_000.5)
+
+
+async def test_patching_a_missing_hot_set_changes_nothing(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    counters = [MemoryCounters(org, agent, record(1).id, 1, 1.0)]
+    assert await redis_cache.patch_hot_counters(org, agent, counters) == 0
+    assert await redis_cache.get_hot_memories(org, agent, 5) is None
+    assert await redis_cache.hot_set_generation(org, agent) == 0

@@ -57,20 +57,39 @@ def hot_set_score(
     ) / total
 
 
+def frequency_weight(weights: ScoringWeights = _WEIGHTS) -> tuple[float, int]:
+    """(share of the score, cap) of the frequency term: the only term injections move.
+
+    ``score = ... + share * min(retrieval_count / cap, 1)``, so a change of the count
+    moves the score by ``share * Δmin(count / cap, 1)`` (``stores.redis`` applies that
+    in Redis when injections are recorded).
+    """
+    total = weights.relevance + weights.recency + weights.usefulness + weights.confidence + weights.frequency
+    return weights.frequency / total, FREQUENCY_CAP
+
+
 def hot_set_order_sql(
     now_param: str,
     half_lives_days: Mapping[str, float] = DEFAULT_HALF_LIVES_DAYS,
     weights: ScoringWeights = _WEIGHTS,
+    *,
+    memory: str = "m",
+    retrieval_count: str = "coalesce(u.retrieval_count, 0)",
 ) -> str:
-    """``hot_set_score`` as a SQL expression over ``memories``; ``now_param`` is epoch seconds."""
+    """``hot_set_score`` as a SQL expression; ``now_param`` is epoch seconds.
+
+    ``memory`` is the alias of ``memories``; ``retrieval_count`` the expression of the
+    count (it lives in ``memory_usage``, LEFT JOINed as ``u`` by default).
+    """
+    m = memory
     cases = " ".join(
         f"WHEN '{category}' THEN {float(days)!r}" for category, days in sorted(half_lives_days.items())
     )
-    half_life = f"(CASE category {cases} ELSE {float(UNKNOWN_CATEGORY_HALF_LIFE_DAYS)!r} END)"
-    age_days = f"greatest(0, {now_param} - extract(epoch FROM created_at)::float8) / {SECONDS_PER_DAY!r}"
+    half_life = f"(CASE {m}.category {cases} ELSE {float(UNKNOWN_CATEGORY_HALF_LIFE_DAYS)!r} END)"
+    age_days = f"greatest(0, {now_param} - extract(epoch FROM {m}.created_at)::float8) / {SECONDS_PER_DAY!r}"
     total = weights.relevance + weights.recency + weights.usefulness + weights.confidence + weights.frequency
     return (
         f"(({weights.relevance!r} + {weights.recency!r} * power(0.5, {age_days} / {half_life})"
-        f" + {weights.usefulness!r} * usefulness + {weights.confidence!r} * confidence"
-        f" + {weights.frequency!r} * least(retrieval_count::float8 / {FREQUENCY_CAP}, 1.0)) / {total!r})"
+        f" + {weights.usefulness!r} * {m}.usefulness + {weights.confidence!r} * {m}.confidence"
+        f" + {weights.frequency!r} * least(({retrieval_count})::float8 / {FREQUENCY_CAP}, 1.0)) / {total!r})"
     )

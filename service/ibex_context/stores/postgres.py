@@ -49,24 +49,34 @@ FEEDBACK_TARGETS: Mapping[str, float] = {"positive": 1.0, "negative": 0.0, "neut
 _WRITER_LOCK_CLASS = 0x49424558 & 0x7FFFFFFF
 
 
-def _memory_columns(alias: str = "") -> str:
-    """The columns ``_record`` reads, optionally qualified by a table alias."""
-    a = f"{alias}." if alias else ""
-    return (
-        f"{a}id, {a}content, {a}category, {a}confidence, {a}usefulness, {a}retrieval_count,"
-        f" extract(epoch FROM {a}created_at)::float8 AS created_at,"
-        f" extract(epoch FROM {a}last_injected_at)::float8 AS last_injected_at, {a}token_counts"
-    )
+# The columns ``_record`` reads, from ``memories AS m`` LEFT JOIN ``memory_usage AS u``
+# (a memory never injected has no usage row: count 0, no time). ``token_counts`` comes
+# as text: ``TokenCountsDecoder`` parses each distinct value once instead of running
+# the jsonb codec's json.loads on every row.
+_MEMORY_COLUMNS = (
+    "m.id, m.content, m.category, m.confidence, m.usefulness,"
+    " coalesce(u.retrieval_count, 0) AS retrieval_count,"
+    " extract(epoch FROM m.created_at)::float8 AS created_at,"
+    " extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at,"
+    " m.token_counts::text AS token_counts"
+)
+# Scoped by the tenant on both sides ($1 = org_id, $2 = agent_id).
+_USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 AND u.memory_id = m.id"
 
-
-_MEMORY_COLUMNS = _memory_columns()
-
+# The nearest rows are chosen first (a subquery with its own LIMIT, planned exactly as
+# the search alone: HNSW or tenant index + top-N sort), then only those K rows are
+# joined to their counters.
 _SEARCH_SQL = f"""
-    SELECT {_MEMORY_COLUMNS}, embedding <=> $3 AS distance
-    FROM memories
-    WHERE org_id = $1 AND agent_id = $2
-    ORDER BY embedding <=> $3
-    LIMIT $4
+    SELECT {_MEMORY_COLUMNS}, m.distance
+    FROM (
+        SELECT id, content, category, confidence, usefulness, created_at, token_counts,
+               embedding <=> $3 AS distance
+        FROM memories
+        WHERE org_id = $1 AND agent_id = $2
+        ORDER BY embedding <=> $3
+        LIMIT $4
+    ) AS m
+    {_USAGE_JOIN}
 """
 
 
@@ -119,7 +129,32 @@ def _epoch(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _record(row: asyncpg.Record, *, with_embedding: bool = False) -> MemoryRecord:
+class TokenCountsDecoder:
+    """Parses ``token_counts`` JSON text, each distinct text once.
+
+    Rows repeat the same few small objects (two encodings, counts in the low
+    hundreds), so a bounded memo turns ~50 ``json.loads`` per search into dictionary
+    look-ups. Every call returns a fresh dict: records never share a mutable value.
+    """
+
+    __slots__ = ("_limit", "_parsed")
+
+    def __init__(self, limit: int = 8192) -> None:
+        self._limit = limit
+        self._parsed: dict[str, tuple[tuple[str, int], ...]] = {}
+
+    def __call__(self, text: str) -> dict[str, int]:
+        items = self._parsed.get(text)
+        if items is None:
+            if len(self._parsed) >= self._limit:
+                self._parsed.clear()
+            items = self._parsed[text] = tuple(json.loads(text).items())
+        return dict(items)
+
+
+def _record(
+    row: asyncpg.Record, token_counts: TokenCountsDecoder, *, with_embedding: bool = False
+) -> MemoryRecord:
     distance = row.get("distance")
     return MemoryRecord(
         id=str(row["id"]),
@@ -130,7 +165,7 @@ def _record(row: asyncpg.Record, *, with_embedding: bool = False) -> MemoryRecor
         retrieval_count=int(row["retrieval_count"]),
         created_at=_epoch(row["created_at"]),
         last_injected_at=_epoch(row["last_injected_at"]),
-        token_counts=row["token_counts"],
+        token_counts=token_counts(row["token_counts"]),
         embedding=row["embedding"] if with_embedding else None,
         similarity=None if distance is None else 1.0 - float(distance),
         source=Source.COLD,
@@ -178,10 +213,14 @@ class DirectiveState:
 
 
 @dataclass(frozen=True, slots=True)
-class ScopedMemory:
+class MemoryCounters:
+    """A memory's injection counters after a recorded batch (``memory_usage``)."""
+
     org_id: str
     agent_id: str
-    record: MemoryRecord
+    memory_id: str
+    retrieval_count: int
+    last_injected_at: float | None
 
 
 async def create_pool(
@@ -228,6 +267,7 @@ class PostgresMemoryStore:
     def __init__(self, pool: asyncpg.Pool, *, ef_search: int) -> None:
         self._pool = pool
         self._ef_search = ef_search
+        self._token_counts = TokenCountsDecoder()
 
     @classmethod
     async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
@@ -277,7 +317,7 @@ class PostgresMemoryStore:
                     rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
             else:
                 rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
-        records = [_record(row) for row in rows]
+        records = [_record(row, self._token_counts) for row in rows]
         # relaxed_order iterative scans may return rows slightly out of order.
         records.sort(key=lambda r: -(r.similarity or 0.0))
         return records
@@ -304,13 +344,13 @@ class PostgresMemoryStore:
         if not ids:
             return []
         rows = await self._pool.fetch(
-            f"SELECT {_MEMORY_COLUMNS}, embedding FROM memories"
-            " WHERE org_id = $1 AND agent_id = $2 AND id = ANY($3::uuid[])",
+            f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories AS m {_USAGE_JOIN}"
+            " WHERE m.org_id = $1 AND m.agent_id = $2 AND m.id = ANY($3::uuid[])",
             as_uuid(org_id, "org_id"),
             as_uuid(agent_id, "agent_id"),
             [as_uuid(i, f"ids[{n}]") for n, i in enumerate(ids)],
         )
-        return [_record(row, with_embedding=True) for row in rows]
+        return [_record(row, self._token_counts, with_embedding=True) for row in rows]
 
     @_store_errors
     async def top_memories_for_hot_set(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
@@ -318,15 +358,15 @@ class PostgresMemoryStore:
         if limit <= 0:
             return []
         rows = await self._pool.fetch(
-            f"SELECT {_MEMORY_COLUMNS}, embedding FROM memories"
-            " WHERE org_id = $1 AND agent_id = $2"
-            f" ORDER BY {hot_set_order_sql('$3::float8')} DESC, id LIMIT $4",
+            f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories AS m {_USAGE_JOIN}"
+            " WHERE m.org_id = $1 AND m.agent_id = $2"
+            f" ORDER BY {hot_set_order_sql('$3::float8')} DESC, m.id LIMIT $4",
             as_uuid(org_id, "org_id"),
             as_uuid(agent_id, "agent_id"),
             time.time(),
             limit,
         )
-        return [_record(row, with_embedding=True) for row in rows]
+        return [_record(row, self._token_counts, with_embedding=True) for row in rows]
 
     @_store_errors
     async def count_memories(self, org_id: str, agent_id: str) -> int:
@@ -390,6 +430,15 @@ class PostgresMemoryStore:
                     *_columns(plan.updates),
                 )
             if plan.inserts:
+                # Counters left by an earlier memory with the same id (an injection batch
+                # that raced its delete) must not carry over to the new memory.
+                await conn.execute(
+                    "DELETE FROM memory_usage"
+                    " WHERE org_id = $1 AND agent_id = $2 AND memory_id = ANY($3::uuid[])",
+                    org,
+                    agent,
+                    [uuid.UUID(m.id) for m in plan.inserts],
+                )
                 await conn.execute(
                     """
                     INSERT INTO memories (org_id, agent_id, id, content, content_hash, category,
@@ -406,7 +455,7 @@ class PostgresMemoryStore:
 
     @_store_errors
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
-        """Deletes the memories (and their feedback); returns how many memories existed."""
+        """Deletes the memories (with their feedback and counters); returns how many existed."""
         if not ids:
             return 0
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
@@ -414,6 +463,13 @@ class PostgresMemoryStore:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "DELETE FROM memory_feedback"
+                " WHERE org_id = $1 AND agent_id = $2 AND memory_id = ANY($3::uuid[])",
+                org,
+                agent,
+                targets,
+            )
+            await conn.execute(
+                "DELETE FROM memory_usage"
                 " WHERE org_id = $1 AND agent_id = $2 AND memory_id = ANY($3::uuid[])",
                 org,
                 agent,
@@ -528,14 +584,17 @@ class PostgresMemoryStore:
         ]
 
     async def record_injections(self, injections: Sequence[Injection]) -> None:
-        await self.record_injections_returning(injections)
+        await self.record_injection_counters(injections)
 
     @_store_errors
-    async def record_injections_returning(self, injections: Sequence[Injection]) -> list[ScopedMemory]:
-        """Counts injections in one statement; returns the updated memories (with embeddings).
+    async def record_injection_counters(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+        """Counts injections in one statement; returns the memories' new counters.
 
-        Repeated injections of one memory in the batch add up; ``last_*_at`` never
-        moves backwards. Rows are updated in key order so concurrent batches
+        One ``INSERT … ON CONFLICT DO UPDATE`` into the narrow ``memory_usage`` table:
+        no memory row is rewritten and no vector is read or returned. Repeated
+        injections of one memory in the batch add up; ``last_*_at`` never moves
+        backwards. Memories that no longer exist are skipped. Rows are inserted in
+        key order (ORDER BY), so concurrent batches lock them in the same order and
         cannot deadlock.
         """
         if not injections:
@@ -551,26 +610,23 @@ class PostgresMemoryStore:
             grouped[key] = (count + 1, max(at, item.at))
         keys = sorted(grouped)
         rows = await self._pool.fetch(
-            f"""
-            WITH batch AS (
-                SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
-                    AS u(org_id, agent_id, id, n, at)
-            ), locked AS (
-                -- Row locks taken in key order (LockRows above the sort), whatever plan the
-                -- UPDATE's join gets: two batches touching the same rows cannot deadlock.
-                SELECT t.org_id, t.agent_id, t.id FROM memories AS t
-                JOIN batch AS b ON t.org_id = b.org_id AND t.agent_id = b.agent_id AND t.id = b.id
-                ORDER BY t.org_id, t.agent_id, t.id
-                FOR UPDATE OF t
+            """
+            INSERT INTO memory_usage AS u
+                (org_id, agent_id, memory_id, retrieval_count, last_retrieved_at, last_injected_at)
+            SELECT b.org_id, b.agent_id, b.memory_id, b.n, to_timestamp(b.at), to_timestamp(b.at)
+            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
+                AS b(org_id, agent_id, memory_id, n, at)
+            WHERE EXISTS (
+                SELECT 1 FROM memories AS m
+                WHERE m.org_id = b.org_id AND m.agent_id = b.agent_id AND m.id = b.memory_id
             )
-            UPDATE memories AS m SET
-                retrieval_count = m.retrieval_count + b.n,
-                last_retrieved_at = greatest(m.last_retrieved_at, to_timestamp(b.at)),
-                last_injected_at = greatest(m.last_injected_at, to_timestamp(b.at))
-            FROM batch AS b, locked AS l
-            WHERE m.org_id = b.org_id AND m.agent_id = b.agent_id AND m.id = b.id
-              AND m.org_id = l.org_id AND m.agent_id = l.agent_id AND m.id = l.id
-            RETURNING m.org_id, m.agent_id, {_memory_columns("m")}, m.embedding
+            ORDER BY b.org_id, b.agent_id, b.memory_id
+            ON CONFLICT (org_id, agent_id, memory_id) DO UPDATE SET
+                retrieval_count = u.retrieval_count + EXCLUDED.retrieval_count,
+                last_retrieved_at = greatest(u.last_retrieved_at, EXCLUDED.last_retrieved_at),
+                last_injected_at = greatest(u.last_injected_at, EXCLUDED.last_injected_at)
+            RETURNING u.org_id, u.agent_id, u.memory_id, u.retrieval_count,
+                      extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at
             """,
             [k[0] for k in keys],
             [k[1] for k in keys],
@@ -579,7 +635,14 @@ class PostgresMemoryStore:
             [grouped[k][1] for k in keys],
         )
         return [
-            ScopedMemory(str(r["org_id"]), str(r["agent_id"]), _record(r, with_embedding=True)) for r in rows
+            MemoryCounters(
+                org_id=str(r["org_id"]),
+                agent_id=str(r["agent_id"]),
+                memory_id=str(r["memory_id"]),
+                retrieval_count=int(r["retrieval_count"]),
+                last_injected_at=_epoch(r["last_injected_at"]),
+            )
+            for r in rows
         ]
 
     @staticmethod

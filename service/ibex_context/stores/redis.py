@@ -35,7 +35,8 @@ from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.hot_record import decode_record, encode_record
-from ibex_context.stores.postgres import DirectiveState
+from ibex_context.stores.hot_score import frequency_weight
+from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 
 BUILT_MARKER = "~"
 # The generation counter outlives any hot set by far; it only needs to exist while
@@ -91,6 +92,41 @@ redis.call('EXPIRE', KEYS[3], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], unpack(ARGV, 2))
 redis.call('HDEL', KEYS[2], unpack(ARGV, 2))
 return removed
+"""
+
+# Records injections in the hot set without PostgreSQL: for each member that is in
+# the hot set (as a format-2 record), set its counters to the values PostgreSQL
+# returned (in the record's fixed-offset prefix, see ``stores.hot_record``) and move
+# its score by the change of the frequency term, the only term the counters feed:
+# score += weight * (min(new/cap, 1) - min(old/cap, 1)). Members that are not there
+# are not added (that would make a partial hot set look complete); format-1
+# records keep their counters until the next rebuild. Bumps the generation when
+# it changed anything, so a rebuild that read PostgreSQL before these counters
+# were committed cannot install its older snapshot over them.
+# ARGV: generation TTL, weight, cap, then (id, retrieval_count, last_injected_at) triples.
+_PATCH_COUNTERS = """
+local weight = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local patched = 0
+for i = 4, #ARGV, 3 do
+  local blob = redis.call('HGET', KEYS[2], ARGV[i])
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if blob and score and string.byte(blob, 1) == 2 then
+    local _, old_count, old_last = struct.unpack('<BI4d', blob)
+    local count = tonumber(ARGV[i + 1])
+    local last = tonumber(ARGV[i + 2])
+    if old_last == old_last and old_last > last then last = old_last end
+    local delta = weight * (math.min(count / cap, 1) - math.min(old_count / cap, 1))
+    redis.call('HSET', KEYS[2], ARGV[i], struct.pack('<BI4d', 2, count, last) .. string.sub(blob, 14))
+    if delta ~= 0 then redis.call('ZINCRBY', KEYS[1], delta, ARGV[i]) end
+    patched = patched + 1
+  end
+end
+if patched > 0 then
+  redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[1])
+end
+return patched
 """
 
 _PUT_DIRECTIVE = """
@@ -173,6 +209,7 @@ class RedisContextCache:
         self._replace_hot = client.register_script(_REPLACE_HOT)
         self._add_hot = client.register_script(_ADD_HOT)
         self._remove_hot = client.register_script(_REMOVE_HOT)
+        self._patch_counters = client.register_script(_PATCH_COUNTERS)
         self._put_directive = client.register_script(_PUT_DIRECTIVE)
 
     @classmethod
@@ -200,6 +237,7 @@ class RedisContextCache:
             self._replace_hot,
             self._add_hot,
             self._remove_hot,
+            self._patch_counters,
             self._put_directive,
         ):
             await self._client.script_load(script.script)
@@ -273,6 +311,21 @@ class RedisContextCache:
         for record, score in scored:
             args += [record.id, score, encode_record(record)]
         return bool(await self._add_hot(keys=self._hot_keys(org_id, agent_id), args=args))
+
+    async def patch_hot_counters(self, org_id: str, agent_id: str, counters: Sequence[MemoryCounters]) -> int:
+        """Sets the injection counters of members already in the hot set and moves their
+        scores accordingly (no PostgreSQL read, no record re-encoding); returns how many
+        members were patched. Members not in the hot set are left out."""
+        if not counters:
+            return 0
+        weight, cap = frequency_weight()
+        args: list[str | float | int] = [GENERATION_TTL_SECONDS, weight, cap]
+        for item in counters:
+            # A NaN would not survive Lua's tonumber; injected memories always have a time.
+            at = item.last_injected_at if item.last_injected_at is not None else 0.0
+            args += [item.memory_id, item.retrieval_count, repr(float(at))]
+        patched = await self._patch_counters(keys=self._hot_keys(org_id, agent_id), args=args)
+        return int(patched)
 
     async def remove_hot_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         """Removes members; returns how many were in the hot set."""

@@ -33,7 +33,7 @@ from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
+from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
 from ibex_context.stores.redis import RedisContextCache
 
 _log = logging.getLogger(__name__)
@@ -215,13 +215,16 @@ class ContextRepository:
         return updates
 
     async def record_injections(self, injections: Sequence[Injection]) -> None:
-        updated = await self._postgres.record_injections_returning(injections)
-        by_agent: dict[_AgentKey, list[MemoryRecord]] = {}
-        for item in updated:
-            by_agent.setdefault((item.org_id, item.agent_id), []).append(item.record)
-        for (org_id, agent_id), records in by_agent.items():
+        """Counts the injections in PostgreSQL (``memory_usage``), then patches the
+        counters and scores of the members already in each agent's hot set, in Redis
+        alone (no PostgreSQL read, no vector traffic; see ``RedisContextCache.patch_hot_counters``)."""
+        counters = await self._postgres.record_injection_counters(injections)
+        by_agent: dict[_AgentKey, list[MemoryCounters]] = {}
+        for item in counters:
+            by_agent.setdefault((item.org_id, item.agent_id), []).append(item)
+        for (org_id, agent_id), items in by_agent.items():
             try:
-                await self._cache.add_hot_memories(org_id, agent_id, self._scored(records))
+                await self._cache.patch_hot_counters(org_id, agent_id, items)
             except _CACHE_ERRORS as exc:
                 self._log_cache_failure("hot set score refresh", exc)
                 await self._invalidate_hot_set(org_id, agent_id)
