@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
+    count_injected,
     directive_cost,
     format_context,
     memory_cost,
@@ -191,8 +192,14 @@ def test_memory_cost_uses_the_stored_count_when_content_is_unchanged(registry: E
     encoding = registry.get("o200k_base")
     plain = scored("m", "plain words here", token_counts={"o200k_base": 1000})
     assert memory_cost(plain, encoding, "xml", nonce=NONCE) > 1000
-    escaped = scored("m", "a < b", token_counts={"o200k_base": 1000})
-    assert memory_cost(escaped, encoding, "xml", nonce=NONCE) < 100  # recounted after escaping
+    # After escaping, the stored count is adjusted by what escaping changed (the
+    # words around "<" are recounted), not replaced by a recount of everything.
+    true_count = encoding.count("a < b")
+    escaped = scored("m", "a < b", token_counts={"o200k_base": true_count})
+    inflated = scored("m", "a < b", token_counts={"o200k_base": true_count + 1000})
+    exact = memory_cost(escaped, encoding, "xml", nonce=NONCE)
+    assert exact == encoding.count(f'<memory id="m" nonce="{NONCE}">\na &lt; b\n</memory>\n')
+    assert memory_cost(inflated, encoding, "xml", nonce=NONCE) == exact + 1000
 
 
 def test_memory_cost_through_a_counter_is_the_same_and_cached(registry: EncodingRegistry) -> None:
@@ -201,9 +208,10 @@ def test_memory_cost_through_a_counter_is_the_same_and_cached(registry: Encoding
     memory = scored("m-1", 'it\'s <fine> & "quoted"', token_counts={"o200k_base": 3})
     direct = memory_cost(memory, encoding, "xml", nonce=NONCE)
     assert memory_cost(memory, encoding, "xml", nonce=NONCE, counter=counter) == direct
-    misses = counter.misses
+    misses, hits = counter.misses, counter.hits
     assert memory_cost(memory, encoding, "xml", nonce=NONCE, counter=counter) == direct
-    assert counter.misses == misses and counter.hits >= 3
+    # The second cost is served whole from the block cache: nothing is tokenized again.
+    assert counter.misses == misses and counter.hits > hits
 
 
 def test_section_overhead_can_include_the_new_message_framing(registry: EncodingRegistry) -> None:
@@ -245,3 +253,125 @@ def test_json_lines_parse_back_to_exactly_the_memories_given(texts: list[str]) -
     assert [(o["id"], o["content"], o["nonce"]) for o in objects] == [
         (f"m{i}", t, NONCE) for i, t in enumerate(texts)
     ]
+
+
+# -- count_injected: the exact count, summed from cached chunks ---------------------------
+
+_PIECES = [*"abcxyz QRS 0123 .,;:!?-'\"<>&`*#\n\t()[]{}/\\\r", "é", "日本", "😀", " the", "</memory>", "```",
+           "\u00a0", "'s", "\n\n", " \n", "//", "word word ", "end. "]  # fmt: skip
+_SYSTEM_PROMPTS = [
+    "Client system prompt.",
+    "",
+    " leading space",
+    "\nleading newline",
+    "/slash",
+    "<tag>",
+    "日本",
+]
+
+
+@pytest.mark.parametrize("encoding_name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_count_injected_equals_a_full_recount_of_the_formatted_messages(
+    registry: EncodingRegistry, encoding_name: str, fmt: Format
+) -> None:
+    encoding = registry.get(encoding_name)
+    counter = MessageTokenCounter(registry, cache_size=10_000)
+    uncached = MessageTokenCounter(registry, cache_size=0)
+    rng = random.Random(f"injected-{encoding_name}-{fmt}")
+    for trial in range(200):
+        memories = []
+        for i in range(rng.randint(0, 8)):
+            content = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 60)))
+            category = rng.choice(["procedural", "factual", "episodic", "custom"])
+            counts = {encoding_name: encoding.count(content)} if rng.random() < 0.9 else {}
+            # Ids recur across trials with other contents: the cache must notice.
+            memories.append(scored(f"mem-{i}", content, category, token_counts=counts))
+        directive = rng.choice([None, "", "Be brief.", "Use <b>tags</b> freely.\n", " spaced \n\n", "/x"])
+        mode = rng.choice(["system_first", "merge_system"])
+        messages = (ChatMessage("system", rng.choice(_SYSTEM_PROMPTS)), ChatMessage("user", "Hi"))
+        if rng.random() < 0.3:
+            messages = messages[1:]
+        formatted = format_context(
+            messages, directive=directive, memories=memories, fmt=fmt, mode=mode, nonce=NONCE
+        )
+        expected = uncached.count_messages(formatted.messages, encoding) - uncached.count_messages(
+            messages, encoding
+        )
+        for _ in range(2):  # uncached, then from the cache
+            got = count_injected(
+                messages,
+                directive=directive,
+                memories=memories,
+                fmt=fmt,
+                mode=mode,
+                nonce=NONCE,
+                encoding=encoding,
+                counter=counter,
+            )
+            assert got == expected, (trial, mode, directive, [m.memory.content for m in memories])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_count_injected_is_exact_for_realistic_memories_with_stored_counts(
+    registry: EncodingRegistry, fmt: Format
+) -> None:
+    encoding = registry.get("o200k_base")
+    counter = MessageTokenCounter(registry)
+    rng = random.Random(fmt)
+    words = "deploy the canary at 5 % for an hour, then promote; never on Fridays! (see runbook)".split()  # noqa: SIM905
+    memories = []
+    for i in range(20):
+        content = " ".join(rng.choice(words) for _ in range(rng.randint(20, 200))) + rng.choice(
+            [".", "!", "", "\n"]
+        )
+        counts = {"o200k_base": encoding.count(content)}
+        memories.append(scored(f"m{i}", content, rng.choice(["factual", "procedural"]), token_counts=counts))
+    formatted = format_context(
+        MESSAGES, directive="Be brief.", memories=memories, fmt=fmt, mode="system_first", nonce=NONCE
+    )
+    expected = encoding.count(formatted.injected_text) + 3 + encoding.count("system")
+    got = count_injected(
+        MESSAGES,
+        directive="Be brief.",
+        memories=memories,
+        fmt=fmt,
+        mode="system_first",
+        nonce=NONCE,
+        encoding=encoding,
+        counter=counter,
+    )
+    assert got == expected
+
+
+def test_count_injected_with_a_wrong_stored_count_is_off_by_exactly_that_much(
+    registry: EncodingRegistry,
+) -> None:
+    # The stored count is trusted (the stores count at write time with the same
+    # encoding); this pins down that it is what is used, not a recount.
+    encoding = registry.get("o200k_base")
+    counter = MessageTokenCounter(registry)
+    content = "a plain memory about deploys on Fridays"
+    right = scored("m", content, token_counts={"o200k_base": encoding.count(content)})
+    wrong = scored("m", content, token_counts={"o200k_base": encoding.count(content) + 7})
+    args = {"directive": None, "fmt": "xml", "mode": "system_first", "nonce": NONCE, "encoding": encoding}
+    exact = count_injected(MESSAGES, memories=[right], counter=counter, **args)  # type: ignore[arg-type]
+    assert count_injected(MESSAGES, memories=[wrong], counter=counter, **args) == exact + 7  # type: ignore[arg-type]
+
+
+def test_nothing_to_inject_counts_zero(registry: EncodingRegistry) -> None:
+    counter = MessageTokenCounter(registry)
+    encoding = registry.get("o200k_base")
+    assert (
+        count_injected(
+            MESSAGES,
+            directive=None,
+            memories=[],
+            fmt="xml",
+            mode="system_first",
+            nonce=NONCE,
+            encoding=encoding,
+            counter=counter,
+        )
+        == 0
+    )

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ibex_context.tokens.encodings import OFFLINE_ENCODINGS, EncodingRegistry
 
 
@@ -105,3 +108,116 @@ def test_loading_never_touches_the_network_or_the_process_environment(tmp_path: 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# -- the join rules count_injected relies on --------------------------------------------
+
+# Characters chosen to stress the pre-tokenizer at a join: newlines and other
+# whitespace (incl. Unicode and \r), "/", quotes and contractions, tag and fence
+# punctuation, digits, case changes, combining marks, CJK, emoji.
+_JOIN_PIECES = [
+    *"aZ0 9\n\r\t/.'\"<>&`#{}:;-_!?*\\",
+    "\u00a0", "\u2028", "\u3000", "\u0301", "é", "日本", "😀", "'s", "'LL", " the", "\n\n", " \n", "\r\n",
+    "</memory>", "```", "12345", "ÉCOLE", "camelCase", "//", " /", "\n/", "\n ",
+]  # fmt: skip
+_ADDITIVE = ["o200k_base", "cl100k_base"]
+
+
+def _adversarial(rng: random.Random, low: int, high: int) -> str:
+    return "".join(rng.choice(_JOIN_PIECES) for _ in range(rng.randint(low, high)))
+
+
+@pytest.mark.parametrize("name", _ADDITIVE)
+def test_counts_add_up_across_a_newline_followed_by_a_safe_character(
+    registry: EncodingRegistry, name: str
+) -> None:
+    encoding = registry.get(name)
+    assert encoding.splits_after_newline
+    rng = random.Random(name)
+    checked = 0
+    for _ in range(3000):
+        left = _adversarial(rng, 0, 30) + "\n"
+        right = _adversarial(rng, 1, 30)
+        if right[0].isspace() or right[0] == "/":
+            continue
+        checked += 1
+        assert encoding.count(left + right) == encoding.count(left) + encoding.count(right), (left, right)
+    assert checked > 1500
+
+
+@pytest.mark.parametrize("name", _ADDITIVE)
+def test_counts_do_not_add_up_when_the_right_side_starts_with_whitespace_or_a_slash(
+    registry: EncodingRegistry, name: str
+) -> None:
+    # Why the rule excludes them: these joins merge.
+    encoding = registry.get(name)
+    assert encoding.count(".\n\n") < encoding.count(".\n") + encoding.count("\n")
+    if name == "o200k_base":
+        assert encoding.count(".\n//") < encoding.count(".\n") + encoding.count("//")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    left=st.lists(st.sampled_from(_JOIN_PIECES), max_size=25).map("".join),
+    right=st.lists(st.sampled_from(_JOIN_PIECES), min_size=1, max_size=25).map("".join),
+)
+def test_counts_add_up_across_safe_joins_for_generated_text(
+    registry: EncodingRegistry, left: str, right: str
+) -> None:
+    left += "\n"
+    if right[0].isspace() or right[0] == "/":
+        right = "<" + right
+    for name in _ADDITIVE:
+        encoding = registry.get(name)
+        assert encoding.count(left + right) == encoding.count(left) + encoding.count(right)
+
+
+@pytest.mark.parametrize("name", _ADDITIVE)
+def test_count_wrapped_equals_a_full_recount(registry: EncodingRegistry, name: str) -> None:
+    encoding = registry.get(name)
+    rng = random.Random(f"wrapped-{name}")
+    words = ["alpha", "Beta", "42", "x1", "it's", "don't", "ÉCOLE", "naïve", "日本語", "😀", "a.b", "--x"]
+    for trial in range(1500):
+        parts: list[str] = []
+        for _ in range(rng.randint(0, 40)):
+            parts.append(rng.choice(words) if rng.random() < 0.6 else _adversarial(rng, 1, 3))
+            parts.append(rng.choice([" ", " ", "  ", "\n", "", ". ", "\t"]))
+        text = "".join(parts)
+        prefix = rng.choice(["", '<memory id="m" nonce="n">\n', '{"content": "', "x", "\n", "'"])
+        suffix = rng.choice(["", "\n</memory>\n", "\n```", '"}\n', "'s", "\n\n", "s", "/"])
+        expected = encoding.count(prefix + text + suffix)
+        assert encoding.count_wrapped(prefix, text, encoding.count(text), suffix) == expected, (
+            trial, prefix, text, suffix,
+        )  # fmt: skip
+
+
+def test_count_wrapped_trusts_the_given_count_of_the_middle(registry: EncodingRegistry) -> None:
+    # The point of it: the middle of a long text is not tokenized again.
+    encoding = registry.get("o200k_base")
+    text = "start here " + "word " * 200 + "end here"
+    assert encoding.count_wrapped("<", text, 1000, ">") == 1000 + (
+        encoding.count("<" + text + ">") - encoding.count(text)
+    )
+
+
+def _xml_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@pytest.mark.parametrize("name", _ADDITIVE)
+def test_count_edited_equals_a_full_recount_of_the_escaped_text(
+    registry: EncodingRegistry, name: str
+) -> None:
+    encoding = registry.get(name)
+    rng = random.Random(f"edited-{name}")
+    words = ["alpha", "Beta", "42", "x<y", "a&b", "<tag>", "&amp;", ">>", "it's", "日本", "😀", "<", "&", ">"]
+    for trial in range(1500):
+        parts: list[str] = []
+        for _ in range(rng.randint(0, 30)):
+            parts.append(rng.choice(words) if rng.random() < 0.6 else _adversarial(rng, 1, 3))
+            parts.append(rng.choice([" ", " ", "  ", "\n", "", ". "]))
+        text = "".join(parts)
+        positions = [i for i, c in enumerate(text) if c in "&<>"]
+        expected = encoding.count(_xml_escape(text))
+        got = encoding.count_edited(text, encoding.count(text), _xml_escape, positions)
+        assert got == expected, (trial, text)

@@ -24,10 +24,19 @@ byte-identical output (the nonce is derived from the inputs by the caller).
 
 Costs: ``memory_cost`` is what one memory adds to the injected text,
 ``section_overhead`` the fixed text around the memories, ``directive_cost`` the
-directive section. BPE counts are not exactly additive across the joins; the
-pieces are counted with their separators so the sum errs high (see
-``JOIN_ALLOWANCE_TOKENS``), and the assembler still counts the final text
-exactly and repairs if it must.
+directive section; together an upper bound (see ``JOIN_ALLOWANCE_TOKENS``).
+
+Exact count: ``count_injected`` is what the injection adds to the prompt,
+exactly (``count_messages`` of the formatted messages minus that of the
+client's). The text is laid out as chunks (``_layout``) where every chunk but
+the last ends with "\n" and every chunk but the first starts with ``<``, ``#``,
+a backtick, ``{`` or ``M``; with cl100k/o200k no BPE piece spans such a join
+(``Encoding.splits_after_newline``), so the count is the sum of the chunks'
+counts, each cached: a memory block by (encoding, format, nonce, id) and
+validated against its content, the fixed pieces through the counter's LRU. A
+memory block is counted from its stored ``token_counts`` plus the few words
+around its joins (``Encoding.count_wrapped``), so even an uncached block costs
+a few short tokenizer calls, not its whole content.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Final, TypeAlias
 
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.profiles.model import Format, InjectionMode
@@ -50,12 +60,23 @@ SECTION_SEPARATOR = "\n\n"
 # emoji; tests/pipeline/test_formatting.py keeps a seeded sample), so 0 keeps
 # costs tight; the assembler's exact recount is the backstop.
 JOIN_ALLOWANCE_TOKENS = 0
+# What appending SECTION_SEPARATOR to a piece counted without it may add: the
+# separator is one token, and merging it into the piece's last one saves it.
+SEPARATOR_ALLOWANCE_TOKENS = 1
 _NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 # memory_cost without a nonce assumes one of at most this many characters (the
 # assembler's HMAC nonce is 16 hex characters); a character is at most one
 # token, plus one for the quote it may split from its neighbour.
 NONCE_LENGTH_ALLOWANCE = 16
 _BACKTICK_RUN = re.compile(r"`+")
+
+# How a memory block ends in the text (``_layout``): as rendered, followed by a
+# section separator (the section's trailing newline is stripped, then "\n\n"
+# follows: one "\n" more), or last in the text (trailing newline stripped).
+_BLOCK_AS_IS: Final = 0
+_BLOCK_THEN_SEPARATOR: Final = 1
+_BLOCK_LAST: Final = 2
+_Chunk: TypeAlias = "str | tuple[MemoryRecord, int]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +107,18 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
+def _json_text(text: str) -> str:
+    """A string's JSON form without its quotes (what a json line carries)."""
+    return _json(text)[1:-1]
+
+
+# The characters json.dumps (ensure_ascii=False) escapes in a string.
+_JSON_ESCAPED_CHARACTERS = frozenset('"\\' + "".join(map(chr, range(0x20))))
+
+
 def _fence_for(content: str) -> str:
+    if "`" not in content:  # a memchr; the regex scan below is ~50x slower
+        return "```"
     longest = max((len(run) for run in _BACKTICK_RUN.findall(content)), default=0)
     return "`" * max(3, longest + 1)
 
@@ -104,14 +136,17 @@ def _record(memory: ScoredMemory | MemoryRecord) -> MemoryRecord:
 # -- the pieces of the text ------------------------------------------------------------
 
 
+def _opening(record: MemoryRecord, fmt: Format, nonce: str) -> str:
+    """The opening line of an xml or markdown block (ends with "\\n")."""
+    if fmt == "xml":
+        return f'<memory id="{_xml_escape(record.id)}" nonce="{nonce}">\n'
+    return f"{_fence_for(record.content)}memory id={_md_attribute(record.id)} nonce={nonce}\n"
+
+
 def _memory_parts(record: MemoryRecord, fmt: Format, nonce: str) -> tuple[str, str, str]:
     """(opening, escaped content, closing) of one memory's block."""
     if fmt == "xml":
-        return (
-            f'<memory id="{_xml_escape(record.id)}" nonce="{nonce}">\n',
-            _xml_text(record.content),
-            "\n</memory>\n",
-        )
+        return _opening(record, fmt, nonce), _xml_text(record.content), "\n</memory>\n"
     if fmt == "markdown":
         fence = _fence_for(record.content)
         return (
@@ -121,7 +156,7 @@ def _memory_parts(record: MemoryRecord, fmt: Format, nonce: str) -> tuple[str, s
         )
     if fmt == "json":
         head = f'{{"category": {_json(record.category)}, "id": {_json(record.id)}, "nonce": "{nonce}", '
-        return head + '"content": "', _json(record.content)[1:-1], '"}\n'
+        return head + '"content": "', _json_text(record.content), '"}\n'
     raise ValueError(f"unknown format {fmt!r}")
 
 
@@ -169,25 +204,74 @@ def category_order(categories: Iterable[str]) -> list[str]:
     return known + sorted(present - set(CATEGORY_ORDER))
 
 
+def _block_end(closing: str, variant: int) -> str:
+    if variant == _BLOCK_THEN_SEPARATOR:
+        return closing + "\n"
+    if variant == _BLOCK_LAST:
+        return closing[:-1]
+    return closing
+
+
+def _layout(
+    directive: str | None, records: Sequence[MemoryRecord], fmt: Format, nonce: str, *, separator_after: bool
+) -> list[_Chunk]:
+    """The injected text as chunks (``SECTION_SEPARATOR`` after it when
+    ``separator_after``): strings, and memory blocks as (record, variant).
+
+    Every chunk but the last ends with "\n"; every chunk but the first starts
+    with a character that is neither whitespace nor "/" (``<``, ``#``, a
+    backtick, ``{``, ``M``): the joins ``count_injected`` relies on.
+    """
+    sections: list[list[_Chunk]] = []
+    if directive:
+        sections.append([_directive_section(directive, fmt)])
+    if records:
+        sections.append([_notice(fmt, nonce)])
+        by_category: dict[str, list[MemoryRecord]] = {}
+        for record in records:
+            by_category.setdefault(record.category, []).append(record)
+        for category in category_order(by_category):
+            section: list[_Chunk] = []
+            opening = _section_open(category, fmt)
+            if opening:
+                section.append(opening)
+            section.extend((record, _BLOCK_AS_IS) for record in by_category[category])
+            closing = _section_close(fmt)
+            if closing:
+                section.append(closing)
+            sections.append(section)
+    last_section = len(sections) - 1
+    for index, section in enumerate(sections):
+        followed = separator_after or index < last_section
+        end = section[-1]
+        if isinstance(end, str):
+            if followed:
+                section[-1] = end + SECTION_SEPARATOR
+        else:
+            # Markdown and json sections end with a block whose newline
+            # ``rstrip`` removed before the separator was added.
+            section[-1] = (end[0], _BLOCK_THEN_SEPARATOR if followed else _BLOCK_LAST)
+    return [chunk for section in sections for chunk in section]
+
+
+def _chunk_text(chunk: _Chunk, fmt: Format, nonce: str) -> str:
+    if isinstance(chunk, str):
+        return chunk
+    record, variant = chunk
+    opening, escaped, closing = _memory_parts(record, fmt, nonce)
+    return opening + escaped + _block_end(closing, variant)
+
+
 def render_injection(
     *, directive: str | None, memories: Sequence[ScoredMemory | MemoryRecord], fmt: Format, nonce: str
 ) -> str:
     """The injected text alone ('' when there is nothing to inject)."""
     _check_nonce(nonce)
-    sections: list[str] = []
-    if directive:
-        sections.append(_directive_section(directive, fmt))
-    if memories:
-        records = [_record(m) for m in memories]
-        sections.append(_notice(fmt, nonce))
-        by_category: dict[str, list[MemoryRecord]] = {}
-        for record in records:
-            by_category.setdefault(record.category, []).append(record)
-        for category in category_order(by_category):
-            body = "".join(_memory_block(r, fmt, nonce) for r in by_category[category])
-            section = _section_open(category, fmt) + body + _section_close(fmt)
-            sections.append(section.rstrip("\n"))
-    return SECTION_SEPARATOR.join(sections)
+    if fmt not in ("xml", "markdown", "json"):
+        raise ValueError(f"unknown format {fmt!r}")
+    records = [_record(m) for m in memories]
+    chunks = _layout(directive, records, fmt, nonce, separator_after=False)
+    return "".join([_chunk_text(chunk, fmt, nonce) for chunk in chunks])
 
 
 def format_context(
@@ -215,6 +299,142 @@ def format_context(
 # -- costs for the packer --------------------------------------------------------------
 
 
+def _starts_safely(text: str) -> bool:
+    """Whether a chunk ending in "\\n" may precede ``text`` with additive counts."""
+    return bool(text) and not text[0].isspace() and text[0] != "/"
+
+
+def _escaped_positions(content: str, characters: str) -> list[int]:
+    # str.find per character is a memchr; far cheaper than a regex scan.
+    positions: list[int] = []
+    for character in characters:
+        at = content.find(character)
+        while at >= 0:
+            positions.append(at)
+            at = content.find(character, at + 1)
+    return positions
+
+
+def _stored_escaped_count(record: MemoryRecord, encoding: Encoding, fmt: Format, escaped: str) -> int | None:
+    """Exact tokens of the escaped content from the write-time count; None without one."""
+    stored = record.token_counts.get(encoding.name) if encoding.exact else None
+    if stored is None or escaped == record.content:
+        return stored
+    # Escaping replaced a few characters: recount only the words around them.
+    if fmt == "json":
+        positions = [i for i, c in enumerate(record.content) if c in _JSON_ESCAPED_CHARACTERS]
+        return encoding.count_edited(record.content, stored, _json_text, positions)
+    positions = _escaped_positions(record.content, "&<>")
+    return encoding.count_edited(record.content, stored, _xml_text, positions)
+
+
+def _count_block(record: MemoryRecord, encoding: Encoding, fmt: Format, nonce: str, variant: int) -> int:
+    """Exact tokens of one memory block as it appears in the text."""
+    opening, escaped, closing = _memory_parts(record, fmt, nonce)
+    closing = _block_end(closing, variant)
+    stored = _stored_escaped_count(record, encoding, fmt, escaped) if encoding.splits_after_newline else None
+    if stored is None:
+        return encoding.count(opening + escaped + closing)
+    return encoding.count_wrapped(opening, escaped, stored, closing)
+
+
+def _count_body(record: MemoryRecord, encoding: Encoding, fmt: Format, variant: int) -> int:
+    """Exact tokens of a block after its opening line (which ends with "\\n");
+    only for content that ``_starts_safely``."""
+    _, escaped, closing = _memory_parts(record, fmt, "")
+    closing = _block_end(closing, variant)
+    stored = _stored_escaped_count(record, encoding, fmt, escaped)
+    if stored is None:
+        return encoding.count(escaped + closing)
+    return encoding.count_wrapped("", escaped, stored, closing)
+
+
+def _memory_tokens(
+    record: MemoryRecord,
+    encoding: Encoding,
+    fmt: Format,
+    nonce: str,
+    variant: int,
+    counter: MessageTokenCounter | None,
+) -> int:
+    """Exact tokens of one memory block, through the counter's caches when given."""
+    source = (record.content, record.category, record.token_counts.get(encoding.name))
+    if fmt != "json" and encoding.splits_after_newline and _starts_safely(record.content):
+        # The opening line (id and nonce) ends with "\n" and the content starts
+        # safely, so the block is opening + body. The body does not depend on the
+        # nonce: its count is shared by every session that recalls the memory.
+        opening = _opening(record, fmt, nonce)
+        if counter is None:
+            return encoding.count(opening) + _count_body(record, encoding, fmt, variant)
+        body = counter.count_block(
+            (encoding.name, encoding.exact, fmt, record.id, variant),
+            source,
+            partial(_count_body, record, encoding, fmt, variant),
+        )
+        return counter.count_text_cached(opening, encoding) + body
+    if counter is None:
+        return _count_block(record, encoding, fmt, nonce, variant)
+    # The block depends on the id and nonce (key) and on content, category and
+    # the stored count (the source the cached count is checked against).
+    return counter.count_block(
+        (encoding.name, encoding.exact, fmt, nonce, record.id, variant),
+        source,
+        partial(_count_block, record, encoding, fmt, nonce, variant),
+    )
+
+
+def count_injected(
+    messages: Sequence[ChatMessage],
+    *,
+    directive: str | None,
+    memories: Sequence[ScoredMemory | MemoryRecord],
+    fmt: Format,
+    mode: InjectionMode,
+    nonce: str,
+    encoding: Encoding,
+    counter: MessageTokenCounter,
+) -> int:
+    """Tokens the injection adds to the prompt, exactly:
+    ``counter.count_messages(format_context(messages, ...).messages) - counter.count_messages(messages)``.
+
+    Summed from cached chunk counts (see the module docstring) when the
+    encoding allows it; otherwise the rendered text is counted whole.
+    """
+    _check_nonce(nonce)
+    if mode not in ("system_first", "merge_system"):
+        raise ValueError(f"unknown injection mode {mode!r}")
+    if fmt not in ("xml", "markdown", "json"):
+        raise ValueError(f"unknown format {fmt!r}")
+    records = [_record(m) for m in memories]
+    if not directive and not records:
+        return 0
+    merge_into = (
+        messages[0].content if mode == "merge_system" and messages and messages[0].role == "system" else None
+    )
+    if merge_into is None:
+        framing = TOKENS_PER_MESSAGE + counter.count_text_cached("system", encoding)
+        separator_after = False
+    else:
+        framing = 0
+        separator_after = True
+    if not encoding.splits_after_newline or (merge_into and not _starts_safely(merge_into)):
+        text = render_injection(directive=directive, memories=records, fmt=fmt, nonce=nonce)
+        if merge_into is None:
+            return framing + counter.count_text_cached(text, encoding)
+        return counter.count_text_cached(text + SECTION_SEPARATOR + merge_into, encoding) - (
+            counter.count_text_cached(merge_into, encoding)
+        )
+    # The client's own system prompt (merge) starts safely, so it adds its own
+    # count on both sides of the difference: only the chunks remain.
+    total = framing
+    for chunk in _layout(directive, records, fmt, nonce, separator_after=separator_after):
+        if isinstance(chunk, str):
+            total += counter.count_text_cached(chunk, encoding)
+        else:
+            total += _memory_tokens(chunk[0], encoding, fmt, nonce, chunk[1], counter)
+    return total
+
+
 def memory_cost(
     memory: ScoredMemory | MemoryRecord,
     encoding: Encoding,
@@ -225,14 +445,19 @@ def memory_cost(
 ) -> int:
     """Tokens one memory adds to the injected text, its tag framing included.
 
-    The content's count comes from ``token_counts`` (counted at write time)
-    when escaping left the content unchanged, else the escaped content is
-    counted now. Pass the request's ``nonce`` for a tight count; without it the
-    nonce is costed at its upper bound, one token per character of a
-    ``NONCE_LENGTH_ALLOWANCE``-character nonce. Pass a ``counter`` to count the
-    framing through its LRU (ids and the session's nonce recur every turn).
+    With the request's ``nonce`` and a cl100k/o200k encoding this is the exact
+    count of the block as ``count_injected`` sums it (``section_overhead``
+    covers the newline a section's last block may gain or lose), from the
+    write-time ``token_counts`` when escaping left the content unchanged, and
+    cached in ``counter`` (ids and the session's nonce recur every turn).
+    Otherwise the pieces are counted apart, erring high; without a nonce it is
+    costed at its upper bound, one token per character of a
+    ``NONCE_LENGTH_ALLOWANCE``-character nonce.
     """
     record = _record(memory)
+    if nonce is not None and encoding.splits_after_newline:
+        _check_nonce(nonce)
+        return _memory_tokens(record, encoding, fmt, nonce, _BLOCK_AS_IS, counter) + JOIN_ALLOWANCE_TOKENS
     if nonce is None:
         opening, escaped, closing = _memory_parts(record, fmt, "")
         nonce_allowance = NONCE_LENGTH_ALLOWANCE + 1
@@ -254,21 +479,33 @@ def section_overhead(
     nonce: str,
     categories: Iterable[str],
     include_message_framing: bool = False,
+    counter: MessageTokenCounter | None = None,
 ) -> int:
     """Tokens of the fixed text around the memories: notice, category sections, separators.
 
     Pass the categories of all candidates: the result is then an upper bound for
     whichever of them the packer keeps. ``include_message_framing`` adds the
     chat framing of a new system message (when there is no directive, the
-    memories alone create it).
+    memories alone create it). Pieces are counted as ``count_injected`` joins
+    them; ``SEPARATOR_ALLOWANCE_TOKENS`` covers a separator appended to a piece
+    counted without it (after the directive, after a markdown/json section's
+    last block).
     """
     _check_nonce(nonce)
-    total = encoding.count(SECTION_SEPARATOR + _notice(fmt, nonce))
+    count = encoding.count if counter is None else partial(counter.count_text_cached, encoding=encoding)
+    # The notice with the separator before the first section; one allowance for
+    # the separator the directive section gains.
+    total = count(_notice(fmt, nonce) + SECTION_SEPARATOR) + SEPARATOR_ALLOWANCE_TOKENS
     for category in category_order(categories):
-        total += encoding.count(SECTION_SEPARATOR + _section_open(category, fmt) + _section_close(fmt))
+        opening = _section_open(category, fmt)
+        total += count(opening) if opening else 0
+        if fmt == "xml":
+            total += count(_section_close(fmt) + SECTION_SEPARATOR)
+        else:
+            total += SEPARATOR_ALLOWANCE_TOKENS
         total += JOIN_ALLOWANCE_TOKENS
     if include_message_framing:
-        total += TOKENS_PER_MESSAGE + encoding.count("system")
+        total += TOKENS_PER_MESSAGE + count("system")
     return total
 
 

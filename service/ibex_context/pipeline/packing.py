@@ -230,6 +230,22 @@ def _bound_reduction(
     return [int(i) for i in np.flatnonzero(value + bound >= floor - 1e-9)]
 
 
+def _with_tokens(candidate: ScoredMemory, tokens: int) -> ScoredMemory:
+    if candidate.tokens == tokens:
+        return candidate
+    # The constructor, not dataclasses.replace: several times cheaper per item.
+    return ScoredMemory(
+        candidate.memory,
+        candidate.score,
+        candidate.relevance,
+        candidate.recency,
+        candidate.usefulness,
+        candidate.confidence,
+        candidate.frequency,
+        tokens,
+    )
+
+
 def pack(
     candidates: Sequence[ScoredMemory],
     budget_tokens: int,
@@ -239,15 +255,76 @@ def pack(
     cell_ceiling: int = DP_CELL_CEILING,
     bounded_cell_ceiling: int = DP_BOUNDED_CELL_CEILING,
 ) -> PackResult:
-    ordered = _score_order(candidates)
-    if not ordered or budget_tokens <= 0 or max_items <= 0:
-        return _result(ordered, (), "empty")
-    all_tokens = [c.tokens for c in ordered]
+    """``pack_costed`` with each candidate's cost taken from its ``tokens``."""
+    return pack_costed(
+        candidates,
+        [c.tokens for c in candidates],
+        budget_tokens,
+        max_items=max_items,
+        max_buckets=max_buckets,
+        cell_ceiling=cell_ceiling,
+        bounded_cell_ceiling=bounded_cell_ceiling,
+    )
+
+
+def pack_costed(
+    candidates: Sequence[ScoredMemory],
+    costs: Sequence[int],
+    budget_tokens: int,
+    *,
+    max_items: int,
+    max_buckets: int = MAX_BUCKETS,
+    cell_ceiling: int = DP_CELL_CEILING,
+    bounded_cell_ceiling: int = DP_BOUNDED_CELL_CEILING,
+) -> PackResult:
+    """Packs ``candidates`` whose costs are ``costs[i]`` (their ``tokens`` are ignored).
+
+    The selected memories come back with ``tokens`` set to their cost; only
+    those are rebuilt, so the caller need not copy every candidate to cost it.
+    """
+    if len(costs) != len(candidates):
+        raise ValueError("costs and candidates differ in length")
+    for i, cost in enumerate(costs):
+        if cost < 0:
+            raise ValueError(f"memory {candidates[i].memory.id!r} has a negative token cost")
+    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, candidates[i].memory.id))
+    all_tokens = [int(costs[i]) for i in order]
+    all_scores = [candidates[i].score for i in order]
+    chosen, method = _choose(
+        all_tokens, all_scores, budget_tokens, max_items, max_buckets, cell_ceiling, bounded_cell_ceiling
+    )
+    selected = tuple(_with_tokens(candidates[order[p]], all_tokens[p]) for p in sorted(chosen))
+    skipped = len(candidates) - len(selected)
+    return PackResult(
+        selected=selected,
+        total_tokens=sum(c.tokens for c in selected),
+        total_score=math.fsum(c.score for c in selected),
+        skipped=skipped,
+        was_truncated=skipped > 0,
+        method=method,
+    )
+
+
+def _choose(
+    all_tokens: list[int],
+    all_scores: list[float],
+    budget_tokens: int,
+    max_items: int,
+    max_buckets: int,
+    cell_ceiling: int,
+    bounded_cell_ceiling: int,
+) -> tuple[list[int], Method]:
+    """Positions (in score order) of the packing, and how it was found."""
+    if not all_tokens or budget_tokens <= 0 or max_items <= 0:
+        return [], "empty"
     fitting = [i for i, t in enumerate(all_tokens) if t <= budget_tokens]
     if not fitting:
-        return _result(ordered, (), "empty")
+        return [], "empty"
+    # Everything that fits fits together, within max_items: that is the optimum.
+    if len(fitting) <= max_items and sum(all_tokens[i] for i in fitting) <= budget_tokens:
+        return fitting, "dp"
     tokens = [all_tokens[i] for i in fitting]
-    scores = [ordered[i].score for i in fitting]
+    scores = [all_scores[i] for i in fitting]
 
     # From here positions index into ``fitting`` (the candidates that fit at all).
     greedy = _greedy(tokens, budget_tokens, max_items, None)
@@ -256,7 +333,7 @@ def pack(
     dp_items = [reduced[j] for j in _undominated([tokens[j] for j in reduced], max_items)]
     n = len(dp_items)
     if n == 0:
-        return _result(ordered, (fitting[j] for j in greedy), "greedy")
+        return [fitting[j] for j in greedy], "greedy"
     count_bound = min(max_items, n)
     costs = sorted(tokens[j] for j in dp_items)
     # The count can only bind if the count_bound + 1 cheapest items fit together.
@@ -284,7 +361,7 @@ def pack(
             # optimum, then refill and swaps below.
             picked = sorted(unbounded, key=lambda k: (-values[k], k))[:count_bound]
     if picked is None:
-        return _result(ordered, (fitting[j] for j in greedy), "greedy")
+        return [fitting[j] for j in greedy], "greedy"
     chosen = {dp_items[k] for k in picked}
 
     # Refill the slack the bucket rounding left, best first, by exact cost.
@@ -319,5 +396,5 @@ def pack(
     # used > budget cannot happen (weights round up); never ship an overflow, and
     # never do worse than greedy.
     if used > budget_tokens or math.fsum(scores[j] for j in chosen) < greedy_score:
-        return _result(ordered, (fitting[j] for j in greedy), "dp")
-    return _result(ordered, (fitting[j] for j in chosen), "dp")
+        return [fitting[j] for j in greedy], "dp"
+    return [fitting[j] for j in chosen], "dp"

@@ -70,26 +70,26 @@ def _relevance(
 ) -> tuple[_Array, npt.NDArray[np.bool_]]:
     """Relevance per candidate and whether it is known."""
     n = len(candidates)
-    relevance = np.full(n, NEUTRAL_RELEVANCE, dtype=np.float64)
-    known = np.zeros(n, dtype=np.bool_)
-    needs_cosine: list[tuple[int, FloatVector]] = []
-    for i, record in enumerate(candidates):
-        if record.similarity is not None and math.isfinite(record.similarity):
-            relevance[i] = record.similarity
-            known[i] = True
-        elif query_embedding is not None and record.embedding is not None:
-            needs_cosine.append((i, record.embedding))
-    if needs_cosine and query_embedding is not None:
+    similarity = np.fromiter(
+        (math.nan if r.similarity is None else r.similarity for r in candidates), dtype=np.float64, count=n
+    )
+    known = np.isfinite(similarity)
+    relevance = np.where(known, similarity, NEUTRAL_RELEVANCE)
+    if query_embedding is not None:
         query = np.asarray(query_embedding, dtype=np.float64).ravel()
         # A stored vector of another dimension (embedder changed) cannot be
         # compared: its relevance stays unknown rather than failing the request.
-        rows = [(i, e) for i, e in needs_cosine if e.shape == query.shape]
+        rows = [
+            i
+            for i, r in enumerate(candidates)
+            if r.embedding is not None and not known[i] and r.embedding.shape == query.shape
+        ]
         if rows:
-            matrix = np.stack([np.asarray(e, dtype=np.float64) for _, e in rows])
+            matrix = np.stack([candidates[i].embedding for i in rows]).astype(np.float64, copy=False)  # type: ignore[misc]
             norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(query)
             dots = matrix @ query
             cosine = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            index = np.asarray([i for i, _ in rows], dtype=np.intp)
+            index = np.asarray(rows, dtype=np.intp)
             relevance[index] = cosine
             known[index] = True
     np.clip(relevance, 0.0, 1.0, out=relevance)
@@ -108,28 +108,32 @@ def score_candidates(
     n = len(candidates)
     relevance, relevance_known = _relevance(candidates, query_embedding)
 
-    created = np.array(
-        [r.created_at if r.created_at is not None else math.nan for r in candidates], dtype=np.float64
-    )
-    half_lives = np.array(
-        [scoring.half_lives_days.get(r.category, UNKNOWN_CATEGORY_HALF_LIFE_DAYS) for r in candidates],
+    # One pass over the records for every per-record field; the rest is numpy.
+    half_life_of = scoring.half_lives_days
+    nan = math.nan
+    fields = np.array(
+        [
+            (
+                nan if r.created_at is None else r.created_at,
+                half_life_of.get(r.category, UNKNOWN_CATEGORY_HALF_LIFE_DAYS),
+                nan if r.usefulness is None else r.usefulness,
+                nan if r.confidence is None else r.confidence,
+                r.retrieval_count,
+            )
+            for r in candidates
+        ],
         dtype=np.float64,
-    )
+    ).reshape(n, 5)
+    created, half_lives = fields[:, 0], fields[:, 1]
     age_known = np.isfinite(created)
     # A created_at in the future (clock skew) counts as brand new.
     age_days = np.maximum(np.where(age_known, now - created, 0.0), 0.0) / SECONDS_PER_DAY
     recency = np.where(age_known, np.exp(-math.log(2.0) * age_days / half_lives), UNKNOWN_RECENCY)
-
-    usefulness = np.array(
-        [r.usefulness if r.usefulness is not None else math.nan for r in candidates], dtype=np.float64
-    )
+    usefulness = fields[:, 2]
     usefulness = np.clip(np.where(np.isfinite(usefulness), usefulness, DEFAULT_USEFULNESS), 0.0, 1.0)
-    confidence = np.array(
-        [r.confidence if r.confidence is not None else math.nan for r in candidates], dtype=np.float64
-    )
+    confidence = fields[:, 3]
     confidence = np.clip(np.where(np.isfinite(confidence), confidence, DEFAULT_CONFIDENCE), 0.0, 1.0)
-    retrievals = np.array([r.retrieval_count for r in candidates], dtype=np.float64)
-    frequency = np.clip(retrievals / FREQUENCY_CAP, 0.0, 1.0)
+    frequency = np.clip(fields[:, 4] / FREQUENCY_CAP, 0.0, 1.0)
 
     w = scoring.weights
     total_weight = w.relevance + w.recency + w.usefulness + w.confidence + w.frequency
@@ -142,16 +146,20 @@ def score_candidates(
     ) / total_weight
 
     keep = ~relevance_known | (relevance >= scoring.relevance_floor)
-    order = sorted((i for i in range(n) if keep[i]), key=lambda i: (-composite[i], candidates[i].id))
+    # Python floats once (indexing numpy arrays per item is several times slower).
+    score_of, relevance_of, recency_of = composite.tolist(), relevance.tolist(), recency.tolist()
+    usefulness_of, confidence_of, frequency_of = usefulness.tolist(), confidence.tolist(), frequency.tolist()
+    kept = np.flatnonzero(keep).tolist()
+    order = sorted(kept, key=lambda i: (-score_of[i], candidates[i].id))
     return [
         ScoredMemory(
-            memory=candidates[i],
-            score=float(composite[i]),
-            relevance=float(relevance[i]),
-            recency=float(recency[i]),
-            usefulness=float(usefulness[i]),
-            confidence=float(confidence[i]),
-            frequency=float(frequency[i]),
+            candidates[i],
+            score_of[i],
+            relevance_of[i],
+            recency_of[i],
+            usefulness_of[i],
+            confidence_of[i],
+            frequency_of[i],
         )
         for i in order
     ]

@@ -37,14 +37,24 @@ _SHORT_TEXT_CHARS = 256
 class MessageTokenCounter:
     """Counts messages with a bounded per-message cache (``cache_size=0`` disables it)."""
 
-    def __init__(self, registry: EncodingRegistry, cache_size: int = 50_000) -> None:
+    def __init__(
+        self, registry: EncodingRegistry, cache_size: int = 50_000, *, block_cache_size: int = 10_000
+    ) -> None:
         if cache_size < 0:
             raise ValueError("cache_size must be >= 0")
+        if block_cache_size < 0:
+            raise ValueError("block_cache_size must be >= 0")
+        # Block entries hold their source text (~1-2 KB each), hence their own bound.
+        self._block_cache_size = min(cache_size, block_cache_size)
         self._registry = registry
         self._cache_size = cache_size
         # Keys: (encoding, exact, digest of role+content) for messages; short texts
         # are their own key (a str never equals a digest's bytes).
         self._cache: OrderedDict[tuple[str, bool, str | bytes], int] = OrderedDict()
+        # Exact counts of formatted memory blocks, keyed by what shapes the block
+        # (encoding, format, nonce, id, variant) and validated against the text
+        # it was computed from: an edited memory is recounted, never served stale.
+        self._blocks: OrderedDict[tuple[object, ...], tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -83,6 +93,30 @@ class MessageTokenCounter:
         if len(text) > _SHORT_TEXT_CHARS:
             key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         return self._lookup((encoding.name, encoding.exact, key), lambda: encoding.count(text))
+
+    def count_block(self, key: tuple[object, ...], source: object, compute: Callable[[], int]) -> int:
+        """A count cached under ``key`` for as long as it was computed from an equal ``source``.
+
+        The key names what the count depends on besides ``source`` (the
+        caller's encoding, format, nonce, memory id); comparing ``source`` (the
+        memory's content) is a memcmp, far cheaper than hashing it on every call.
+        """
+        if self._block_cache_size == 0:
+            return compute()
+        with self._lock:
+            cached = self._blocks.get(key)
+            if cached is not None and cached[0] == source:
+                self._blocks.move_to_end(key)
+                self.hits += 1
+                return cached[1]
+        count = compute()
+        with self._lock:
+            self.misses += 1
+            self._blocks[key] = (source, count)
+            self._blocks.move_to_end(key)
+            if len(self._blocks) > self._block_cache_size:
+                self._blocks.popitem(last=False)
+        return count
 
     def _cached_body(self, message: ChatMessage, encoding: Encoding) -> int:
         if self._cache_size == 0:

@@ -30,6 +30,7 @@ import importlib.metadata
 import importlib.util
 import math
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -84,6 +85,14 @@ OFFLINE_ENCODINGS: dict[str, _BpeFile] = {
 }
 # Counts unknown encodings when it loads; the closest general-purpose BPE.
 PROXY_ENCODING = "cl100k_base"
+# BPEs whose pre-tokenizer regex never lets a piece span a "\n" followed by a
+# character that is neither whitespace nor "/" (see ``Encoding.splits_after_newline``).
+_NEWLINE_SPLITTING_TOKENIZERS = frozenset({"cl100k_base", "o200k_base", "o200k_harmony"})
+# An ASCII letter or digit followed by a space: a piece boundary in those BPEs.
+_WORD_GAP = re.compile(r"[A-Za-z0-9](?= )")
+_ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# How far into the text to look for a word gap; past it, counting whole is as cheap.
+_GAP_SEARCH_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -113,9 +122,122 @@ class Encoding:
         return self._tokenizer.encode_ordinary(text)
 
     @property
+    def splits_after_newline(self) -> bool:
+        """True when count(a + b) == count(a) + count(b) whenever ``a`` ends with
+        "\\n" and ``b`` starts with a character that is not whitespace and not "/".
+
+        Why, for cl100k_base and o200k_base (their ``pat_str``): BPE merges only
+        inside the pieces the pre-tokenizer regex cuts, so the counts add up
+        when no piece spans the join. Letter and contraction alternatives
+        exclude "\\n" (their optional prefix is ``[^\\r\\n\\p{L}\\p{N}]``);
+        numbers are digits; the punctuation alternative takes "\\n" only in its
+        trailing ``[\\r\\n]*`` (o200k: ``[\\r\\n/]*``, hence the "/"); the rest
+        are whitespace only. So no piece contains "\\n" followed by such a
+        character, and the pieces left of the join are those of ``a`` alone:
+        the whitespace run ending in "\\n" is one piece either way (``\\s*[\\r\\n]``,
+        or ``\\s++$`` at the end of ``a``, cover the same span). Property-tested
+        in tests/tokens/test_encodings.py. False for the bytes/3 approximation
+        (its ceiling is not additive) and any other BPE.
+        """
+        return self._tokenizer is not None and self._tokenizer.name in _NEWLINE_SPLITTING_TOKENIZERS
+
+    def count_wrapped(self, prefix: str, text: str, text_tokens: int, suffix: str) -> int:
+        """``count(prefix + text + suffix)``, given ``text_tokens == count(text)``, exactly.
+
+        With a ``splits_after_newline`` BPE, an ASCII letter or digit followed
+        by a space is always a piece boundary: the piece holding the letter or
+        digit is a letter, contraction or number piece, none of which can
+        contain a space, and pieces never look behind. So with ``text`` cut at
+        its first and last such gap into head + middle + tail, the middle is
+        counted as in ``text`` alone and only ``prefix + head`` and
+        ``tail + suffix`` (a few words each) are tokenized: the middle's count
+        is ``text_tokens - count(head) - count(tail)``. Without a gap near
+        either end (or for other encodings) the whole string is counted.
+        """
+        if not self.splits_after_newline:
+            return self.count(prefix + text + suffix)
+        last = _last_word_gap(text)
+        if last < 0:
+            return self.count(prefix + text + suffix)
+        tail = text[last:]
+        tail_change = self.count(tail + suffix) - self.count(tail)
+        if not prefix:
+            return text_tokens + tail_change
+        first = _WORD_GAP.search(text, 0, _GAP_SEARCH_CHARS)
+        if first is None:
+            return self.count(prefix + text + suffix)
+        head = text[: first.end()]
+        if first.end() == last:  # one gap: head and tail are all of the text
+            return self.count(prefix + head) + self.count(tail + suffix)
+        return text_tokens + self.count(prefix + head) - self.count(head) + tail_change
+
+    def count_edited(
+        self, text: str, text_tokens: int, edit: Callable[[str], str], positions: Iterable[int]
+    ) -> int:
+        """``count(edit(text))``, given ``text_tokens == count(text)``, exactly.
+
+        ``edit`` must replace characters one by one (so it maps a cut text
+        piecewise) and only at ``positions``, none of which may hold an ASCII
+        letter, digit or space (escaping: ``& < >`` for xml, quotes,
+        backslashes and control characters for json). Then every letter/digit
+        + space gap of ``text`` (a piece boundary, see ``count_wrapped``)
+        survives the edit, and only the stretches between the gaps around each
+        edited character are tokenized, before and after the edit.
+        """
+        if not self.splits_after_newline:
+            return self.count(edit(text))
+        spans: list[list[int]] = []
+        for position in sorted(positions):
+            if spans and position < spans[-1][1]:
+                continue
+            start = _gap_before(text, position)
+            end = _gap_after(text, position)
+            if spans and start <= spans[-1][1]:
+                spans[-1][1] = end
+            else:
+                spans.append([start, end])
+        total = text_tokens
+        for start, end in spans:
+            stretch = text[start:end]
+            total += self.count(edit(stretch)) - self.count(stretch)
+        return total
+
+    @property
     def tokenizer_name(self) -> str:
         """The BPE that actually counts (differs from ``name`` for a proxy)."""
         return self._tokenizer.name if self._tokenizer is not None else "utf8-bytes/3"
+
+
+def _last_word_gap(text: str) -> int:
+    """Index of the space of the last ASCII letter/digit + space gap in the
+    text's last ``_GAP_SEARCH_CHARS`` characters; -1 when there is none."""
+    start = max(1, len(text) - _GAP_SEARCH_CHARS)
+    k = text.rfind(" ", start)
+    while k >= start:
+        if text[k - 1] in _ASCII_ALNUM:
+            return k
+        k = text.rfind(" ", start, k)
+    return -1
+
+
+def _gap_before(text: str, position: int) -> int:
+    """Index of the space of the last letter/digit + space gap at or before ``position``; 0 if none."""
+    k = text.rfind(" ", 0, position)
+    while k > 0:
+        if text[k - 1] in _ASCII_ALNUM:
+            return k
+        k = text.rfind(" ", 0, k)
+    return 0
+
+
+def _gap_after(text: str, position: int) -> int:
+    """Index of the space of the first letter/digit + space gap after ``position``; len if none."""
+    k = text.find(" ", position + 1)
+    while k > 0:
+        if text[k - 1] in _ASCII_ALNUM:
+            return k
+        k = text.find(" ", k + 1)
+    return len(text)
 
 
 def default_cache_dir() -> Path:
