@@ -83,6 +83,12 @@ async def test_no_leakage_under_concurrent_requests_from_many_tenants(
         )
 
     results = await asyncio.gather(*(call(t) for t in picks))
+    # On a saturated machine every concurrent call may run out of its deadline and carry
+    # nothing, which would prove nothing: then add sequential calls until some do.
+    for t in picks[:40]:
+        if sum(r.metadata.memories_injected + r.metadata.directive_injected for _, r in results):
+            break
+        results.append(await call(t))
 
     carried_content = 0
     for t, response in results:

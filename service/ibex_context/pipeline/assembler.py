@@ -23,12 +23,18 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.formatting import FormattedContext, format_context, memory_cost, section_overhead
-from ibex_context.pipeline.packing import pack
+from ibex_context.pipeline.formatting import (
+    FormattedContext,
+    count_injected,
+    format_context,
+    memory_cost,
+    section_overhead,
+)
+from ibex_context.pipeline.packing import pack_costed
 from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever
 from ibex_context.pipeline.scoring import score_candidates
@@ -173,12 +179,14 @@ class Assembler:
             hot_timeout=profile.deadlines.hot_ms / 1000,
             cold_timeout=profile.deadlines.cold_ms / 1000,
             skip_cold_reason="memory budget below 1000 tokens" if preliminary.is_constrained else "",
+            ends_at=report.started_ns / 1e9 + deadline - self._config.compute_reserve_seconds,
         )
         tasks.extend(self._retriever.start(plan, state))
-        elapsed = (time.perf_counter_ns() - report.started_ns) / 1e9
-        wait = deadline - elapsed - self._config.compute_reserve_seconds
+        wait = plan.ends_at - time.perf_counter()
         if wait > 0:
-            await asyncio.wait(tasks, timeout=wait)
+            # The sources time out by themselves at ends_at; the extra millisecond lets
+            # them record it before we read the state.
+            await asyncio.wait(tasks, timeout=wait + 0.001)
         self._cancel(tasks)
         _close_sources(state)
         for source, (start, end) in state.intervals.items():
@@ -200,15 +208,22 @@ class Assembler:
         report.memories_available = len(scored)
 
         t0 = time.perf_counter_ns()
-        base = format_context(
-            request.messages,
-            directive=directive,
-            memories=(),
-            fmt=profile.format,
-            mode=profile.injection_mode,
-            nonce=nonce,
-        )
-        directive_tokens = self._injection_tokens(base, encoding, call.messages_tokens)
+
+        def injection_tokens(memories: Sequence[ScoredMemory]) -> int:
+            # Exactly what format_context(...) adds to count_messages, summed from
+            # cached chunk counts (formatting.count_injected).
+            return count_injected(
+                request.messages,
+                directive=directive,
+                memories=memories,
+                fmt=profile.format,
+                mode=profile.injection_mode,
+                nonce=nonce,
+                encoding=encoding,
+                counter=self._counter,
+            )
+
+        directive_tokens = injection_tokens(())
         budget = compute_budget(
             budget.model,
             messages_tokens=call.messages_tokens,
@@ -218,10 +233,7 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
-        costed = [
-            replace(m, tokens=memory_cost(m, encoding, profile.format, nonce=nonce, counter=self._counter))
-            for m in scored
-        ]
+        costs = [memory_cost(m, encoding, profile.format, nonce=nonce, counter=self._counter) for m in scored]
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
         overhead = (
@@ -230,39 +242,39 @@ class Assembler:
                 profile.format,
                 nonce=nonce,
                 categories={m.memory.category for m in scored},
-                include_message_framing=not base.injected,
+                include_message_framing=not directive,
+                counter=self._counter,
             )
             if scored
             else 0
         )
-        packed = pack(costed, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories)
+        packed = pack_costed(
+            scored, costs, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories
+        )
         report.add_stage("pack", t0, time.perf_counter_ns())
 
         t0 = time.perf_counter_ns()
         selected = list(packed.selected)
-        formatted = base
         injected_tokens = directive_tokens
         was_truncated = packed.was_truncated
-        while True:
-            formatted = (
-                format_context(
-                    request.messages,
-                    directive=directive,
-                    memories=selected,
-                    fmt=profile.format,
-                    mode=profile.injection_mode,
-                    nonce=nonce,
-                )
-                if selected
-                else base
-            )
-            injected_tokens = self._injection_tokens(formatted, encoding, call.messages_tokens)
+        while selected:
+            injected_tokens = injection_tokens(selected)
             # The packer works on per-memory costs; the exact count of the whole
             # injected text is the one that must fit. Drop the weakest until it does.
-            if not selected or injected_tokens <= directive_tokens + budget.memory_budget:
+            if injected_tokens <= directive_tokens + budget.memory_budget:
                 break
             selected.pop()
             was_truncated = True
+        if not selected:
+            injected_tokens = directive_tokens
+        formatted = format_context(
+            request.messages,
+            directive=directive,
+            memories=selected,
+            fmt=profile.format,
+            mode=profile.injection_mode,
+            nonce=nonce,
+        )
         report.add_stage("format", t0, time.perf_counter_ns())
 
         memory_tokens = max(0, injected_tokens - directive_tokens) if selected else 0
@@ -389,10 +401,14 @@ class Assembler:
 
     def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:
-            if not task.done():
+            if task.done():
+                continue
+            # Never cancel twice: a task already being cancelled (its own timeout) is
+            # cleaning up, and store clients do not survive a cancel during clean-up.
+            if task.cancelling() == 0:
                 task.cancel()
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
 
 @dataclass(slots=True)

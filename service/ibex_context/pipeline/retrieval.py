@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
@@ -39,6 +39,13 @@ class RetrievalPlan:
     cold_timeout: float
     # Set when the budget is too small for cold memories to matter.
     skip_cold_reason: str = ""
+    # perf_counter() time by which every source must have answered: the call's own
+    # deadline caps each source's timeout, so sources stop themselves (one
+    # cancellation each) exactly when the assembler stops waiting for them.
+    ends_at: float = float("inf")
+
+    def timeout(self, own: float) -> float:
+        return min(own, self.ends_at - time.perf_counter())
 
 
 @dataclass(slots=True)
@@ -105,7 +112,7 @@ class Retriever:
         directive = await _run_source(
             state,
             "directive",
-            plan.directive_timeout,
+            plan.timeout(plan.directive_timeout),
             lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
             count=lambda d: 1 if d is not None else 0,
         )
@@ -120,8 +127,12 @@ class Retriever:
         hot = await _run_source(
             state,
             "hot",
-            plan.hot_timeout,
-            lambda: self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit),
+            plan.timeout(plan.hot_timeout),
+            # Shielded: redis-py's connection release is not cancellation-safe (a cancel
+            # landing while it waits for the pool lock or reconnects loses the connection
+            # and, call after call, empties the pool). A hot-set read is one round trip
+            # of microseconds; letting it finish costs nothing.
+            lambda: _shielded(self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit)),
             count=len,
         )
         if not isinstance(hot, _Failed):
@@ -133,11 +144,11 @@ class Retriever:
             _skip(state, "cold", "no user message to search with")
             return
         # The cold timeout covers embedding and search together.
-        deadline = time.perf_counter() + plan.cold_timeout
+        deadline = min(time.perf_counter() + plan.cold_timeout, plan.ends_at)
         vectors = await _run_source(
             state,
             "embed",
-            plan.cold_timeout,
+            deadline - time.perf_counter(),
             lambda: self._embedder.embed([plan.query]),
             count=len,
         )
@@ -205,6 +216,19 @@ async def _run_source(
     state.intervals[source] = (start, end)
     state.sources[source] = SourceResult(source, status, (end - start) // 1000, n, detail)
     return result
+
+
+def _shielded(call: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """``asyncio.shield`` whose inner task's late failure is consumed, not logged as
+    'exception was never retrieved' (the caller already recorded its timeout)."""
+    task = asyncio.ensure_future(call)
+    task.add_done_callback(_consume_outcome)
+    return asyncio.shield(task)
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _skip(state: RetrievalState, source: str, why: str) -> None:
