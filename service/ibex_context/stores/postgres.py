@@ -64,8 +64,10 @@ _MEMORY_COLUMNS = (
 _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 AND u.memory_id = m.id"
 
 # The nearest rows are chosen first (a subquery with its own LIMIT, planned exactly as
-# the search alone: HNSW or tenant index + top-N sort), then only those K rows are
-# joined to their counters.
+# the search alone: HNSW or tenant index + top-N sort), then each of those K rows looks
+# up its counters by primary key. The lateral LIMIT 1 (memory_id is unique) keeps the
+# planner from flattening it into a join it could plan as a hash join over the
+# agent's whole usage table (a generic plan did, for the 100k-memory agent: 22 ms).
 _SEARCH_SQL = f"""
     SELECT {_MEMORY_COLUMNS}, m.distance
     FROM (
@@ -76,7 +78,11 @@ _SEARCH_SQL = f"""
         ORDER BY embedding <=> $3
         LIMIT $4
     ) AS m
-    {_USAGE_JOIN}
+    LEFT JOIN LATERAL (
+        SELECT retrieval_count, last_injected_at FROM memory_usage
+        WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
+        LIMIT 1
+    ) AS u ON true
 """
 
 
