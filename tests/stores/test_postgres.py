@@ -13,7 +13,7 @@ import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
 
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, at_similarity, near, unit_vector
@@ -441,3 +441,14 @@ async def test_vectors_are_stored_inline(postgres_dsn: str) -> None:
     finally:
         await conn.close()
     assert storage == "p"  # PLAIN: never TOASTed, so the exact scan reads no TOAST pages
+
+
+def test_token_counts_are_parsed_once_per_distinct_text_into_fresh_dicts() -> None:
+    decode = TokenCountsDecoder(limit=2)
+    first, second = decode('{"o200k_base": 7}'), decode('{"o200k_base": 7}')
+    assert first == second == {"o200k_base": 7}
+    first["o200k_base"] = 0  # a caller mutating its dict does not change what others get
+    assert decode('{"o200k_base": 7}') == {"o200k_base": 7}
+    # Past its limit the memo starts over instead of growing.
+    assert decode('{"a": 1}') == {"a": 1} and decode('{"b": 2}') == {"b": 2}
+    assert decode('{"o200k_base": 7}') == {"o200k_base": 7}

@@ -2,8 +2,9 @@
 
 Every statement is scoped by ``org_id`` AND ``agent_id``. Connections come from an
 asyncpg pool whose connections are set up once (``init``): a binary codec for
-``vector`` that decodes straight to numpy, a JSON codec for ``jsonb``, and session
-settings:
+``vector`` that decodes straight to numpy, a JSON codec for ``jsonb`` (memory reads
+select ``token_counts`` as text and parse it through ``TokenCountsDecoder``), and
+session settings:
 
 * ``hnsw.ef_search`` = max(settings.hnsw_ef_search, settings.cold_limit): HNSW
   returns at most ef_search rows, so a smaller value silently truncates the top K.
@@ -13,7 +14,10 @@ settings:
   back slightly out of order; they are re-sorted by distance here.
 * ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
   switch to a generic plan after five runs, fixing one plan (HNSW vs. the tenant
-  index plus an exact sort) for every tenant regardless of its size.
+  index plus an exact sort) for every tenant regardless of its size. Replanning
+  costs ~0.3-0.5 ms of backend CPU per search (measured, benchmarks/results/
+  stores-after.md); a generic plan that picks the exact path for a 100k-memory
+  tenant costs far more, so the custom plan stays.
 * ``statement_timeout``: a server-side backstop. The request deadline is enforced
   by cancelling the awaiting task, which makes asyncpg send a cancel request, so
   the query stops on the server too (tested).
@@ -264,6 +268,9 @@ async def create_pool(
 
 class PostgresMemoryStore:
     """Memories, directives, feedback and injection counters in PostgreSQL.
+
+    Injection counters live in ``memory_usage`` (migration 0003), LEFT JOINed by every
+    memory read; recording injections never rewrites a ``memories`` row.
 
     Implements ``ColdMemorySearch``, ``MemoryWriter``, ``InjectionRecorder`` and
     ``HealthProbe``. ``ef_search`` must equal the pool's session setting (see
