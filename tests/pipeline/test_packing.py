@@ -116,10 +116,23 @@ def test_all_fitting_needs_no_truncation() -> None:
 def test_falls_back_to_greedy_above_the_cell_ceiling() -> None:
     rng = random.Random(3)
     candidates = [item(f"m{i:03d}", rng.randint(10, 300), rng.random()) for i in range(200)]
-    result = pack(candidates, 4000, max_items=20, cell_ceiling=1000)
+    # A budget the 20 best do not fit in (when they do, that is the optimum and
+    # no DP runs, see the next test).
+    assert sum(c.tokens for c in sorted(candidates, key=lambda c: -c.score)[:20]) > 1500
+    result = pack(candidates, 1500, max_items=20, cell_ceiling=1000)
     assert result.method == "greedy"
-    assert result.total_tokens <= 4000 and len(result.selected) <= 20
-    assert pack(candidates, 4000, max_items=20).method == "dp"
+    assert result.total_tokens <= 1500 and len(result.selected) <= 20
+    assert pack(candidates, 1500, max_items=20).method == "dp"
+
+
+def test_when_the_best_max_items_fit_together_they_are_the_packing() -> None:
+    rng = random.Random(4)
+    candidates = [item(f"m{i:03d}", rng.randint(10, 300), rng.random()) for i in range(200)]
+    best = sorted(candidates, key=lambda c: (-c.score, c.memory.id))[:20]
+    budget = sum(c.tokens for c in best)
+    result = pack(candidates, budget, max_items=20)
+    assert [c.memory.id for c in result.selected] == [c.memory.id for c in best]
+    assert result.total_tokens == budget and result.was_truncated
 
 
 def test_bucketed_dp_never_overflows_with_coarse_buckets() -> None:

@@ -328,6 +328,10 @@ def _choose(
 
     # From here positions index into ``fitting`` (the candidates that fit at all).
     greedy = _greedy(tokens, budget_tokens, max_items, None)
+    if len(greedy) == max_items and greedy[-1] == max_items - 1 and scores[max_items - 1] >= 0:
+        # The max_items best scores fit together: no packing of at most
+        # max_items can score more (the common case when the count binds).
+        return [fitting[j] for j in greedy], "dp"
     greedy_score = math.fsum(scores[j] for j in greedy)
     reduced = _bound_reduction(tokens, scores, budget_tokens, max_items, greedy_score)
     dp_items = [reduced[j] for j in _undominated([tokens[j] for j in reduced], max_items)]
