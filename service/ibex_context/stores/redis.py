@@ -110,15 +110,15 @@ local cap = tonumber(ARGV[3])
 local patched = 0
 for i = 4, #ARGV, 3 do
   local blob = redis.call('HGET', KEYS[2], ARGV[i])
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if blob and score and string.byte(blob, 1) == 2 then
+  if blob and string.byte(blob, 1) == 2 then
     local _, old_count, old_last = struct.unpack('<BI4d', blob)
     local count = tonumber(ARGV[i + 1])
     local last = tonumber(ARGV[i + 2])
     if old_last == old_last and old_last > last then last = old_last end
     local delta = weight * (math.min(count / cap, 1) - math.min(old_count / cap, 1))
     redis.call('HSET', KEYS[2], ARGV[i], struct.pack('<BI4d', 2, count, last) .. string.sub(blob, 14))
-    if delta ~= 0 then redis.call('ZINCRBY', KEYS[1], delta, ARGV[i]) end
+    -- XX: data and member are written and trimmed together; never add a member here.
+    if delta ~= 0 then redis.call('ZADD', KEYS[1], 'XX', 'INCR', delta, ARGV[i]) end
     patched = patched + 1
   end
 end
