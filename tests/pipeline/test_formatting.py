@@ -375,3 +375,17 @@ def test_nothing_to_inject_counts_zero(registry: EncodingRegistry) -> None:
         )
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    ("content", "fence"),
+    [("no ticks", "```"), ("`a` ``b``", "```"), ("x ```` y ``", "`````"), ("ends with ``````", "```````")],
+)
+def test_markdown_fence_is_one_longer_than_the_longest_backtick_run(content: str, fence: str) -> None:
+    out = render_injection(directive=None, memories=[scored("m1", content)], fmt="markdown", nonce=NONCE)
+    assert f'{fence}memory id="m1" nonce={NONCE}\n{content}\n{fence}' in out
+
+
+def test_markdown_ids_are_json_quoted_with_backticks_escaped() -> None:
+    out = render_injection(directive=None, memories=[scored('a`b"c', "x")], fmt="markdown", nonce=NONCE)
+    assert 'memory id="a\\u0060b\\"c" nonce=' in out

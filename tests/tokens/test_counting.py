@@ -69,3 +69,33 @@ def test_cache_size_zero_disables_caching(registry: EncodingRegistry) -> None:
 def test_count_text_is_the_plain_token_count(registry: EncodingRegistry) -> None:
     counter = MessageTokenCounter(registry)
     assert counter.count_text("Hello world", registry.get("o200k_base")) == 2
+
+
+def test_a_block_count_is_reused_only_while_its_source_is_unchanged(registry: EncodingRegistry) -> None:
+    counter = MessageTokenCounter(registry, cache_size=100)
+    computed: list[str] = []
+
+    def count(text: str) -> int:
+        computed.append(text)
+        return len(text)
+
+    key = ("o200k_base", True, "xml", "memory-1")
+    assert counter.count_block(key, "first content", lambda: count("first content")) == 13
+    assert counter.count_block(key, "first content", lambda: count("first content")) == 13
+    # The memory was edited: same key, other source, counted again (never served stale).
+    assert counter.count_block(key, "edited", lambda: count("edited")) == 6
+    assert computed == ["first content", "edited"]
+
+
+def test_the_block_cache_is_bounded(registry: EncodingRegistry) -> None:
+    counter = MessageTokenCounter(registry, cache_size=100, block_cache_size=2)
+    calls = 0
+
+    def compute() -> int:
+        nonlocal calls
+        calls += 1
+        return 1
+
+    for key in ("a", "b", "c", "a"):
+        counter.count_block((key,), "source", compute)
+    assert calls == 4  # "a" was evicted by "c"

@@ -68,7 +68,8 @@ _NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 # assembler's HMAC nonce is 16 hex characters); a character is at most one
 # token, plus one for the quote it may split from its neighbour.
 NONCE_LENGTH_ALLOWANCE = 16
-_BACKTICK_RUN = re.compile(r"`+")
+# Ids JSON writes as they are (no escapes), so the quoting needs no json.dumps.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]*")
 
 # How a memory block ends in the text (``_layout``): as rendered, followed by a
 # section separator (the section's trailing newline is stripped, then "\n\n"
@@ -112,20 +113,30 @@ def _json_text(text: str) -> str:
     return _json(text)[1:-1]
 
 
-# The characters json.dumps (ensure_ascii=False) escapes in a string.
-_JSON_ESCAPED_CHARACTERS = frozenset('"\\' + "".join(map(chr, range(0x20))))
+# Characters json.dumps (ensure_ascii=False) escapes with one added backslash; it
+# also escapes other control characters, each as six characters (\\u00XX).
+_JSON_SHORT_ESCAPES = '"\\\n\t\r\b\f'
 
 
 def _fence_for(content: str) -> str:
-    if "`" not in content:  # a memchr; the regex scan below is ~50x slower
-        return "```"
-    longest = max((len(run) for run in _BACKTICK_RUN.findall(content)), default=0)
+    # str.find hops between backticks (a memchr); a regex scan of the whole
+    # content costs ~50x more.
+    longest = 0
+    at = content.find("`")
+    while at >= 0:
+        end = at + 1
+        while end < len(content) and content[end] == "`":
+            end += 1
+        longest = max(longest, end - at)
+        at = content.find("`", end)
     return "`" * max(3, longest + 1)
 
 
 def _md_attribute(value: str) -> str:
     # Info strings of backtick fences may not contain backticks; JSON-quote the
     # value (no newlines) and escape backticks as \u0060.
+    if _PLAIN_ID.fullmatch(value):
+        return f'"{value}"'
     return _json(value).replace("`", "\\u0060")
 
 
@@ -322,7 +333,10 @@ def _stored_escaped_count(record: MemoryRecord, encoding: Encoding, fmt: Format,
         return stored
     # Escaping replaced a few characters: recount only the words around them.
     if fmt == "json":
-        positions = [i for i, c in enumerate(record.content) if c in _JSON_ESCAPED_CHARACTERS]
+        positions = _escaped_positions(record.content, _JSON_SHORT_ESCAPES)
+        if len(escaped) - len(record.content) != len(positions):
+            # Another control character (escaped as \\u00XX): rare; count it all.
+            return encoding.count(escaped)
         return encoding.count_edited(record.content, stored, _json_text, positions)
     positions = _escaped_positions(record.content, "&<>")
     return encoding.count_edited(record.content, stored, _xml_text, positions)
