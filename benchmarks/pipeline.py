@@ -16,12 +16,14 @@ Candidates look like what the stores return: English-like contents of 50-400
 tokens with some punctuation, markup-ish characters, numbers and code, and
 ``token_counts`` for o200k_base and cl100k_base counted at write time.
 
-Two cache states, since the counter's LRU is part of the cost:
+Three cache states, since the counter's caches are part of the cost:
 
-* ``first call``: a fresh ``MessageTokenCounter`` every call (a new session
-  or a restarted pod: nothing about these memories is cached);
-* ``next turn``: the same counter across calls (the session's next turn:
-  same nonce, mostly the same hot and cold memories).
+* ``first call``: a fresh ``MessageTokenCounter`` every call (a restarted pod:
+  nothing about these memories is cached);
+* ``new session``: the same counter, another nonce every call (a new session
+  of an agent whose memories this pod has costed before);
+* ``next turn``: the same counter and nonce (the session's next turn, mostly
+  the same hot and cold memories).
 
 CPU time per stage is ``time.thread_time_ns``; p50 and p99 over ``--calls``.
 """
@@ -157,11 +159,15 @@ StageTimes = dict[str, int]
 
 
 def compose(
-    w: Workload, profile: Profile, model_name: str, registry: EncodingRegistry, counter: MessageTokenCounter
+    w: Workload,
+    profile: Profile,
+    model_name: str,
+    registry: EncodingRegistry,
+    counter: MessageTokenCounter,
+    nonce: str = "0123456789abcdef",
 ) -> tuple[StageTimes, int, int]:
     """``Assembler._compose`` after retrieval, with per-stage CPU time."""
     fmt: Format = profile.format
-    nonce = "0123456789abcdef"
     model = resolve_model(model_name, profile.models)
     encoding = registry.get(model.encoding)
     messages_tokens = counter.count_messages(w.messages, encoding)
@@ -238,7 +244,7 @@ def run(
     calls: int,
     fmt: Format,
     model_name: str,
-    warm: bool,
+    caches: str,
     registry: EncodingRegistry,
     workloads: list[Workload],
 ) -> tuple[dict[str, list[int]], list[int], list[int]]:
@@ -247,10 +253,13 @@ def run(
     kept: list[int] = []
     injected: list[int] = []
     shared = MessageTokenCounter(registry)
-    for i in range(calls):
+    warm = caches != "first call"
+    for i in range(calls + (len(workloads) if warm else 0)):
         counter = shared if warm else MessageTokenCounter(registry)
         w = workloads[i % len(workloads)]
-        times, n, tokens = compose(w, profile, model_name, registry, counter)
+        # A new session has its own nonce (the HMAC covers the session id).
+        nonce = f"{i:016x}" if caches == "new session" else "0123456789abcdef"
+        times, n, tokens = compose(w, profile, model_name, registry, counter, nonce)
         if warm and i < len(workloads):
             continue  # the first pass fills the cache
         for k, v in times.items():
@@ -284,15 +293,15 @@ def main(argv: list[str]) -> int:
     cases: list[tuple[str, Format]] = [("gpt-4o", f) for f in args.formats.split(",")]  # type: ignore[misc]
     cases.append(("gpt-4", "xml"))
     for model_name, fmt in cases:
-        for warm in (False, True):
-            samples, kept, injected = run(args.calls, fmt, model_name, warm, registry, workloads)
+        for caches in ("first call", "new session", "next turn"):
+            samples, kept, injected = run(args.calls, fmt, model_name, caches, registry, workloads)
             cells = [
                 f"{pct(samples[k], 0.5):.0f} / {pct(samples[k], 0.99):.0f}"
                 for k in ("score", "pack", "format")
             ]
             total = f"**{pct(samples['total'], 0.5):.0f} / {pct(samples['total'], 0.99):.0f}**"
             lines.append(
-                f"| {model_name} | {fmt} | {'next turn' if warm else 'first call'} | "
+                f"| {model_name} | {fmt} | {caches} | "
                 + " | ".join(cells)
                 + f" | {total} | {statistics.median(kept):.0f} | {statistics.median(injected):.0f} |"
             )
