@@ -90,6 +90,24 @@ _SEARCH_SQL = f"""
 """
 
 
+# Ranks the agent's memories on narrow rows (id + score), then reads content and
+# vector for the winners only: sorting full rows copied every 1.5 kB vector into the
+# top-N sort (100k-memory agent: 236 -> 154 ms of backend CPU per rebuild).
+_HOT_SET_SQL = f"""
+    SELECT {_MEMORY_COLUMNS}, m.embedding
+    FROM (
+        SELECT m.id, {hot_set_order_sql("$3::float8")} AS score
+        FROM memories AS m {_USAGE_JOIN}
+        WHERE m.org_id = $1 AND m.agent_id = $2
+        ORDER BY score DESC, m.id
+        LIMIT $4
+    ) AS top
+    JOIN memories AS m ON m.org_id = $1 AND m.agent_id = $2 AND m.id = top.id
+    {_USAGE_JOIN}
+    ORDER BY top.score DESC, m.id
+"""
+
+
 class _VectorParam:
     """Wraps a vector inside a ``vector[]`` parameter: asyncpg would iterate a bare
     numpy array as a nested array dimension."""
@@ -371,9 +389,7 @@ class PostgresMemoryStore:
         if limit <= 0:
             return []
         rows = await self._pool.fetch(
-            f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories AS m {_USAGE_JOIN}"
-            " WHERE m.org_id = $1 AND m.agent_id = $2"
-            f" ORDER BY {hot_set_order_sql('$3::float8')} DESC, m.id LIMIT $4",
+            _HOT_SET_SQL,
             as_uuid(org_id, "org_id"),
             as_uuid(agent_id, "agent_id"),
             time.time(),
