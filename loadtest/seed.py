@@ -393,6 +393,16 @@ async def seed(
             records=directives,
             columns=("org_id", "agent_id", "content", "version", "token_counts"),
         )
+        # Usage counters live in memory_usage (migration 0003): copy the seeded ones there.
+        await conn.execute(
+            """
+            INSERT INTO memory_usage (org_id, agent_id, memory_id, retrieval_count, last_retrieved_at,
+                                      last_injected_at)
+            SELECT org_id, agent_id, id, retrieval_count, last_retrieved_at, last_injected_at
+            FROM memories WHERE retrieval_count > 0
+            ON CONFLICT (org_id, agent_id, memory_id) DO NOTHING
+            """
+        )
         report.generate_copy_seconds = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -401,6 +411,7 @@ async def seed(
         report.index_seconds = time.perf_counter() - t1
         t2 = time.perf_counter()
         await conn.execute("ANALYZE memories")
+        await conn.execute("ANALYZE memory_usage")
         await conn.execute("ANALYZE directives")
         report.analyze_seconds = time.perf_counter() - t2
         report.heap_mb = (await conn.fetchval("SELECT pg_table_size('memories')")) / 1e6
