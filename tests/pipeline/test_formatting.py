@@ -192,13 +192,16 @@ def test_memory_cost_uses_the_stored_count_when_content_is_unchanged(registry: E
     encoding = registry.get("o200k_base")
     plain = scored("m", "plain words here", token_counts={"o200k_base": 1000})
     assert memory_cost(plain, encoding, "xml", nonce=NONCE) > 1000
-    # After escaping, the stored count is adjusted by what escaping changed (the
-    # words around "<" are recounted), not replaced by a recount of everything.
-    true_count = encoding.count("a < b")
-    escaped = scored("m", "a < b", token_counts={"o200k_base": true_count})
-    inflated = scored("m", "a < b", token_counts={"o200k_base": true_count + 1000})
+    # After escaping a few characters of a long text, the stored count is adjusted
+    # by what escaping changed (the words around "<" are recounted), not
+    # replaced by a recount of everything.
+    content = "plain words " * 20 + "then a < b here"
+    true_count = encoding.count(content)
+    escaped = scored("m", content, token_counts={"o200k_base": true_count})
+    inflated = scored("m", content, token_counts={"o200k_base": true_count + 1000})
     exact = memory_cost(escaped, encoding, "xml", nonce=NONCE)
-    assert exact == encoding.count(f'<memory id="m" nonce="{NONCE}">\na &lt; b\n</memory>\n')
+    escaped_content = content.replace("<", "&lt;")
+    assert exact == encoding.count(f'<memory id="m" nonce="{NONCE}">\n{escaped_content}\n</memory>\n')
     assert memory_cost(inflated, encoding, "xml", nonce=NONCE) == exact + 1000
 
 
@@ -322,9 +325,13 @@ def test_count_injected_is_exact_for_realistic_memories_with_stored_counts(
     words = "deploy the canary at 5 % for an hour, then promote; never on Fridays! (see runbook)".split()  # noqa: SIM905
     memories = []
     for i in range(20):
-        content = " ".join(rng.choice(words) for _ in range(rng.randint(20, 200))) + rng.choice(
-            [".", "!", "", "\n"]
-        )
+        # Sparse escapes (&, <, quotes, newlines) take the stored-count-plus-edits path.
+        extras = ["x<y", "a & b", '"q"', "line\nbreak", "back\\slash"]
+        chosen = [
+            rng.choice(words) if rng.random() < 0.97 else rng.choice(extras)
+            for _ in range(rng.randint(20, 200))
+        ]
+        content = " ".join(chosen) + rng.choice([".", "!", "", "\n"])
         counts = {"o200k_base": encoding.count(content)}
         memories.append(scored(f"m{i}", content, rng.choice(["factual", "procedural"]), token_counts=counts))
     formatted = format_context(

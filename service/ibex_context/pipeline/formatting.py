@@ -46,6 +46,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from json.encoder import encode_basestring
 from typing import Final, TypeAlias
 
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory
@@ -109,12 +110,17 @@ def _json(value: object) -> str:
 
 
 def _json_text(text: str) -> str:
-    """A string's JSON form without its quotes (what a json line carries)."""
-    return _json(text)[1:-1]
+    """A string's JSON form without its quotes (what a json line carries): what
+    ``json.dumps(text, ensure_ascii=False)`` returns for a str, without its
+    per-call encoder set-up (this runs for every stretch ``count_edited`` recounts)."""
+    return encode_basestring(text)[1:-1]
 
 
 # Characters json.dumps (ensure_ascii=False) escapes with one added backslash; it
 # also escapes other control characters, each as six characters (\\u00XX).
+# Recounting the stretch around one edit costs about as much as counting this
+# many characters of the whole text (two short tokenizer calls against one long one).
+_CHARS_PER_EDIT_WORTH_RECOUNTING = 150
 _JSON_SHORT_ESCAPES = '"\\\n\t\r\b\f'
 
 
@@ -334,12 +340,18 @@ def _stored_escaped_count(record: MemoryRecord, encoding: Encoding, fmt: Format,
     # Escaping replaced a few characters: recount only the words around them.
     if fmt == "json":
         positions = _escaped_positions(record.content, _JSON_SHORT_ESCAPES)
-        if len(escaped) - len(record.content) != len(positions):
-            # Another control character (escaped as \\u00XX): rare; count it all.
-            return encoding.count(escaped)
-        return encoding.count_edited(record.content, stored, _json_text, positions)
-    positions = _escaped_positions(record.content, "&<>")
-    return encoding.count_edited(record.content, stored, _xml_text, positions)
+        # Another control character (escaped as \\u00XX) is rare: count it all.
+        exotic = len(escaped) - len(record.content) != len(positions)
+        edit = _json_text
+    else:
+        positions = _escaped_positions(record.content, "&<>")
+        exotic = False
+        edit = _xml_text
+    if exotic or len(positions) * _CHARS_PER_EDIT_WORTH_RECOUNTING > len(record.content):
+        # Dense edits (a multi-line memory in json: every newline): one count of
+        # the whole is cheaper than two per edited stretch.
+        return encoding.count(escaped)
+    return encoding.count_edited(record.content, stored, edit, positions)
 
 
 def _count_block(record: MemoryRecord, encoding: Encoding, fmt: Format, nonce: str, variant: int) -> int:
