@@ -61,6 +61,9 @@ DP_CELL_CEILING = 100_000
 # (within 1 % of the optimum on average in benchmarks/results/packing.md).
 DP_BOUNDED_CELL_CEILING = 30_000
 MAX_CONSECUTIVE_SKIPS = 3
+# The bound reduction (~25 numpy calls) pays for itself only when it lets the DP
+# run on many fewer items; up to this many undominated items the DP runs on them all.
+BOUND_REDUCTION_ABOVE = 64
 
 _Floats = npt.NDArray[np.float64]
 Method = Literal["dp", "greedy", "empty"]
@@ -333,8 +336,16 @@ def _choose(
         # max_items can score more (the common case when the count binds).
         return [fitting[j] for j in greedy], "dp"
     greedy_score = math.fsum(scores[j] for j in greedy)
-    reduced = _bound_reduction(tokens, scores, budget_tokens, max_items, greedy_score)
-    dp_items = [reduced[j] for j in _undominated([tokens[j] for j in reduced], max_items)]
+    dp_items = _undominated(tokens, max_items)
+    if len(dp_items) > BOUND_REDUCTION_ABOVE:
+        kept = _bound_reduction(
+            [tokens[j] for j in dp_items],
+            [scores[j] for j in dp_items],
+            budget_tokens,
+            max_items,
+            greedy_score,
+        )
+        dp_items = [dp_items[k] for k in kept]
     n = len(dp_items)
     if n == 0:
         return [fitting[j] for j in greedy], "greedy"
