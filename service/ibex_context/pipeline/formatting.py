@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from json.encoder import encode_basestring
@@ -354,14 +354,30 @@ def _stored_escaped_count(record: MemoryRecord, encoding: Encoding, fmt: Format,
     return encoding.count_edited(record.content, stored, edit, positions)
 
 
-def _count_block(record: MemoryRecord, encoding: Encoding, fmt: Format, nonce: str, variant: int) -> int:
+def _escaped_tokens(record: MemoryRecord, encoding: Encoding, fmt: Format) -> int:
+    """Exact tokens of the escaped content alone; it depends on no nonce."""
+    escaped = _memory_parts(record, fmt, "")[1]
+    stored = _stored_escaped_count(record, encoding, fmt, escaped)
+    return encoding.count(escaped) if stored is None else stored
+
+
+def _count_block(
+    record: MemoryRecord,
+    encoding: Encoding,
+    fmt: Format,
+    nonce: str,
+    variant: int,
+    escaped_tokens: Callable[[], int] | None = None,
+) -> int:
     """Exact tokens of one memory block as it appears in the text."""
     opening, escaped, closing = _memory_parts(record, fmt, nonce)
     closing = _block_end(closing, variant)
-    stored = _stored_escaped_count(record, encoding, fmt, escaped) if encoding.splits_after_newline else None
-    if stored is None:
+    if not encoding.splits_after_newline:
         return encoding.count(opening + escaped + closing)
-    return encoding.count_wrapped(opening, escaped, stored, closing)
+    content_tokens = (
+        escaped_tokens() if escaped_tokens is not None else _escaped_tokens(record, encoding, fmt)
+    )
+    return encoding.count_wrapped(opening, escaped, content_tokens, closing)
 
 
 def _count_body(record: MemoryRecord, encoding: Encoding, fmt: Format, variant: int) -> int:
@@ -400,12 +416,20 @@ def _memory_tokens(
         return counter.count_text_cached(opening, encoding) + body
     if counter is None:
         return _count_block(record, encoding, fmt, nonce, variant)
+    # The escaped content's count depends on no nonce: cached apart, a new
+    # session re-tokenizes only the few words at the block's two joins.
+    content_tokens = partial(
+        counter.count_block,
+        (encoding.name, encoding.exact, fmt, record.id, "content"),
+        source,
+        partial(_escaped_tokens, record, encoding, fmt),
+    )
     # The block depends on the id and nonce (key) and on content, category and
     # the stored count (the source the cached count is checked against).
     return counter.count_block(
         (encoding.name, encoding.exact, fmt, nonce, record.id, variant),
         source,
-        partial(_count_block, record, encoding, fmt, nonce, variant),
+        partial(_count_block, record, encoding, fmt, nonce, variant, content_tokens),
     )
 
 
