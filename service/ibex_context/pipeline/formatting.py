@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from json.encoder import encode_basestring
@@ -361,23 +361,13 @@ def _escaped_tokens(record: MemoryRecord, encoding: Encoding, fmt: Format) -> in
     return encoding.count(escaped) if stored is None else stored
 
 
-def _count_block(
-    record: MemoryRecord,
-    encoding: Encoding,
-    fmt: Format,
-    nonce: str,
-    variant: int,
-    escaped_tokens: Callable[[], int] | None = None,
-) -> int:
+def _count_block(record: MemoryRecord, encoding: Encoding, fmt: Format, nonce: str, variant: int) -> int:
     """Exact tokens of one memory block as it appears in the text."""
     opening, escaped, closing = _memory_parts(record, fmt, nonce)
     closing = _block_end(closing, variant)
     if not encoding.splits_after_newline:
         return encoding.count(opening + escaped + closing)
-    content_tokens = (
-        escaped_tokens() if escaped_tokens is not None else _escaped_tokens(record, encoding, fmt)
-    )
-    return encoding.count_wrapped(opening, escaped, content_tokens, closing)
+    return encoding.count_wrapped(opening, escaped, _escaped_tokens(record, encoding, fmt), closing)
 
 
 def _count_body(record: MemoryRecord, encoding: Encoding, fmt: Format, variant: int) -> int:
@@ -416,20 +406,31 @@ def _memory_tokens(
         return counter.count_text_cached(opening, encoding) + body
     if counter is None:
         return _count_block(record, encoding, fmt, nonce, variant)
-    # The escaped content's count depends on no nonce: cached apart, a new
-    # session re-tokenizes only the few words at the block's two joins.
-    content_tokens = partial(
-        counter.count_block,
-        (encoding.name, encoding.exact, fmt, record.id, "content"),
-        source,
-        partial(_escaped_tokens, record, encoding, fmt),
-    )
+    opening, escaped, closing = _memory_parts(record, fmt, nonce)
+    gaps = encoding.word_gaps(escaped)
+    if gaps is not None:
+        # opening + head | middle | tail + closing (word gaps: pieces never span
+        # them). Only the first part depends on the nonce; a new session
+        # tokenizes just it (the id line and the content's first word or two).
+        head, tail = escaped[: gaps[0]], escaped[gaps[1] :]
+        middle = counter.count_block(
+            (encoding.name, encoding.exact, fmt, record.id, "middle"),
+            source,
+            lambda: _escaped_tokens(record, encoding, fmt) - encoding.count(head) - encoding.count(tail),
+        )
+        end = _block_end(closing, variant)
+        tail_tokens = counter.count_block(
+            (encoding.name, encoding.exact, fmt, record.id, "tail", variant),
+            source,
+            lambda: encoding.count(tail + end),
+        )
+        return counter.count_text_cached(opening + head, encoding) + middle + tail_tokens
     # The block depends on the id and nonce (key) and on content, category and
     # the stored count (the source the cached count is checked against).
     return counter.count_block(
         (encoding.name, encoding.exact, fmt, nonce, record.id, variant),
         source,
-        partial(_count_block, record, encoding, fmt, nonce, variant, content_tokens),
+        partial(_count_block, record, encoding, fmt, nonce, variant),
     )
 
 

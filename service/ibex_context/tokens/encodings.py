@@ -154,22 +154,30 @@ class Encoding:
         is ``text_tokens - count(head) - count(tail)``. Without a gap near
         either end (or for other encodings) the whole string is counted.
         """
-        if not self.splits_after_newline:
+        gaps = self.word_gaps(text)
+        if gaps is None:
             return self.count(prefix + text + suffix)
-        last = _last_word_gap(text)
-        if last < 0:
-            return self.count(prefix + text + suffix)
-        tail = text[last:]
+        head_end, tail_start = gaps
+        head, tail = text[:head_end], text[tail_start:]
         tail_change = self.count(tail + suffix) - self.count(tail)
         if not prefix:
             return text_tokens + tail_change
+        return text_tokens + self.count(prefix + head) - self.count(head) + tail_change
+
+    def word_gaps(self, text: str) -> tuple[int, int] | None:
+        """(end of the head, start of the tail) for ``count_wrapped``: the first and
+        last letter/digit + space gaps near the ends of ``text``, or None (no gap
+        there, or an encoding without these boundaries). ``text[:head_end]`` and
+        ``text[tail_start:]`` count apart from the rest; they may be all of it."""
+        if not self.splits_after_newline:
+            return None
+        last = _last_word_gap(text)
+        if last < 0:
+            return None
         first = _WORD_GAP.search(text, 0, _GAP_SEARCH_CHARS)
         if first is None:
-            return self.count(prefix + text + suffix)
-        head = text[: first.end()]
-        if first.end() == last:  # one gap: head and tail are all of the text
-            return self.count(prefix + head) + self.count(tail + suffix)
-        return text_tokens + self.count(prefix + head) - self.count(head) + tail_change
+            return None
+        return first.end(), last
 
     def count_edited(
         self, text: str, text_tokens: int, edit: Callable[[str], str], positions: Iterable[int]
