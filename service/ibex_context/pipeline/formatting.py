@@ -406,32 +406,44 @@ def _memory_tokens(
         return counter.count_text_cached(opening, encoding) + body
     if counter is None:
         return _count_block(record, encoding, fmt, nonce, variant)
-    opening, escaped, closing = _memory_parts(record, fmt, nonce)
-    gaps = encoding.word_gaps(escaped)
-    if gaps is not None:
-        # opening + head | middle | tail + closing (word gaps: pieces never span
-        # them). Only the first part depends on the nonce; a new session
-        # tokenizes just it (the id line and the content's first word or two).
-        head, tail = escaped[: gaps[0]], escaped[gaps[1] :]
-        middle = counter.count_block(
-            (encoding.name, encoding.exact, fmt, record.id, "middle"),
-            source,
-            lambda: _escaped_tokens(record, encoding, fmt) - encoding.count(head) - encoding.count(tail),
-        )
-        end = _block_end(closing, variant)
-        tail_tokens = counter.count_block(
-            (encoding.name, encoding.exact, fmt, record.id, "tail", variant),
-            source,
-            lambda: encoding.count(tail + end),
-        )
-        return counter.count_text_cached(opening + head, encoding) + middle + tail_tokens
     # The block depends on the id and nonce (key) and on content, category and
     # the stored count (the source the cached count is checked against).
     return counter.count_block(
         (encoding.name, encoding.exact, fmt, nonce, record.id, variant),
         source,
-        partial(_count_block, record, encoding, fmt, nonce, variant),
+        partial(_count_block_in_parts, record, encoding, fmt, nonce, variant, counter, source),
     )
+
+
+def _count_block_in_parts(
+    record: MemoryRecord,
+    encoding: Encoding,
+    fmt: Format,
+    nonce: str,
+    variant: int,
+    counter: MessageTokenCounter,
+    source: object,
+) -> int:
+    """A block as opening + head | middle | tail + closing, cut at word gaps (no
+    piece spans them). Only the first part depends on the nonce: a new session
+    tokenizes just it (the id line and the content's first word or two)."""
+    opening, escaped, closing = _memory_parts(record, fmt, nonce)
+    gaps = encoding.word_gaps(escaped)
+    if gaps is None:
+        return _count_block(record, encoding, fmt, nonce, variant)
+    head, tail = escaped[: gaps[0]], escaped[gaps[1] :]
+    middle = counter.count_block(
+        (encoding.name, encoding.exact, fmt, record.id, "middle"),
+        source,
+        lambda: _escaped_tokens(record, encoding, fmt) - encoding.count(head) - encoding.count(tail),
+    )
+    end = _block_end(closing, variant)
+    tail_tokens = counter.count_block(
+        (encoding.name, encoding.exact, fmt, record.id, "tail", variant),
+        source,
+        lambda: encoding.count(tail + end),
+    )
+    return encoding.count(opening + head) + middle + tail_tokens
 
 
 def count_injected(
