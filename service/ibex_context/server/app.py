@@ -52,6 +52,9 @@ from ibex_context.tokens.encodings import EncodingRegistry
 
 log = logging.getLogger(__name__)
 
+# No call started for this long: the clients have stopped sending to this replica.
+_QUIET_SECONDS = 0.2
+
 
 @dataclass
 class ContextService:
@@ -220,10 +223,13 @@ class ContextService:
         self.health.set_not_serving()
         if s.shutdown_drain_delay_seconds:
             await asyncio.sleep(s.shutdown_drain_delay_seconds)
-        if not await self.inflight.wait_idle(grace):
+        # Clients may still be sending (the load balancer has not noticed yet, or a
+        # burst is in the pipe): wait for a quiet moment, not just for zero.
+        if not await self.inflight.wait_quiet(_QUIET_SECONDS, grace):
             log.warning("shutdown grace elapsed with %d calls in flight", self.inflight.count)
-        self.server.close()
-        # grpclib would wait for every client to hang up (grpclib#107): tell them to go.
+        self.server.close()  # no new connections
+        # GOAWAY and close the idle connections: grpclib would wait for every client to
+        # hang up (grpclib#107).
         self.server.close_connections()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.server.wait_closed(), 1.0)

@@ -27,20 +27,20 @@ class ServiceServer(Server):
         return protocol
 
     def close_connections(self) -> int:
-        """GOAWAY and close every accepted connection; returns how many were open."""
-        closed = 0
+        """Send every accepted connection an HTTP/2 GOAWAY (its client reconnects
+        elsewhere) and close it. Call it once no call is in flight: h2 sends nothing
+        more on a connection after GOAWAY. Returns how many connections were open."""
+        count = 0
         for protocol in list(self._protocols):
             connection = getattr(protocol, "connection", None)
-            if connection is None:
-                continue
-            h2 = getattr(connection, "_connection", None)
             transport = getattr(connection, "_transport", None)
-            if transport is None or transport.is_closing():
+            if connection is None or transport is None or transport.is_closing():
                 continue
+            count += 1
+            h2 = getattr(connection, "_connection", None)
             with contextlib.suppress(Exception):
                 if h2 is not None:
                     h2.close_connection()
                     transport.write(h2.data_to_send())
             connection.close()
-            closed += 1
-        return closed
+        return count

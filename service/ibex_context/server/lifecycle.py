@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,6 +13,7 @@ class InflightCalls:
         self._count = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._last_started = 0.0
 
     @property
     def count(self) -> int:
@@ -20,6 +22,7 @@ class InflightCalls:
     @contextmanager
     def track(self) -> Iterator[None]:
         self._count += 1
+        self._last_started = time.monotonic()
         self._idle.clear()
         try:
             yield
@@ -36,3 +39,19 @@ class InflightCalls:
         except TimeoutError:
             return False
         return True
+
+    async def wait_quiet(self, quiet: float, timeout: float) -> bool:
+        """True once no call has been in flight, nor started, for ``quiet`` seconds.
+
+        Idle alone is not enough while clients still send: a server faster than its
+        clients is idle between two calls of the same burst.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self.wait_idle(remaining):
+                return False
+            settle = self._last_started + quiet - time.monotonic()
+            if settle <= 0 and self._count == 0:
+                return True
+            await asyncio.sleep(min(max(settle, 0.01), max(deadline - time.monotonic(), 0)))
