@@ -42,9 +42,8 @@ async def _wait_serving(port: int, timeout: float = 30.0) -> None:
     raise AssertionError("server did not become SERVING")
 
 
-async def test_sigterm_lets_every_in_flight_call_finish(
-    redis_url: str, postgres_dsn: str, tenant: Tenant
-) -> None:
+def _serve(redis_url: str, postgres_dsn: str, **settings: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``ibex-context serve`` as its own process, as in production."""
     port = _free_port()
     env = dict(
         os.environ,
@@ -54,10 +53,16 @@ async def test_sigterm_lets_every_in_flight_call_finish(
         IBEX_GRPC_PORT=str(port),
         IBEX_METRICS_PORT="0",
         IBEX_EMBEDDER="hashing",
-        IBEX_SHUTDOWN_GRACE_SECONDS="20",
         IBEX_LOG_FORMAT="text",
+        **settings,
     )
-    proc = subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env), port
+
+
+async def test_sigterm_lets_every_in_flight_call_finish(
+    redis_url: str, postgres_dsn: str, tenant: Tenant
+) -> None:
+    proc, port = _serve(redis_url, postgres_dsn, IBEX_SHUTDOWN_GRACE_SECONDS="20")
     try:
         await _wait_serving(port)
         async with Channel("127.0.0.1", port) as channel:
@@ -101,19 +106,7 @@ async def test_sigterm_lets_every_in_flight_call_finish(
 async def test_sigterm_turns_health_not_serving_while_draining(
     redis_url: str, postgres_dsn: str, tenant: Tenant
 ) -> None:
-    port = _free_port()
-    env = dict(
-        os.environ,
-        IBEX_REDIS_URL=redis_url,
-        IBEX_POSTGRES_DSN=postgres_dsn,
-        IBEX_GRPC_HOST="127.0.0.1",
-        IBEX_GRPC_PORT=str(port),
-        IBEX_METRICS_PORT="0",
-        IBEX_EMBEDDER="hashing",
-        IBEX_SHUTDOWN_DRAIN_DELAY_SECONDS="1.5",
-        IBEX_LOG_FORMAT="text",
-    )
-    proc = subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env)
+    proc, port = _serve(redis_url, postgres_dsn, IBEX_SHUTDOWN_DRAIN_DELAY_SECONDS="1.5")
     try:
         await _wait_serving(port)
         async with Channel("127.0.0.1", port) as channel:
