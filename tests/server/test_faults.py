@@ -188,3 +188,38 @@ async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expir
         await transaction.rollback()
     finally:
         await blocker.close()
+
+
+class _MisbehavingEmbedder:
+    """Claims 384 dimensions, returns vectors of another size for queries: the kind of
+    fault a broken embedding deployment produces. Memories are embedded correctly."""
+
+    name = "misbehaving"
+    dim = 384
+
+    def __init__(self) -> None:
+        self._real = HashingEmbedder(384)
+
+    async def embed(self, texts: list[str]) -> list[object]:
+        vectors = await self._real.embed(texts)
+        return [v[:8] if "BROKEN" in t else v for t, v in zip(texts, vectors, strict=True)]
+
+    async def aclose(self) -> None:
+        await self._real.aclose()
+
+
+async def test_an_embedder_returning_malformed_vectors_degrades_cold_search_and_still_answers(
+    start_service: StartService, tenant: Tenant
+) -> None:
+    service = await start_service(embedder_instance=_MisbehavingEmbedder())
+    await _seed(service.port, tenant)
+
+    response = await _assemble(service.port, tenant, "BROKEN when does the warehouse in city 4 open?")
+
+    md = response.metadata
+    assert md.fallback_reason == "cold_error", list(md.degradation_reasons)
+    assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY
+    assert _source(md, "cold").status == pb.SOURCE_STATUS_ERROR
+    assert md.directive_injected and md.memories_injected > 0
+    assert "Be exact about hours." in response.messages[0].content
+    assert response.messages[-1].content == "BROKEN when does the warehouse in city 4 open?"
