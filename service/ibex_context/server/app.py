@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # No call started for this long: the clients have stopped sending to this replica.
 _QUIET_SECONDS = 0.2
+# ... and this long before idle connections are closed under their clients.
+_QUIET_BEFORE_CLOSE_SECONDS = 1.0
 
 
 @dataclass
@@ -225,11 +227,17 @@ class ContextService:
             await asyncio.sleep(s.shutdown_drain_delay_seconds)
         # Clients may still be sending (the load balancer has not noticed yet, or a
         # burst is in the pipe): wait for a quiet moment, not just for zero.
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + grace
         if not await self.inflight.wait_quiet(_QUIET_SECONDS, grace):
             log.warning("shutdown grace elapsed with %d calls in flight", self.inflight.count)
-        self.server.close()  # no new connections
-        # GOAWAY and close the idle connections: grpclib would wait for every client to
-        # hang up (grpclib#107).
+        self.server.close()  # no new connections; calls on open ones are still served
+        # Let clients hang up by themselves (a client that keeps a channel open gets a
+        # longer quiet period), then GOAWAY and close what is left: grpclib would wait
+        # for every client to hang up (grpclib#107).
+        while self.server.open_connections() and loop.time() < ends:
+            if await self.inflight.wait_quiet(_QUIET_BEFORE_CLOSE_SECONDS, max(0.0, ends - loop.time())):
+                break
         self.server.close_connections()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.server.wait_closed(), 1.0)

@@ -26,6 +26,14 @@ class ServiceServer(Server):
         self._protocols.add(protocol)
         return protocol
 
+    def open_connections(self) -> int:
+        return sum(
+            1
+            for protocol in list(self._protocols)
+            if (transport := getattr(getattr(protocol, "connection", None), "_transport", None)) is not None
+            and not transport.is_closing()
+        )
+
     def close_connections(self) -> int:
         """Send every accepted connection an HTTP/2 GOAWAY (its client reconnects
         elsewhere) and close it. Call it once no call is in flight: h2 sends nothing
