@@ -92,8 +92,11 @@ def _rank(candidate: ScoredMemory) -> tuple[float, str]:
 
 
 def _result(ordered: list[ScoredMemory], chosen: Iterable[int], method: Method) -> PackResult:
-    selected = tuple(ordered[i] for i in sorted(chosen))
-    skipped = len(ordered) - len(selected)
+    return _packed(tuple(ordered[i] for i in sorted(chosen)), len(ordered), method)
+
+
+def _packed(selected: tuple[ScoredMemory, ...], candidates: int, method: Method) -> PackResult:
+    skipped = candidates - len(selected)
     return PackResult(
         selected=selected,
         total_tokens=sum(c.tokens for c in selected),
@@ -297,15 +300,7 @@ def pack_costed(
         all_tokens, all_scores, budget_tokens, max_items, max_buckets, cell_ceiling, bounded_cell_ceiling
     )
     selected = tuple(_with_tokens(candidates[order[p]], all_tokens[p]) for p in sorted(chosen))
-    skipped = len(candidates) - len(selected)
-    return PackResult(
-        selected=selected,
-        total_tokens=sum(c.tokens for c in selected),
-        total_score=math.fsum(c.score for c in selected),
-        skipped=skipped,
-        was_truncated=skipped > 0,
-        method=method,
-    )
+    return _packed(selected, len(candidates), method)
 
 
 def _choose(
