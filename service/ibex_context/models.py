@@ -62,7 +62,9 @@ class Directive:
     token_counts: Mapping[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
+# field) and ~70 are built on every call; treat instances as values all the same.
+@dataclass(slots=True)
 class MemoryRecord:
     """A stored memory as retrieval hands it to scoring.
 
@@ -85,7 +87,9 @@ class MemoryRecord:
     source: Source = Source.COLD
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
+# field) and one is built per candidate on every call; treat instances as values all the same.
+@dataclass(slots=True)
 class ScoredMemory:
     """A candidate with its composite score and every component of it."""
 

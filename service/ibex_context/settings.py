@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         None, "Where tokenizer files are kept (baked into the image). Empty: a per-user cache directory."
     )
     message_token_cache_size: int = _f(50_000, "Message token counts cached by content hash.", ge=0)
+    memory_token_cache_size: int = _f(
+        100_000,
+        "Formatted memory blocks whose token counts are cached, by memory id (about 250 bytes each); "
+        "size it to the memories recalled in an hour.",
+        ge=0,
+    )
     post_response_queue_size: int = _f(10_000, "Injections waiting to be recorded; more are dropped.", ge=1)
     post_response_batch_size: int = _f(200, "Injections recorded per statement.", ge=1)
     post_response_flush_ms: float = _f(250.0, "Longest wait before a partial batch is recorded.", gt=0)

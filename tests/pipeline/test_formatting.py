@@ -16,6 +16,7 @@ from ibex_context.pipeline.formatting import (
     directive_cost,
     format_context,
     memory_cost,
+    memory_costs,
     render_injection,
     section_overhead,
 )
@@ -215,6 +216,50 @@ def test_memory_cost_through_a_counter_is_the_same_and_cached(registry: Encoding
     assert memory_cost(memory, encoding, "xml", nonce=NONCE, counter=counter) == direct
     # The second cost is served whole from the block cache: nothing is tokenized again.
     assert counter.misses == misses and counter.hits > hits
+
+
+@pytest.mark.parametrize("encoding_name", ["o200k_base", "cl100k_base"])
+@settings(max_examples=300, deadline=None)
+@given(
+    memory_id=st.text(min_size=1, max_size=40),
+    nonce=st.from_regex(r"[A-Za-z0-9_-]{8,40}", fullmatch=True),
+    content=st.sampled_from(["Plain words.", "Deploy <b>now</b> & wait", "x", "Zürich 2024-01-01"]),
+)
+def test_cached_xml_openings_count_exactly_like_the_whole_line(
+    registry: EncodingRegistry, encoding_name: str, memory_id: str, nonce: str, content: str
+) -> None:
+    # Through a counter the opening line is summed from the id's and the nonce's
+    # counts (nonces bounded by letters or digits); any id, any valid nonce.
+    encoding = registry.get(encoding_name)
+    memory = scored(memory_id, content, token_counts={encoding_name: encoding.count(content)})
+    whole = memory_cost(memory, encoding, "xml", nonce=nonce)
+    counter = MessageTokenCounter(registry, cache_size=100)
+    assert memory_cost(memory, encoding, "xml", nonce=nonce, counter=counter) == whole
+    assert memory_cost(memory, encoding, "xml", nonce=nonce, counter=counter) == whole
+
+
+@pytest.mark.parametrize("nonce", [NONCE, "_edge-nonce_"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_memory_costs_are_each_memorys_cost(registry: EncodingRegistry, fmt: Format, nonce: str) -> None:
+    encoding = registry.get("o200k_base")
+    memories = [
+        scored(f"m-{i}", text, token_counts={"o200k_base": encoding.count(text)})
+        for i, text in enumerate(["One.", "Two <tags> & more", "  leading space", "/slash", "日本語"])
+    ]
+    counter = MessageTokenCounter(registry, cache_size=100)
+    expected = [memory_cost(m, encoding, fmt, nonce=nonce) for m in memories]
+    assert memory_costs(memories, encoding, fmt, nonce=nonce, counter=counter) == expected
+
+
+def test_an_edited_memory_is_recounted_not_served_from_the_cache(registry: EncodingRegistry) -> None:
+    encoding = registry.get("o200k_base")
+    counter = MessageTokenCounter(registry, cache_size=100)
+    before = scored("m-1", "short", token_counts={"o200k_base": 1})
+    after = scored("m-1", "a much longer text now", token_counts={"o200k_base": 5})
+    memory_cost(before, encoding, "xml", nonce=NONCE, counter=counter)
+    assert memory_cost(after, encoding, "xml", nonce=NONCE, counter=counter) == memory_cost(
+        after, encoding, "xml", nonce=NONCE
+    )
 
 
 def test_section_overhead_can_include_the_new_message_framing(registry: EncodingRegistry) -> None:

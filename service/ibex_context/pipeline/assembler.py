@@ -31,7 +31,7 @@ from ibex_context.pipeline.formatting import (
     FormattedContext,
     count_injected,
     format_context,
-    memory_cost,
+    memory_costs,
     section_overhead,
 )
 from ibex_context.pipeline.packing import pack_costed
@@ -233,7 +233,7 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
-        costs = [memory_cost(m, encoding, profile.format, nonce=nonce, counter=self._counter) for m in scored]
+        costs = memory_costs(scored, encoding, profile.format, nonce=nonce, counter=self._counter)
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
         overhead = (

@@ -71,6 +71,10 @@ _NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 NONCE_LENGTH_ALLOWANCE = 16
 # Ids JSON writes as they are (no escapes), so the quoting needs no json.dumps.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]*")
+_ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# The xml opening line around its nonce (see _opening and _count_xml_head_and_body).
+_XML_OPENING_HEAD = '<memory id="{}" nonce="'
+_XML_OPENING_TAIL = '">\n'
 
 # How a memory block ends in the text (``_layout``): as rendered, followed by a
 # section separator (the section's trailing newline is stripped, then "\n\n"
@@ -156,7 +160,7 @@ def _record(memory: ScoredMemory | MemoryRecord) -> MemoryRecord:
 def _opening(record: MemoryRecord, fmt: Format, nonce: str) -> str:
     """The opening line of an xml or markdown block (ends with "\\n")."""
     if fmt == "xml":
-        return f'<memory id="{_xml_escape(record.id)}" nonce="{nonce}">\n'
+        return _XML_OPENING_HEAD.format(_xml_escape(record.id)) + nonce + _XML_OPENING_TAIL
     return f"{_fence_for(record.content)}memory id={_md_attribute(record.id)} nonce={nonce}\n"
 
 
@@ -388,22 +392,31 @@ def _memory_tokens(
     nonce: str,
     variant: int,
     counter: MessageTokenCounter | None,
+    nonce_tokens: int | None = None,
 ) -> int:
     """Exact tokens of one memory block, through the counter's caches when given."""
-    source = (record.content, record.category, record.token_counts.get(encoding.name))
+    source = _fingerprint(record, encoding)
     if fmt != "json" and encoding.splits_after_newline and _starts_safely(record.content):
         # The opening line (id and nonce) ends with "\n" and the content starts
         # safely, so the block is opening + body. The body does not depend on the
         # nonce: its count is shared by every session that recalls the memory.
-        opening = _opening(record, fmt, nonce)
         if counter is None:
-            return encoding.count(opening) + _count_body(record, encoding, fmt, variant)
+            return encoding.count(_opening(record, fmt, nonce)) + _count_body(record, encoding, fmt, variant)
+        if fmt == "xml" and _bounded_by_alnum(nonce):
+            # One entry per memory: the opening without its nonce, plus the body.
+            if nonce_tokens is None:
+                nonce_tokens = _xml_nonce_tokens(encoding, nonce, counter)
+            return nonce_tokens + counter.count_block(
+                (encoding.name, encoding.exact, "xml", record.id, variant),
+                source,
+                partial(_count_xml_head_and_body, record, encoding, variant),
+            )
         body = counter.count_block(
             (encoding.name, encoding.exact, fmt, record.id, variant),
             source,
             partial(_count_body, record, encoding, fmt, variant),
         )
-        return counter.count_text_cached(opening, encoding) + body
+        return counter.count_text_cached(_opening(record, fmt, nonce), encoding) + body
     if counter is None:
         return _count_block(record, encoding, fmt, nonce, variant)
     # The block depends on the id and nonce (key) and on content, category and
@@ -413,6 +426,42 @@ def _memory_tokens(
         source,
         partial(_count_block_in_parts, record, encoding, fmt, nonce, variant, counter, source),
     )
+
+
+def _fingerprint(record: MemoryRecord, encoding: Encoding) -> int:
+    """What a cached block count is validated against, kept in the cache instead of
+    the text: a hash of the content's length and hash, the category and the stored
+    count. An edited memory gets a new fingerprint (a stale hit needs a 64-bit
+    collision)."""
+    content = record.content
+    return hash((len(content), hash(content), record.category, record.token_counts.get(encoding.name)))
+
+
+def _count_xml_head_and_body(record: MemoryRecord, encoding: Encoding, variant: int) -> int:
+    """An xml block's exact tokens less its nonce's share.
+
+    ``<memory id="ID" nonce="NONCE">\n`` with a ``splits_after_newline`` BPE is
+    ``<memory id="ID" nonce="`` + NONCE + ``">\n``, counted apart, when NONCE
+    starts and ends with an ASCII letter or digit: the punctuation run ``="``
+    cannot take the letter or digit after it (and no letter piece can start at
+    the ``"`` before it, its next character being a letter or digit), NONCE's
+    last letter or number piece stops at the ``"``, and ``">\n`` is one
+    punctuation piece wherever it stands. So a new session costs one count of
+    its nonce, not one tokenization per memory (property-tested in
+    tests/pipeline/test_formatting.py). Markdown (``nonce=NONCE``: the ``=`` may
+    prefix a letter piece) and other nonces are counted whole.
+    """
+    head = encoding.count(_XML_OPENING_HEAD.format(_xml_escape(record.id)))
+    return head + _count_body(record, encoding, "xml", variant)
+
+
+def _bounded_by_alnum(nonce: str) -> bool:
+    return nonce[0] in _ASCII_ALNUM and nonce[-1] in _ASCII_ALNUM
+
+
+def _xml_nonce_tokens(encoding: Encoding, nonce: str, counter: MessageTokenCounter) -> int:
+    """The part of an xml opening's count that every block of one request shares."""
+    return counter.count_text_cached(nonce, encoding) + counter.count_text_cached(_XML_OPENING_TAIL, encoding)
 
 
 def _count_block_in_parts(
@@ -490,11 +539,14 @@ def count_injected(
     # The client's own system prompt (merge) starts safely, so it adds its own
     # count on both sides of the difference: only the chunks remain.
     total = framing
+    shared = None
+    if fmt == "xml" and _bounded_by_alnum(nonce):
+        shared = _xml_nonce_tokens(encoding, nonce, counter)
     for chunk in _layout(directive, records, fmt, nonce, separator_after=separator_after):
         if isinstance(chunk, str):
             total += counter.count_text_cached(chunk, encoding)
         else:
-            total += _memory_tokens(chunk[0], encoding, fmt, nonce, chunk[1], counter)
+            total += _memory_tokens(chunk[0], encoding, fmt, nonce, chunk[1], counter, shared)
     return total
 
 
@@ -533,6 +585,26 @@ def memory_cost(
     content_tokens = stored if stored is not None and unchanged else count(escaped)
     framing = count(opening) + count(closing) + nonce_allowance
     return framing + content_tokens + JOIN_ALLOWANCE_TOKENS
+
+
+def memory_costs(
+    memories: Sequence[ScoredMemory | MemoryRecord],
+    encoding: Encoding,
+    fmt: Format,
+    *,
+    nonce: str,
+    counter: MessageTokenCounter,
+) -> list[int]:
+    """``memory_cost`` of each memory, with what they share computed once."""
+    if not (encoding.splits_after_newline and fmt == "xml"):
+        return [memory_cost(m, encoding, fmt, nonce=nonce, counter=counter) for m in memories]
+    _check_nonce(nonce)
+    shared = _xml_nonce_tokens(encoding, nonce, counter) if _bounded_by_alnum(nonce) else None
+    as_is = _BLOCK_AS_IS
+    return [
+        _memory_tokens(_record(m), encoding, fmt, nonce, as_is, counter, shared) + JOIN_ALLOWANCE_TOKENS
+        for m in memories
+    ]
 
 
 def section_overhead(

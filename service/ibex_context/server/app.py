@@ -70,6 +70,7 @@ class ContextService:
     server: ServiceServer = field(init=False)
     health: ServiceHealth = field(init=False)
     inflight: InflightCalls = field(init=False)
+    assembly_handler: ContextAssemblyHandler = field(init=False)
     profiles: ProfileStore = field(init=False)
     metrics: Metrics = field(init=False)
     port: int = field(init=False, default=0)
@@ -153,7 +154,11 @@ class ContextService:
                 embedder=query_embedder,
             ),
             encodings=encodings,
-            message_counter=MessageTokenCounter(encodings, cache_size=s.message_token_cache_size),
+            message_counter=MessageTokenCounter(
+                encodings,
+                cache_size=s.message_token_cache_size,
+                block_cache_size=s.memory_token_cache_size,
+            ),
             config=AssemblerConfig(
                 hot_limit=s.hot_limit,
                 cold_limit=s.cold_limit,
@@ -161,7 +166,7 @@ class ContextService:
                 nonce_secret=(s.nonce_secret or secrets.token_hex(32)).encode(),
             ),
         )
-        assembly = ContextAssemblyHandler(
+        self.assembly_handler = assembly = ContextAssemblyHandler(
             assembler=assembler,
             resolve_profile=self.profiles.resolve,
             limits=limits,

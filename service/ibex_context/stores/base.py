@@ -30,7 +30,9 @@ class PreparedMemory:
     embedding: FloatVector
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
+# field) and one is built per injected memory; treat instances as values all the same.
+@dataclass(slots=True)
 class Injection:
     """One memory injected into one response (recorded after the response)."""
 

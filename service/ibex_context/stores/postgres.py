@@ -240,7 +240,9 @@ class DirectiveState:
         return Directive(content=self.content, version=self.version, token_counts=self.token_counts)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
+# field) and one is built per injected memory; treat instances as values all the same.
+@dataclass(slots=True)
 class MemoryCounters:
     """A memory's injection counters after a recorded batch (``memory_usage``)."""
 
@@ -628,12 +630,23 @@ class PostgresMemoryStore:
         """
         if not injections:
             return []
-        grouped: dict[tuple[uuid.UUID, uuid.UUID, uuid.UUID], tuple[int, float]] = {}
+        # Keys are canonical UUID text (each distinct id parsed once): it sorts as
+        # PostgreSQL orders uuids, and asyncpg encodes it without uuid.UUID objects,
+        # whose Python comparisons made sorting a large batch cost milliseconds.
+        canonical: dict[str, str] = {}
+
+        def canon(value: str, field: str) -> str:
+            text = canonical.get(value)
+            if text is None:
+                text = canonical[value] = str(as_uuid(value, field))
+            return text
+
+        grouped: dict[tuple[str, str, str], tuple[int, float]] = {}
         for n, item in enumerate(injections):
             key = (
-                as_uuid(item.org_id, f"injections[{n}].org_id"),
-                as_uuid(item.agent_id, f"injections[{n}].agent_id"),
-                as_uuid(item.memory_id, f"injections[{n}].memory_id"),
+                canon(item.org_id, f"injections[{n}].org_id"),
+                canon(item.agent_id, f"injections[{n}].agent_id"),
+                canon(item.memory_id, f"injections[{n}].memory_id"),
             )
             count, at = grouped.get(key, (0, -math.inf))
             grouped[key] = (count + 1, max(at, item.at))

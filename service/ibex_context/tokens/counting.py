@@ -38,22 +38,23 @@ class MessageTokenCounter:
     """Counts messages with a bounded per-message cache (``cache_size=0`` disables it)."""
 
     def __init__(
-        self, registry: EncodingRegistry, cache_size: int = 50_000, *, block_cache_size: int = 10_000
+        self, registry: EncodingRegistry, cache_size: int = 50_000, *, block_cache_size: int = 100_000
     ) -> None:
         if cache_size < 0:
             raise ValueError("cache_size must be >= 0")
         if block_cache_size < 0:
             raise ValueError("block_cache_size must be >= 0")
-        # Block entries hold their source text (~1-2 KB each), hence their own bound.
-        self._block_cache_size = min(cache_size, block_cache_size)
+        # Block entries are small (a key and a fingerprint of the memory, ~200 bytes),
+        # and one memory may have several (head, body, per format): their own bound.
+        self._block_cache_size = 0 if cache_size == 0 else block_cache_size
         self._registry = registry
         self._cache_size = cache_size
         # Keys: (encoding, exact, digest of role+content) for messages; short texts
         # are their own key (a str never equals a digest's bytes).
         self._cache: OrderedDict[tuple[str, bool, str | bytes], int] = OrderedDict()
         # Exact counts of formatted memory blocks, keyed by what shapes the block
-        # (encoding, format, nonce, id, variant) and validated against the text
-        # it was computed from: an edited memory is recounted, never served stale.
+        # (encoding, format, nonce, id, variant) and validated against a fingerprint
+        # of the text it was computed from: an edited memory is recounted.
         self._blocks: OrderedDict[tuple[object, ...], tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
@@ -98,8 +99,9 @@ class MessageTokenCounter:
         """A count cached under ``key`` for as long as it was computed from an equal ``source``.
 
         The key names what the count depends on besides ``source`` (the
-        caller's encoding, format, nonce, memory id); comparing ``source`` (the
-        memory's content) is a memcmp, far cheaper than hashing it on every call.
+        caller's encoding, format, nonce, memory id); ``source`` is what the
+        count was computed from, or a fingerprint of it (kept in the cache, so
+        it should be small).
         """
         if self._block_cache_size == 0:
             return compute()

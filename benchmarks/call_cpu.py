@@ -1,0 +1,212 @@
+"""CPU per AssembleContext call, in process, against the load test's seeded stores.
+
+Runs the real handler (validation, assembly, response conversion, serialization,
+post-response bookkeeping) against the real Redis and PostgreSQL of a
+``loadtest/run`` data dir, one call at a time, with the load test's request mix;
+only the HTTP/2 transport is left out (a stand-in stream hands the message over
+and serializes the response). Reports CPU and wall time per call and, with
+``--profile``, the functions that take it (cProfile, cumulative).
+
+    .venv/bin/python -m benchmarks.call_cpu --calls 600 [--profile] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest import corpus  # noqa: E402
+from loadtest.runner import stores  # noqa: E402
+
+# Imported from loadtest.locustfile, locust would monkey-patch this process with gevent.
+SCENARIOS = ("new_session", "long_conversation", "constrained_model", "large_agent")
+WEIGHTS = (5, 3, 1, 1)
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self._at = time.monotonic() + seconds
+
+    def time_remaining(self) -> float:
+        return max(0.0, self._at - time.monotonic())
+
+
+class _Stream:
+    """What the handler uses of grpclib's server stream."""
+
+    def __init__(self, message: Any, deadline_s: float) -> None:
+        self._message = message
+        self.deadline = _Deadline(deadline_s)
+        self.sent: bytes = b""
+
+    async def recv_message(self) -> Any:
+        return self._message
+
+    async def send_message(self, response: Any) -> None:
+        self.sent = response.SerializeToString()
+
+
+class _Workload:
+    """The locust user's agents and conversations (see loadtest/locustfile.py)."""
+
+    def __init__(self, agents_file: Path, seed: int) -> None:
+        from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+
+        self.pb = pb
+        data = json.loads(agents_file.read_text())
+        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
+        by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
+        largest = int(by_size[0].get("memories", 0))
+        self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][
+            : max(1, len(by_size) // 10)
+        ]
+        rng = random.Random(seed)
+        self.histories = [self._history(rng, rng.randint(19, 49)) for _ in range(48)]
+        self.short_histories = [self._history(rng, rng.randint(7, 15)) for _ in range(24)]
+        self.system_prompts = [
+            "You are a helpful assistant for the operations team. Be concise.",
+            "You are a support agent. Answer politely and cite ticket numbers.",
+            "You help engineers debug production issues. Prefer concrete steps.",
+        ]
+
+    def _history(self, rng: random.Random, turns: int) -> list[Any]:
+        pairs = corpus.conversation(rng, turns + 1, "")[:-1]
+        return [self.pb.Message(role=role, content=content) for role, content in pairs]
+
+    def requests(self, n: int, seed: int) -> list[tuple[str, Any]]:
+        rng = random.Random(seed)
+        session = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        out = []
+        for _ in range(n):
+            scenario = rng.choices(SCENARIOS, WEIGHTS)[0]
+            agent = rng.choice(self.large_agents if scenario == "large_agent" else self.agents)
+            req = self.pb.AssembleContextRequest(
+                org_id=agent["org_id"],
+                agent_id=agent["agent_id"],
+                model="gpt-4" if scenario == "constrained_model" else "gpt-4o",
+                request_id=f"bench-{rng.getrandbits(64):016x}",
+            )
+            if scenario == "new_session":
+                if rng.random() < 0.5:
+                    req.messages.add(role="system", content=rng.choice(self.system_prompts))
+            else:
+                req.session_id = session
+                history = rng.choice(
+                    self.short_histories if scenario == "constrained_model" else self.histories
+                )
+                req.messages.extend(history)
+            question = rng.choice(agent["queries"])
+            question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+            req.messages.add(role="user", content=question)
+            out.append((scenario, req))
+        return out
+
+
+async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: Path) -> dict[str, Any]:
+    from ibex_context.server.app import ContextService
+    from ibex_context.settings import Settings
+
+    os.environ.update(
+        IBEX_POSTGRES_DSN=dsn,
+        IBEX_REDIS_URL=redis_url,
+        IBEX_GRPC_HOST="127.0.0.1",
+        IBEX_GRPC_PORT="0",
+        IBEX_METRICS_PORT="0",
+        IBEX_EMBEDDER="hashing",
+        IBEX_EMBEDDING_DIM="384",
+        IBEX_LOG_LEVEL="WARNING",
+        IBEX_TRACING_EXPORTER="none",
+    )
+    service = ContextService(Settings())
+    await service.start()
+    try:
+        handler = service.assembly_handler
+        workload = _Workload(agents_file, args.seed)
+        warm = workload.requests(args.warmup, args.seed + 7)
+        calls = workload.requests(args.calls, args.seed)
+        for _, message in warm:
+            await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)
+        profiler = cProfile.Profile() if args.profile else None
+        cpu: list[float] = []
+        wall: list[float] = []
+        by_scenario: dict[str, list[float]] = {}
+        cpu0 = time.process_time()
+        for scenario, message in calls:
+            if profiler:
+                profiler.enable()
+            c0, w0 = time.process_time(), time.perf_counter()
+            await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
+            c1, w1 = time.process_time(), time.perf_counter()
+            if profiler:
+                profiler.disable()
+            cpu.append((c1 - c0) * 1000)
+            wall.append((w1 - w0) * 1000)
+            by_scenario.setdefault(scenario, []).append((c1 - c0) * 1000)
+            # Let the post-response queue flush between calls, as it would at 50 RPS.
+            if profiler:
+                profiler.enable()
+            await asyncio.sleep(0)
+            if profiler:
+                profiler.disable()
+        await asyncio.sleep(0.3)  # the last flushes
+        total_cpu = (time.process_time() - cpu0) * 1000
+        result: dict[str, Any] = {
+            "calls": len(calls),
+            "cpu_ms_per_call_incl_background": total_cpu / len(calls),
+            "cpu_ms_p50": statistics.median(cpu),
+            "cpu_ms_p99": sorted(cpu)[int(0.99 * len(cpu)) - 1],
+            "wall_ms_p50": statistics.median(wall),
+            "wall_ms_p99": sorted(wall)[int(0.99 * len(wall)) - 1],
+            "cpu_ms_p50_by_scenario": {k: round(statistics.median(v), 3) for k, v in by_scenario.items()},
+        }
+        if profiler:
+            buffer = io.StringIO()
+            stats = pstats.Stats(profiler, stream=buffer)
+            stats.sort_stats("cumulative").print_stats(args.top)
+            stats.sort_stats("tottime").print_stats(args.top)
+            result["profile"] = buffer.getvalue()
+        return result
+    finally:
+        await service.stop(0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", type=Path, default=None, help="a loadtest/out/data/<key> dir")
+    p.add_argument("--calls", type=int, default=600)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--seed", type=int, default=20261122)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=45)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    data_dir = args.data_dir or sorted((ROOT / "loadtest" / "out" / "data").glob("100x1000-*"))[0]
+    with stores(data_dir, None) as (dsn, redis_url, _redis, _pg):
+        result = asyncio.run(_run(args, dsn, redis_url, data_dir / "agents.json"))
+    profile = result.pop("profile", None)
+    print(json.dumps(result, indent=2))
+    if profile:
+        print(profile)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
