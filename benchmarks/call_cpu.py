@@ -146,6 +146,10 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         cpu: list[float] = []
         wall: list[float] = []
         by_scenario: dict[str, list[float]] = {}
+        counter = handler._assembler._counter
+        hits_before = (counter.hits, counter.misses)
+        if args.mark_file:
+            args.mark_file.write_text("measuring\n")
         cpu0 = time.process_time()
         for scenario, message in calls:
             if profiler:
@@ -165,6 +169,8 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             if profiler:
                 profiler.disable()
         await asyncio.sleep(0.3)  # the last flushes
+        counter = handler._assembler._counter
+        hits0, misses0 = hits_before
         total_cpu = (time.process_time() - cpu0) * 1000
         result: dict[str, Any] = {
             "calls": len(calls),
@@ -173,6 +179,9 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             "cpu_ms_p99": sorted(cpu)[int(0.99 * len(cpu)) - 1],
             "wall_ms_p50": statistics.median(wall),
             "wall_ms_p99": sorted(wall)[int(0.99 * len(wall)) - 1],
+            "token_cache_hit_rate": round(
+                (counter.hits - hits0) / max(1, counter.hits - hits0 + counter.misses - misses0), 4
+            ),
             "cpu_ms_p50_by_scenario": {k: round(statistics.median(v), 3) for k, v in by_scenario.items()},
         }
         if profiler:
@@ -193,12 +202,20 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--uvloop", action="store_true", help="run on uvloop (IBEX_USE_UVLOOP)")
     p.add_argument("--top", type=int, default=45)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--mark-file", type=Path, default=None, help="written when the measured calls start")
     args = p.parse_args()
     data_dir = args.data_dir or sorted((ROOT / "loadtest" / "out" / "data").glob("100x1000-*"))[0]
     with stores(data_dir, None) as (dsn, redis_url, _redis, _pg):
-        result = asyncio.run(_run(args, dsn, redis_url, data_dir / "agents.json"))
+        main_coroutine = _run(args, dsn, redis_url, data_dir / "agents.json")
+        if args.uvloop:
+            import uvloop
+
+            result = uvloop.run(main_coroutine)
+        else:
+            result = asyncio.run(main_coroutine)
     profile = result.pop("profile", None)
     print(json.dumps(result, indent=2))
     if profile:

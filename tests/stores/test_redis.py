@@ -174,3 +174,22 @@ async def test_patching_a_missing_hot_set_changes_nothing(
     assert await redis_cache.patch_hot_counters(org, agent, counters) == 0
     assert await redis_cache.get_hot_memories(org, agent, 5) is None
     assert await redis_cache.hot_set_generation(org, agent) == 0
+
+
+async def test_patching_several_agents_in_one_round_trip_patches_each_on_its_own(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    other = str(uuid.uuid4())  # an agent without a hot set
+    await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5), (record(2), 0.4)], 0)
+    outcomes = await redis_cache.patch_hot_counters_of_agents(
+        {
+            (org, agent): [MemoryCounters(org, agent, record(1).id, 7, 2.0)],
+            (org, other): [MemoryCounters(org, other, record(1).id, 9, 2.0)],
+            (org, str(uuid.uuid4())): [],  # nothing to patch: not sent
+        }
+    )
+    assert outcomes == {(org, agent): 1, (org, other): 0}
+    hot = {r.id: r for r in await redis_cache.get_hot_memories(org, agent, 5) or []}
+    assert hot[record(1).id].retrieval_count == 7 and hot[record(2).id].retrieval_count == 0
+    assert await redis_cache.get_hot_memories(org, other, 5) is None

@@ -204,6 +204,12 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
             await repository.get_hot_memories(org, agent, 5)
         assert time.monotonic() - started < 0.5
         assert repository.pending_invalidations == 2
+        # Injections are counted in PostgreSQL; the hot set they would patch is
+        # marked for invalidation (the directive's and this agent's are pending already).
+        await repository.record_injections([Injection(org, agent, memory.id, 1e9)])
+        [counted] = await pg_store.fetch_memories(org, agent, [memory.id])
+        assert counted.retrieval_count == 1
+        assert repository.pending_invalidations == 2
         assert (await repository.check_health()).extra["redis"] == "down"
         throwaway_redis.start()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -188,6 +188,16 @@ def decode_directive(value: bytes) -> DirectiveState:
     return DirectiveState(content=fields["c"], version=int(version), token_counts=fields["t"])
 
 
+def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int]:
+    weight, cap = frequency_weight()
+    args: list[str | float | int] = [GENERATION_TTL_SECONDS, weight, cap]
+    for item in counters:
+        # A NaN would not survive Lua's tonumber; injected memories always have a time.
+        at = item.last_injected_at if item.last_injected_at is not None else 0.0
+        args += [item.memory_id, item.retrieval_count, repr(float(at))]
+    return args
+
+
 class RedisContextCache:
     """Directive and hot-set cache. Raises ``redis.exceptions.RedisError`` on failure;
     the repository decides what a failure means (miss, or best-effort invalidation)."""
@@ -318,14 +328,32 @@ class RedisContextCache:
         members were patched. Members not in the hot set are left out."""
         if not counters:
             return 0
-        weight, cap = frequency_weight()
-        args: list[str | float | int] = [GENERATION_TTL_SECONDS, weight, cap]
-        for item in counters:
-            # A NaN would not survive Lua's tonumber; injected memories always have a time.
-            at = item.last_injected_at if item.last_injected_at is not None else 0.0
-            args += [item.memory_id, item.retrieval_count, repr(float(at))]
-        patched = await self._patch_counters(keys=self._hot_keys(org_id, agent_id), args=args)
+        patched = await self._patch_counters(
+            keys=self._hot_keys(org_id, agent_id), args=_patch_args(counters)
+        )
         return int(patched)
+
+    async def patch_hot_counters_of_agents(
+        self, counters_by_agent: Mapping[tuple[str, str], Sequence[MemoryCounters]]
+    ) -> dict[tuple[str, str], int | Exception]:
+        """``patch_hot_counters`` for several agents in one round trip (a pipeline,
+        not a transaction: each agent's script is atomic on its own). Per agent: the
+        members patched, or the error its script raised."""
+        agents = [agent for agent, counters in counters_by_agent.items() if counters]
+        if not agents:
+            return {}
+        async with self._client.pipeline(transaction=False) as pipe:
+            for org_id, agent_id in agents:
+                await self._patch_counters(
+                    keys=self._hot_keys(org_id, agent_id),
+                    args=_patch_args(counters_by_agent[(org_id, agent_id)]),
+                    client=pipe,
+                )
+            results = await pipe.execute(raise_on_error=False)
+        return {
+            agent: result if isinstance(result, Exception) else int(result)
+            for agent, result in zip(agents, results, strict=True)
+        }
 
     async def remove_hot_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         """Removes members; returns how many were in the hot set."""

@@ -222,11 +222,15 @@ class ContextRepository:
         by_agent: dict[_AgentKey, list[MemoryCounters]] = {}
         for item in counters:
             by_agent.setdefault((item.org_id, item.agent_id), []).append(item)
-        for (org_id, agent_id), items in by_agent.items():
-            try:
-                await self._cache.patch_hot_counters(org_id, agent_id, items)
-            except _CACHE_ERRORS as exc:
-                self._log_cache_failure("hot set score refresh", exc)
+        try:
+            outcomes: dict[_AgentKey, int | Exception] = dict(
+                await self._cache.patch_hot_counters_of_agents(by_agent)
+            )
+        except _CACHE_ERRORS as exc:
+            outcomes = dict.fromkeys(by_agent, exc)
+        for (org_id, agent_id), outcome in outcomes.items():
+            if isinstance(outcome, Exception):
+                self._log_cache_failure("hot set score refresh", outcome)
                 await self._invalidate_hot_set(org_id, agent_id)
 
     # ================================================================ invalidation
