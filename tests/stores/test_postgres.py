@@ -452,3 +452,21 @@ def test_token_counts_are_parsed_once_per_distinct_text_into_fresh_dicts() -> No
     # Past its limit the memo starts over instead of growing.
     assert decode('{"a": 1}') == {"a": 1} and decode('{"b": 2}') == {"b": 2}
     assert decode('{"o200k_base": 7}') == {"o200k_base": 7}
+
+
+async def test_a_pooled_connection_comes_back_without_an_open_transaction_or_local_setting(
+    postgres_dsn: str,
+) -> None:
+    # The pool skips asyncpg's RESET ALL round trip on release; what a call may leave
+    # behind (an unfinished transaction with a SET LOCAL) must still not leak.
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=40)
+    try:
+        async with pool.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            await conn.execute("SET LOCAL hnsw.ef_search = 999")
+        async with pool.acquire() as conn:
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SHOW hnsw.ef_search") == "40"
+    finally:
+        await pool.close()
