@@ -136,6 +136,22 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
     await service.start()
     try:
         handler = service.assembly_handler
+        stage_us: dict[str, list[int]] = {}
+        sink = handler._report_sink
+
+        def collect(report: Any) -> None:
+            for span in report.stages:
+                stage_us.setdefault(span.stage, []).append(span.duration_us)
+            if args.trace and len(stage_us.get("hot", ())) % 50 == 7:
+                t0 = report.started_ns
+                spans = (
+                    f"{s.stage}:{(s.start_ns - t0) / 1e6:.2f}-{(s.end_ns - t0) / 1e6:.2f}"
+                    for s in report.stages
+                )
+                print(" ".join(spans), file=sys.stderr)
+            sink(report)
+
+        handler._report_sink = collect
         workload = _Workload(agents_file, args.seed)
         warm = workload.requests(args.warmup, args.seed + 7)
         calls = workload.requests(args.calls, args.seed)
@@ -148,6 +164,19 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         by_scenario: dict[str, list[float]] = {}
         counter = handler._assembler._counter
         hits_before = (counter.hits, counter.misses)
+        stage_us.clear()
+        import gc
+
+        pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                started.append(time.perf_counter())
+            elif started:
+                pauses[info["generation"]].append((time.perf_counter() - started.pop()) * 1000)
+
+        gc.callbacks.append(on_gc)
         if args.mark_file:
             args.mark_file.write_text("measuring\n")
         cpu0 = time.process_time()
@@ -169,6 +198,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             if profiler:
                 profiler.disable()
         await asyncio.sleep(0.3)  # the last flushes
+        gc.callbacks.remove(on_gc)
         counter = handler._assembler._counter
         hits0, misses0 = hits_before
         total_cpu = (time.process_time() - cpu0) * 1000
@@ -182,6 +212,11 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             "token_cache_hit_rate": round(
                 (counter.hits - hits0) / max(1, counter.hits - hits0 + counter.misses - misses0), 4
             ),
+            "gc_pauses": {
+                f"gen{g}": {"n": len(p), "total_ms": round(sum(p), 1), "max_ms": round(max(p, default=0), 2)}
+                for g, p in pauses.items()
+            },
+            "stage_ms_p50": {k: round(statistics.median(v) / 1000, 3) for k, v in sorted(stage_us.items())},
             "cpu_ms_p50_by_scenario": {k: round(statistics.median(v), 3) for k, v in by_scenario.items()},
         }
         if profiler:
@@ -202,6 +237,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--trace", action="store_true", help="print every 50th call's stage spans (ms) to stderr")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (IBEX_USE_UVLOOP)")
     p.add_argument("--top", type=int, default=45)
     p.add_argument("--out", type=Path, default=None)

@@ -189,9 +189,14 @@ class Matrix:
                 )
             )
             return
-        self.step(
-            "big-100x10k-200rps", "100x10k", "hashing, 1 process", ["--scenario", "big", "--rps", "200"], 200
-        )
+        for rps in (50, 200):
+            self.step(
+                f"big-100x10k-{rps}rps",
+                "100x10k",
+                "hashing, 1 process",
+                ["--scenario", "big", "--rps", str(rps)],
+                rps,
+            )
 
     # -- summary --------------------------------------------------------------------------
 
@@ -295,9 +300,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"steps to run, of {', '.join(STEPS)}",
     )
     p.add_argument("--duration", type=float, default=40.0)
-    p.add_argument("--warmup", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=30.0)
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 200.0, 400.0])
-    p.add_argument("--step-start", type=float, default=50.0)
+    p.add_argument("--step-start", type=float, default=20.0)
     p.add_argument("--step-factor", type=float, default=1.25, help="each step offers this much more")
     p.add_argument("--step-max", type=float, default=1500.0)
     p.add_argument("--profile-rps", type=float, default=600.0)
