@@ -51,6 +51,8 @@ async def _assembler() -> Assembler:
     embedder = HashingEmbedder(384)
     (vector,) = await embedder.embed(["The warehouse opens at six."])
     encodings = EncodingRegistry()
+    # As the service does at start-up: loading a BPE file takes up to a second.
+    encodings.preload(["o200k_base", "cl100k_base"])
     return Assembler(
         retriever=Retriever(
             directives=_Directives(),

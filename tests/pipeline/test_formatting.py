@@ -221,7 +221,11 @@ def test_memory_cost_through_a_counter_is_the_same_and_cached(registry: Encoding
 @pytest.mark.parametrize("encoding_name", ["o200k_base", "cl100k_base"])
 @settings(max_examples=300, deadline=None)
 @given(
-    memory_id=st.text(min_size=1, max_size=40),
+    memory_id=st.one_of(
+        st.text(min_size=1, max_size=40),
+        st.uuids().map(str),
+        st.from_regex(r"[A-Za-z0-9][ -~\n]{0,30}[A-Za-z0-9]", fullmatch=True),
+    ),
     nonce=st.from_regex(r"[A-Za-z0-9_-]{8,40}", fullmatch=True),
     content=st.sampled_from(["Plain words.", "Deploy <b>now</b> & wait", "x", "Zürich 2024-01-01"]),
 )
@@ -229,7 +233,7 @@ def test_cached_xml_openings_count_exactly_like_the_whole_line(
     registry: EncodingRegistry, encoding_name: str, memory_id: str, nonce: str, content: str
 ) -> None:
     # Through a counter the opening line is summed from the id's and the nonce's
-    # counts (nonces bounded by letters or digits); any id, any valid nonce.
+    # counts (ids and nonces bounded by letters or digits); any id, any valid nonce.
     encoding = registry.get(encoding_name)
     memory = scored(memory_id, content, token_counts={encoding_name: encoding.count(content)})
     whole = memory_cost(memory, encoding, "xml", nonce=nonce)

@@ -221,3 +221,11 @@ def test_count_edited_equals_a_full_recount_of_the_escaped_text(
         expected = encoding.count(_xml_escape(text))
         got = encoding.count_edited(text, encoding.count(text), _xml_escape, positions)
         assert got == expected, (trial, text)
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_short_counts_are_memoised_and_equal_to_counting(registry: EncodingRegistry, name: str) -> None:
+    encoding = registry.get(name)
+    for text in ["", " deploy.", "x" * 48, "y" * 49, "日本語のテキスト", "\n</memory>\n"]:
+        assert encoding.count_short(text) == encoding.count(text)
+        assert encoding.count_short(text) == encoding.count(text)

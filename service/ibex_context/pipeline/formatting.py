@@ -75,6 +75,7 @@ _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 # The xml opening line around its nonce (see _opening and _count_xml_head_and_body).
 _XML_OPENING_HEAD = '<memory id="{}" nonce="'
 _XML_OPENING_TAIL = '">\n'
+_XML_HEAD_BEFORE_ID, _XML_HEAD_AFTER_ID = _XML_OPENING_HEAD.split("{}")
 
 # How a memory block ends in the text (``_layout``): as rendered, followed by a
 # section separator (the section's trailing newline is stripped, then "\n\n"
@@ -451,12 +452,29 @@ def _count_xml_head_and_body(record: MemoryRecord, encoding: Encoding, variant: 
     tests/pipeline/test_formatting.py). Markdown (``nonce=NONCE``: the ``=`` may
     prefix a letter piece) and other nonces are counted whole.
     """
-    head = encoding.count(_XML_OPENING_HEAD.format(_xml_escape(record.id)))
-    return head + _count_body(record, encoding, "xml", variant)
+    return _xml_head_tokens(record.id, encoding) + _count_body(record, encoding, "xml", variant)
 
 
-def _bounded_by_alnum(nonce: str) -> bool:
-    return nonce[0] in _ASCII_ALNUM and nonce[-1] in _ASCII_ALNUM
+def _xml_head_tokens(memory_id: str, encoding: Encoding) -> int:
+    """Tokens of ``<memory id="ID" nonce="``. An id starting and ending with a letter
+    or digit (a UUID) is cut from its quotes exactly as the nonce is (see
+    ``_count_xml_head_and_body``; ``" nonce`` splits at the space), so the three
+    parts are counted apart and only the id goes through the BPE."""
+    if _bounded_by_alnum(memory_id) and not _needs_xml_escape(memory_id):
+        return (
+            encoding.count_short(_XML_HEAD_BEFORE_ID)
+            + encoding.count(memory_id)
+            + encoding.count_short(_XML_HEAD_AFTER_ID)
+        )
+    return encoding.count(_XML_OPENING_HEAD.format(_xml_escape(memory_id)))
+
+
+def _needs_xml_escape(text: str) -> bool:
+    return any(c in text for c in "&<>\"'")
+
+
+def _bounded_by_alnum(text: str) -> bool:
+    return bool(text) and text[0] in _ASCII_ALNUM and text[-1] in _ASCII_ALNUM
 
 
 def _xml_nonce_tokens(encoding: Encoding, nonce: str, counter: MessageTokenCounter) -> int:

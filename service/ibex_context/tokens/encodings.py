@@ -34,7 +34,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tiktoken
@@ -91,6 +91,8 @@ _NEWLINE_SPLITTING_TOKENIZERS = frozenset({"cl100k_base", "o200k_base", "o200k_h
 # An ASCII letter or digit followed by a space: a piece boundary in those BPEs.
 _WORD_GAP = re.compile(r"[A-Za-z0-9](?= )")
 _ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+SHORT_TEXT_CHARS = 48
+SHORT_COUNTS_LIMIT = 200_000
 # How far into the text to look for a word gap; past it, counting whole is as cheap.
 _GAP_SEARCH_CHARS = 256
 
@@ -107,6 +109,9 @@ class Encoding:
     exact: bool
     approximation_reason: str
     _tokenizer: tiktoken.Encoding | None
+    # Counts of short texts (the words around a memory's joins): they recur across
+    # memories, so many misses of the callers' caches need fewer BPE calls.
+    _short_counts: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def count(self, text: str) -> int:
         if self._tokenizer is None:
@@ -114,6 +119,18 @@ class Encoding:
         # encode_ordinary: user text that contains "<|endoftext|>" is text, as
         # the chat APIs count it; encode() would raise on it.
         return len(self._tokenizer.encode_ordinary(text))
+
+    def count_short(self, text: str) -> int:
+        """``count(text)``, memoised for texts of up to ``SHORT_TEXT_CHARS`` characters."""
+        if len(text) > SHORT_TEXT_CHARS:
+            return self.count(text)
+        memo = self._short_counts
+        count = memo.get(text)
+        if count is None:
+            if len(memo) >= SHORT_COUNTS_LIMIT:
+                memo.clear()  # a bound, not an LRU: refilling is cheap
+            count = memo[text] = self.count(text)
+        return count
 
     def encode(self, text: str) -> list[int]:
         """Token ids; only for an encoding backed by a BPE (exact or proxy)."""
@@ -159,10 +176,11 @@ class Encoding:
             return self.count(prefix + text + suffix)
         head_end, tail_start = gaps
         head, tail = text[:head_end], text[tail_start:]
-        tail_change = self.count(tail + suffix) - self.count(tail)
+        count = self.count_short
+        tail_change = count(tail + suffix) - count(tail)
         if not prefix:
             return text_tokens + tail_change
-        return text_tokens + self.count(prefix + head) - self.count(head) + tail_change
+        return text_tokens + count(prefix + head) - count(head) + tail_change
 
     def word_gaps(self, text: str) -> tuple[int, int] | None:
         """(end of the head, start of the tail) for ``count_wrapped``: the first and
