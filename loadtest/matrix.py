@@ -5,8 +5,9 @@ Server pinned to CPU 0, locust to CPU 1 (``loadtest/run`` for each step). Steps:
 
 1. 100 agents x 1k memories, hashing embedder: 50 / 200 / 400 RPS;
 2. the maximum sustainable rate of one server process: step the arrival rate up
-   (``--step-start``, x ``--step-factor`` per step) until p99 >= 50 ms, the fallback rate >= 0.1 % or the
-   achieved rate falls 5 % short of the offered one;
+   (``--step-start``, x ``--step-factor`` per step) until p99 >= 50 ms, >= 0.1 % of calls fail (the
+   45 ms deadline) or the achieved rate falls 5 % short of the offered one (degraded answers are
+   answers here; the fallback rate is reported and gated on its own);
 3. a py-spy profile of the server at 600 RPS (the per-process target);
 4. two server processes (``serve --workers 2``, SO_REUSEPORT; one per core, so locust
    shares CPU 1 with the second) at the highest rate tried in step 2;
@@ -68,8 +69,18 @@ class Row:
 
     @property
     def sustained(self) -> bool:
+        """Kept up within the latency goal: p99 < 50 ms, < 0.1 % of calls failed (past the
+        45 ms deadline), >= 95 % of the offered rate achieved. Degraded answers count as
+        answers here (the fallback rate is reported, and gated, on its own)."""
         achieved = self.get("rps") or 0.0
-        return self.passed and achieved >= 0.95 * self.offered
+        p99 = self.get("p99_ms")
+        return (
+            self.result is not None
+            and p99 is not None
+            and p99 < 50
+            and (self.get("failure_rate") or 0.0) < 0.001
+            and achieved >= 0.95 * self.offered
+        )
 
 
 def commit(path: Path, message: str) -> None:
@@ -261,7 +272,7 @@ class Matrix:
         sustained = [r.offered for r in steps if r.sustained]
         best = max(sustained) if sustained else None
         out.append(
-            f"- p99 < 50 ms at >= 600 RPS per server process: highest sustained rate with p99 < 50 ms and fallback < 0.1 % = "
+            f"- p99 < 50 ms at >= 600 RPS per server process: highest rate kept up with p99 < 50 ms and < 0.1 % failed calls = "
             f"{best if best is not None else 'none'} RPS -> "
             + (
                 "**met**"
