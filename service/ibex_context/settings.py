@@ -82,6 +82,12 @@ class Settings(BaseSettings):
         "profiles.json to load and watch (budgets, deadlines, weights; docs/profiles.md). Empty: defaults.",
     )
     profiles_poll_seconds: float = _f(1.0, "How often the profiles file is checked for changes.", gt=0)
+    max_concurrent_assemblies: int = _f(
+        6,
+        "Assemblies run at once per process; a call over it gets its messages back at once "
+        "(reason overloaded) instead of queueing past its deadline. 0: no limit.",
+        ge=0,
+    )
     deadline_safety_margin_ms: float = _f(
         3.0, "Kept back from the caller's gRPC deadline for serialization and the way back.", ge=0
     )

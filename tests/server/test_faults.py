@@ -223,3 +223,33 @@ async def test_an_embedder_returning_malformed_vectors_degrades_cold_search_and_
     assert md.directive_injected and md.memories_injected > 0
     assert "Be exact about hours." in response.messages[0].content
     assert response.messages[-1].content == "BROKEN when does the warehouse in city 4 open?"
+
+
+async def test_calls_over_the_concurrency_limit_get_their_messages_back_at_once(
+    start_service: StartService, tenant: Tenant
+) -> None:
+    # One assembly at a time: calls arriving while it waits on the stores are shed,
+    # answered unchanged with the reason, instead of queueing past their deadline.
+    service = await start_service(max_concurrent_assemblies=1)
+    await _seed(service.port, tenant)
+    async with Channel("127.0.0.1", service.port) as channel:
+        stub = context_grpc.ContextAssemblyServiceStub(channel)
+        calls = [
+            stub.AssembleContext(
+                request(tenant.org_id, tenant.agent_id, user(f"hours in city {i}?")), timeout=5
+            )
+            for i in range(8)
+        ]
+        replies = await asyncio.gather(*calls)
+    shed = [r for r in replies if r.metadata.fallback_reason == "overloaded"]
+    assembled = [r for r in replies if r.metadata.fallback_reason != "overloaded"]
+    assert shed and assembled
+    for reply in shed:
+        assert reply.metadata.degradation_level == pb.DEGRADATION_LEVEL_PASS_THROUGH
+        assert list(reply.metadata.degradation_reasons) == ["overloaded"]
+        assert [m.content for m in reply.messages] == [reply.messages[0].content]  # the question alone
+        assert not reply.metadata.directive_injected and reply.metadata.memories_injected == 0
+    assert all(r.metadata.memories_injected > 0 for r in assembled)
+    # The slot is released: a call on its own is assembled again.
+    reply = await _assemble(service.port, tenant, "hours in city 3?")
+    assert reply.metadata.fallback_reason == "" and reply.metadata.memories_injected > 0

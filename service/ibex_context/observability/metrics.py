@@ -68,6 +68,7 @@ KNOWN_REASONS: frozenset[str] = frozenset(
         "embedder_unavailable",
         "deadline_exceeded",
         "assembly_error",
+        "overloaded",
         "constrained_budget",
         "budget_exhausted",
         "no_query",

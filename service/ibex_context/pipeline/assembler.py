@@ -145,6 +145,29 @@ class Assembler:
         report.finished_ns = time.perf_counter_ns()
         return assembly
 
+    def shed(self, request: AssemblyRequest, profile: Profile, reason: str) -> Assembly:
+        """The client's messages unchanged, at once, with ``reason`` (the server is over
+        capacity): nothing is fetched, counted or formatted."""
+        report = AssemblyReport(
+            request_id=request.request_id,
+            model=request.model,
+            profile=profile.name,
+            started_ns=time.perf_counter_ns(),
+        )
+        assembly = self._finish(
+            _Call(request, profile, report, RetrievalState()),
+            messages=request.messages,
+            directive_injected=False,
+            memories=(),
+            tokens_injected=0,
+            memory_tokens=0,
+            was_truncated=False,
+            degradation=Degradation.PASS_THROUGH,
+            reasons=[reason],
+        )
+        report.finished_ns = time.perf_counter_ns()
+        return assembly
+
     # -- the full path --------------------------------------------------------------------
 
     async def _assemble(self, call: _Call, tasks: list[asyncio.Task[None]], deadline: float) -> Assembly:

@@ -40,7 +40,7 @@ from ibex_context.server.codec import LimitedProtoCodec
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy, MemoryHandler
 from ibex_context.server.health import ServiceHealth
-from ibex_context.server.lifecycle import InflightCalls
+from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
@@ -174,6 +174,7 @@ class ContextService:
             injections=self._injections,
             inflight=self.inflight,
             report_sink=_attach_report,
+            limit=AssemblyLimit(s.max_concurrent_assemblies),
         )
         memory = MemoryHandler(
             writes=MemoryWrites(writer=repository, embedder=embedder, encodings=encodings),

@@ -25,11 +25,13 @@ from ibex_context.pipeline.report import AssemblyReport, Outcome
 from ibex_context.post_response import InjectionQueue
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
-from ibex_context.server.lifecycle import InflightCalls
+from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
 
 log = logging.getLogger(__name__)
 
 ProfileResolver = Callable[[str, str], Profile]
+# The degradation reason of a call shed over ``IBEX_MAX_CONCURRENT_ASSEMBLIES``.
+OVERLOADED = "overloaded"
 ReportSink = Callable[[AssemblyReport], None]
 
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
@@ -52,8 +54,10 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
         injections: InjectionQueue,
         inflight: InflightCalls,
         report_sink: ReportSink,
+        limit: AssemblyLimit | None = None,
     ) -> None:
         self._assembler = assembler
+        self._limit = limit or AssemblyLimit(0)
         self._resolve_profile = resolve_profile
         self._limits = limits
         self._deadlines = deadlines
@@ -84,9 +88,15 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
             if stream.deadline is not None:
                 caller = stream.deadline.time_remaining() - self._deadlines.safety_margin
                 budget = min(budget, caller)
-            assembly = await self._assembler.assemble(
-                request, profile, budget if math.isfinite(budget) else 0
-            )
+            if self._limit.try_acquire():
+                try:
+                    assembly = await self._assembler.assemble(
+                        request, profile, budget if math.isfinite(budget) else 0
+                    )
+                finally:
+                    self._limit.release()
+            else:
+                assembly = self._assembler.shed(request, profile, OVERLOADED)
             response = convert.assemble_response(assembly)
             report = assembly.report
             self._report_sink(report)
