@@ -251,7 +251,10 @@ class Matrix:
         base = by_label.get("baseline-200rps")
         if base is not None and base.result is not None:
             p99 = base.get("p99_ms")
-            fb = 100 * (base.get("fallback_rate") or 0)
+            # A call past the deadline is the worst fallback (the client gives up and
+            # sends the messages unchanged): failures count with the fallbacks.
+            answered = (base.get("responses") or 0) + (base.get("failures") or 0)
+            fb = 100 * ((base.get("fallbacks") or 0) + (base.get("failures") or 0)) / max(1, answered)
             out.append(
                 f"- p99 <= 10 ms at 200 RPS (100x1k, hashing): p99 = {p99} ms -> "
                 + (
@@ -263,7 +266,7 @@ class Matrix:
                 )
             )
             out.append(
-                f"- fallback < 0.1 % at 200 RPS: {fb:.3f} % -> "
+                f"- fallback < 0.1 % at 200 RPS (calls past the deadline included): {fb:.3f} % -> "
                 + ("**met**" if fb < 0.1 else f"**missed** ({fb / 0.1:.1f}x the limit)")
             )
         else:

@@ -94,6 +94,26 @@ SCENARIOS: dict[str, Scenario] = {
 # --------------------------------------------------------------------------- helpers
 
 
+def free_port_run(count: int, avoid: set[int]) -> int:
+    """The first of ``count`` consecutive free ports (serve --workers gives worker i
+    the metrics port base+i), none of them in ``avoid``."""
+    for _attempt in range(100):
+        base = free_port()
+        ports = range(base, base + count)
+        if avoid.isdisjoint(ports) and all(_port_free(p) for p in ports[1:]):
+            return base
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -521,7 +541,7 @@ def _run_with_stores(
     store_pids: Sequence[int] = (),
 ) -> RunResult:
     grpc_port = free_port()
-    metrics_base = free_port()
+    metrics_base = free_port_run(max(1, args.workers), avoid={grpc_port})
     # serve --workers gives worker i the metrics port base+i.
     metrics_ports = [metrics_base + i for i in range(max(1, args.workers))]
     env = dict(
