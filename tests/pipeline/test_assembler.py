@@ -6,12 +6,14 @@ The stores here are small in-memory implementations of the narrow interfaces in
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
 from ibex_context.pipeline.retrieval import Retriever
-from ibex_context.profiles.model import Profile, Scoring, ScoringWeights
+from ibex_context.profiles.model import Deadlines, Profile, Scoring, ScoringWeights
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -25,10 +27,12 @@ class _Directives:
 
 
 class _Hot:
-    def __init__(self, embedding: FloatVector) -> None:
+    def __init__(self, embedding: FloatVector, delay: float = 0.0) -> None:
         self._embedding = embedding
+        self._delay = delay
 
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        await asyncio.sleep(self._delay)
         return [
             MemoryRecord(
                 id="7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e02",
@@ -41,13 +45,17 @@ class _Hot:
 
 
 class _Cold:
+    def __init__(self, delay: float = 0.0) -> None:
+        self._delay = delay
+
     async def search(
         self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
     ) -> list[MemoryRecord]:
+        await asyncio.sleep(self._delay)
         return []
 
 
-async def _assembler() -> Assembler:
+async def _assembler(*, hot_delay: float = 0.0, cold_delay: float = 0.0) -> Assembler:
     embedder = HashingEmbedder(384)
     (vector,) = await embedder.embed(["The warehouse opens at six."])
     encodings = EncodingRegistry()
@@ -56,8 +64,8 @@ async def _assembler() -> Assembler:
     return Assembler(
         retriever=Retriever(
             directives=_Directives(),
-            hot_memories=_Hot(np.asarray(vector)),
-            cold_memories=_Cold(),
+            hot_memories=_Hot(np.asarray(vector), hot_delay),
+            cold_memories=_Cold(cold_delay),
             embedder=embedder,
         ),
         encodings=encodings,
@@ -99,3 +107,26 @@ async def test_no_time_at_all_passes_the_messages_through() -> None:
     assert assembly.degradation is Degradation.PASS_THROUGH
     assert assembly.reasons[0] == "deadline_exceeded"
     assert assembly.messages == REQUEST.messages
+
+
+# Deadlines of 50 ms for the hot set, 400 ms for the cold search: wide enough apart
+# that a loaded test machine cannot blur which one came first.
+SPREAD = Profile(deadlines=Deadlines(assembly_ms=900, directive_ms=50, hot_ms=50, cold_ms=400))
+
+
+async def test_a_hot_set_answering_after_its_timeout_is_used_while_the_cold_search_runs() -> None:
+    assembler = await _assembler(hot_delay=0.15, cold_delay=0.3)
+    assembly = await assembler.assemble(REQUEST, SPREAD, deadline=1.0)
+    # Waiting for the cold search kept the call open past the hot set's 50 ms: its
+    # answer is used, not thrown away.
+    assert assembly.degradation is Degradation.FULL and assembly.reasons == ()
+    assert len(assembly.memories) == 1
+
+
+async def test_the_call_stops_waiting_for_a_late_source_once_nothing_else_keeps_it() -> None:
+    # The hot set would answer at 600 ms, inside the call's 900: the call still stops
+    # at the hot set's own 50 ms once the other sources are done.
+    assembler = await _assembler(hot_delay=0.6)
+    assembly = await assembler.assemble(REQUEST, SPREAD, deadline=1.0)
+    assert assembly.reasons == ("hot_timeout",)
+    assert assembly.degradation is Degradation.HOT_ONLY and assembly.directive_injected

@@ -36,7 +36,7 @@ from ibex_context.pipeline.formatting import (
 )
 from ibex_context.pipeline.packing import pack_costed
 from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
-from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever
+from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Profile
 from ibex_context.tokens.catalogue import resolve_model
@@ -204,12 +204,9 @@ class Assembler:
             skip_cold_reason="memory budget below 1000 tokens" if preliminary.is_constrained else "",
             ends_at=report.started_ns / 1e9 + deadline - self._config.compute_reserve_seconds,
         )
-        tasks.extend(self._retriever.start(plan, state))
-        wait = plan.ends_at - time.perf_counter()
-        if wait > 0:
-            # The sources time out by themselves at ends_at; the extra millisecond lets
-            # them record it before we read the state.
-            await asyncio.wait(tasks, timeout=wait + 0.001)
+        sources = self._retriever.start(plan, state)
+        tasks.extend(s.task for s in sources)
+        await wait_for_sources(sources, plan.ends_at)
         self._cancel(tasks)
         _close_sources(state)
         for source, (start, end) in state.intervals.items():

@@ -12,8 +12,9 @@ cancel the rest: cancelling the tasks cancels the Redis and PostgreSQL work
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -99,20 +100,33 @@ class Retriever:
         self._cold = cold_memories
         self._embedder = embedder
 
-    def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[asyncio.Task[None]]:
-        """Start every source; the caller awaits the tasks under its deadline."""
-        tasks = [
-            asyncio.create_task(self._directive(plan, state), name="retrieve-directive"),
-            asyncio.create_task(self._hot_set(plan, state), name="retrieve-hot"),
-            asyncio.create_task(self._embed_and_search(plan, state), name="retrieve-cold"),
+    def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
+        """Start every source; the caller waits for them (see ``wait_for_sources``)."""
+        now = time.perf_counter()
+        return [
+            SourceTask(
+                asyncio.create_task(self._directive(plan, state), name="retrieve-directive"),
+                min(now + plan.directive_timeout, plan.ends_at),
+            ),
+            SourceTask(
+                asyncio.create_task(self._hot_set(plan, state), name="retrieve-hot"),
+                min(now + plan.hot_timeout, plan.ends_at),
+            ),
+            SourceTask(
+                asyncio.create_task(self._embed_and_search(plan, state), name="retrieve-cold"),
+                min(now + plan.cold_timeout, plan.ends_at),
+            ),
         ]
-        return tasks
 
     async def _directive(self, plan: RetrievalPlan, state: RetrievalState) -> None:
+        # Redis sources run until the call's deadline; their own timeouts are applied
+        # by wait_for_sources, which stops waiting for a source only when nothing
+        # else keeps the call waiting (an answer that arrives while the cold search
+        # is still running is used, not thrown away).
         directive = await _run_source(
             state,
             "directive",
-            plan.timeout(plan.directive_timeout),
+            plan.timeout(math.inf),
             lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
             count=lambda d: 1 if d is not None else 0,
         )
@@ -127,7 +141,7 @@ class Retriever:
         hot = await _run_source(
             state,
             "hot",
-            plan.timeout(plan.hot_timeout),
+            plan.timeout(math.inf),
             # Shielded: redis-py's connection release is not cancellation-safe (a cancel
             # landing while it waits for the pool lock or reconnects loses the connection
             # and, call after call, empties the pool). A hot-set read is one round trip
@@ -175,6 +189,35 @@ class Retriever:
             state.cold = cold
 
 
+@dataclass(frozen=True, slots=True)
+class SourceTask:
+    """A running source and the perf_counter() time after which the call need not wait for it."""
+
+    task: asyncio.Task[None]
+    wait_until: float
+
+
+async def wait_for_sources(sources: Sequence[SourceTask], ends_at: float) -> None:
+    """Waits until every source finished, or every one still running is past its own
+    ``wait_until`` (or ``ends_at`` has come).
+
+    A source's timeout bounds how long the call waits *for it*: a hot-set read that
+    answers at 12 ms while the cold search runs until 20 ms is used, where a timer
+    cancelling it at 10 ms would have thrown the answer away and saved no time. The
+    caller cancels what is left.
+    """
+    pending = {s.task: s.wait_until for s in sources if not s.task.done()}
+    while pending:
+        stop_at = min(max(pending.values()), ends_at)
+        wait = stop_at - time.perf_counter()
+        if wait <= 0:
+            return
+        # The extra millisecond lets a source that stops itself at ends_at record it.
+        done, _ = await asyncio.wait(pending, timeout=wait + 0.001, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            del pending[task]
+
+
 class _Failed:
     pass
 
@@ -207,7 +250,7 @@ async def _run_source(
         end = time.perf_counter_ns()
         state.intervals[source] = (start, end)
         state.sources[source] = SourceResult(
-            source, SourceStatus.TIMEOUT, (end - start) // 1000, 0, "cancelled at the call deadline"
+            source, SourceStatus.TIMEOUT, (end - start) // 1000, 0, "no answer when the call stopped waiting"
         )
         raise
     except Exception as exc:  # any store or embedder failure degrades, never fails the call
