@@ -83,9 +83,10 @@ class Settings(BaseSettings):
     )
     profiles_poll_seconds: float = _f(1.0, "How often the profiles file is checked for changes.", gt=0)
     max_concurrent_assemblies: int = _f(
-        6,
+        4,
         "Assemblies run at once per process; a call over it gets its messages back at once "
-        "(reason overloaded) instead of queueing past its deadline. 0: no limit.",
+        "(reason overloaded) instead of queueing past its deadline. Size it to what one core "
+        "finishes inside the deadline (see docs/adr/0007). 0: no limit.",
         ge=0,
     )
     deadline_safety_margin_ms: float = _f(
