@@ -18,9 +18,11 @@ import cProfile
 import io
 import json
 import os
+import platform
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -253,6 +255,22 @@ def main() -> int:
         else:
             result = asyncio.run(main_coroutine)
     profile = result.pop("profile", None)
+    result["setup"] = {
+        "data": data_dir.name,
+        "calls": args.calls,
+        "warmup_calls": args.warmup,
+        "mix": dict(zip(SCENARIOS, WEIGHTS, strict=True)),
+        "embedder": "hashing",
+        "transport": "none (handler called in process; HTTP/2 excluded)",
+        "machine": f"{os.cpu_count()} vCPU {platform.machine()}, shared with other work",
+        "python": platform.python_version(),
+        "commit": subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip(),
+    }
     print(json.dumps(result, indent=2))
     if profile:
         print(profile)
