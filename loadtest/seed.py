@@ -406,7 +406,10 @@ async def seed(
         report.generate_copy_seconds = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        await conn.execute("SET maintenance_work_mem = '1GB'")
+        # The graph must fit in maintenance_work_mem or the build slows down many
+        # times (pgvector's notice); ~2 kB per 384-dim row.
+        memory_gb = 1 if plan.total_memories <= 300_000 else 4
+        await conn.execute(f"SET maintenance_work_mem = '{memory_gb}GB'")
         await conn.execute(HNSW_INDEX_SQL)
         report.index_seconds = time.perf_counter() - t1
         t2 = time.perf_counter()
