@@ -634,3 +634,14 @@ def test_helm_test_arguments_parse_with_the_real_cli(render: Callable[..., Rende
         command = cli_main.commands[command_name]
         context = command.make_context(command_name, list(rest), resilient_parsing=False)
         assert context.params["target"] == f"{FULLNAME}:50051"
+
+
+def test_the_assembly_cap_is_a_value_the_service_reads(render: Callable[..., Rendered]) -> None:
+    assert env_of(server_container(render()))["IBEX_MAX_CONCURRENT_ASSEMBLIES"]["value"] == "4"
+    tuned = render(sets=["config.maxConcurrentAssemblies=8"])
+    assert env_of(server_container(tuned))["IBEX_MAX_CONCURRENT_ASSEMBLIES"]["value"] == "8"
+
+
+def test_a_negative_assembly_cap_is_refused_by_the_schema(helm: str) -> None:
+    result = run_helm(helm, *template_args((), ["config.maxConcurrentAssemblies=-1"]))
+    assert result.returncode != 0 and "maxConcurrentAssemblies" in result.stderr
