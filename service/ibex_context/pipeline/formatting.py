@@ -460,17 +460,14 @@ def _xml_head_tokens(memory_id: str, encoding: Encoding) -> int:
     or digit (a UUID) is cut from its quotes exactly as the nonce is (see
     ``_count_xml_head_and_body``; ``" nonce`` splits at the space), so the three
     parts are counted apart and only the id goes through the BPE."""
-    if _bounded_by_alnum(memory_id) and not _needs_xml_escape(memory_id):
+    escaped = _xml_escape(memory_id)
+    if escaped == memory_id and _bounded_by_alnum(memory_id):
         return (
             encoding.count_short(_XML_HEAD_BEFORE_ID)
             + encoding.count(memory_id)
             + encoding.count_short(_XML_HEAD_AFTER_ID)
         )
-    return encoding.count(_XML_OPENING_HEAD.format(_xml_escape(memory_id)))
-
-
-def _needs_xml_escape(text: str) -> bool:
-    return any(c in text for c in "&<>\"'")
+    return encoding.count(_XML_OPENING_HEAD.format(escaped))
 
 
 def _bounded_by_alnum(text: str) -> bool:
