@@ -18,7 +18,8 @@ Server pinned to CPU 0, locust to CPU 1 (``loadtest/run`` for each step). Steps:
    HNSW build take tens of minutes here; see the estimate printed).
 
 Each step writes ``loadtest/results/<date>-<label>.md`` (committed when ``--commit``),
-and the matrix writes ``loadtest/results/<date>-matrix.md`` with every figure and the
+and the matrix writes ``loadtest/results/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
+subset) with every figure and the
 targets met or missed. ``--only`` runs a subset (comma-separated step names:
 rates, max, profile, workers, minilm, large, big).
 """
@@ -343,7 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "large": matrix.large,
         "big": matrix.big,
     }
-    out = ROOT / "loadtest" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-matrix.md"
+    # A subset of the steps gets its own summary, so it does not replace the full one.
+    default = [s for s in STEPS if s != "big"]
+    suffix = "" if chosen == default else "-" + "-".join(chosen)
+    out = ROOT / "loadtest" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
     for name in STEPS:
         if name in chosen:
             actions[name]()
