@@ -32,12 +32,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest import corpus  # noqa: E402
 from loadtest.runner import stores  # noqa: E402
-
-# Imported from loadtest.locustfile, locust would monkey-patch this process with gevent.
-SCENARIOS = ("new_session", "long_conversation", "constrained_model", "large_agent")
-WEIGHTS = (5, 3, 1, 1)
+from loadtest.workload import (  # noqa: E402
+    DEFAULT_WEIGHTS,
+    SCENARIOS,
+    Caller,
+    Workload,
+    build_request,
+    parse_weights,
+)
 
 
 class _Deadline:
@@ -63,60 +66,16 @@ class _Stream:
         self.sent = response.SerializeToString()
 
 
-class _Workload:
-    """The locust user's agents and conversations (see loadtest/locustfile.py)."""
-
-    def __init__(self, agents_file: Path, seed: int) -> None:
-        from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-
-        self.pb = pb
-        data = json.loads(agents_file.read_text())
-        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
-        by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
-        largest = int(by_size[0].get("memories", 0))
-        self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][
-            : max(1, len(by_size) // 10)
-        ]
-        rng = random.Random(seed)
-        self.histories = [self._history(rng, rng.randint(19, 49)) for _ in range(48)]
-        self.short_histories = [self._history(rng, rng.randint(7, 15)) for _ in range(24)]
-        self.system_prompts = [
-            "You are a helpful assistant for the operations team. Be concise.",
-            "You are a support agent. Answer politely and cite ticket numbers.",
-            "You help engineers debug production issues. Prefer concrete steps.",
-        ]
-
-    def _history(self, rng: random.Random, turns: int) -> list[Any]:
-        pairs = corpus.conversation(rng, turns + 1, "")[:-1]
-        return [self.pb.Message(role=role, content=content) for role, content in pairs]
-
-    def requests(self, n: int, seed: int) -> list[tuple[str, Any]]:
-        rng = random.Random(seed)
-        session = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-        out = []
-        for _ in range(n):
-            scenario = rng.choices(SCENARIOS, WEIGHTS)[0]
-            agent = rng.choice(self.large_agents if scenario == "large_agent" else self.agents)
-            req = self.pb.AssembleContextRequest(
-                org_id=agent["org_id"],
-                agent_id=agent["agent_id"],
-                model="gpt-4" if scenario == "constrained_model" else "gpt-4o",
-                request_id=f"bench-{rng.getrandbits(64):016x}",
-            )
-            if scenario == "new_session":
-                if rng.random() < 0.5:
-                    req.messages.add(role="system", content=rng.choice(self.system_prompts))
-            else:
-                req.session_id = session
-                history = rng.choice(
-                    self.short_histories if scenario == "constrained_model" else self.histories
-                )
-                req.messages.extend(history)
-            question = rng.choice(agent["queries"])
-            question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
-            req.messages.add(role="user", content=question)
-            out.append((scenario, req))
-        return out
+def _requests(workload: Workload, n: int, seed: int) -> list[tuple[str, Any]]:
+    """The locust user's request mix, built by the same code."""
+    rng = random.Random(seed)
+    caller = Caller(session_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)))
+    weights = parse_weights(DEFAULT_WEIGHTS)
+    out = []
+    for _ in range(n):
+        scenario = rng.choices(SCENARIOS, [weights[s] for s in SCENARIOS])[0]
+        out.append((scenario, build_request(workload, caller, rng, scenario)))
+    return out
 
 
 async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: Path) -> dict[str, Any]:
@@ -154,9 +113,9 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             sink(report)
 
         handler._report_sink = collect
-        workload = _Workload(agents_file, args.seed)
-        warm = workload.requests(args.warmup, args.seed + 7)
-        calls = workload.requests(args.calls, args.seed)
+        workload = Workload(agents_file, args.seed)
+        warm = _requests(workload, args.warmup, args.seed + 7)
+        calls = _requests(workload, args.calls, args.seed)
         for _, message in warm:
             await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
         await asyncio.sleep(0.3)
@@ -259,7 +218,7 @@ def main() -> int:
         "data": data_dir.name,
         "calls": args.calls,
         "warmup_calls": args.warmup,
-        "mix": dict(zip(SCENARIOS, WEIGHTS, strict=True)),
+        "mix": DEFAULT_WEIGHTS,
         "embedder": "hashing",
         "transport": "none (handler called in process; HTTP/2 excluded)",
         "machine": f"{os.cpu_count()} vCPU {platform.machine()}, shared with other work",

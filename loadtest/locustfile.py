@@ -62,11 +62,17 @@ if __package__ in (None, ""):  # locust imports this file by path
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
 
-from loadtest import checks, corpus  # noqa: E402
+from loadtest import checks  # noqa: E402
+from loadtest.workload import (  # noqa: E402
+    DEFAULT_WEIGHTS,
+    SCENARIOS,
+    Caller,
+    Workload,
+    build_request,
+    parse_weights,
+)
 
 METHOD = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
-SCENARIOS: tuple[str, ...] = ("new_session", "long_conversation", "constrained_model", "large_agent")
-DEFAULT_WEIGHTS = "new_session=5,long_conversation=3,constrained_model=1,large_agent=1"
 
 
 @events.init_command_line_parser.add_listener
@@ -117,18 +123,6 @@ def _options(parser: Any) -> None:
     g.add_argument("--loadtest-seed", env_var="LOADTEST_SEED", type=int, default=7)
 
 
-def parse_weights(text: str) -> dict[str, int]:
-    weights: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition("=")
-        if name not in SCENARIOS:
-            raise ValueError(f"--scenario-weights: unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
-        weights[name] = int(value)
-    if not any(weights.values()):
-        raise ValueError("--scenario-weights: every weight is 0")
-    return weights
-
-
 # --------------------------------------------------------------------------- shared state
 
 
@@ -160,34 +154,6 @@ class Tally:
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
-
-
-class Workload:
-    """Agents and prebuilt conversations, shared by every user of this process."""
-
-    def __init__(self, agents_file: Path, seed: int) -> None:
-        data = json.loads(agents_file.read_text())
-        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
-        if not self.agents:
-            raise ValueError(f"{agents_file}: no agents with queries")
-        by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
-        largest = int(by_size[0].get("memories", 0))
-        self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][
-            : max(1, len(by_size) // 10)
-        ]
-        rng = random.Random(seed)
-        self.histories = [self._history(rng, rng.randint(19, 49)) for _ in range(48)]
-        self.short_histories = [self._history(rng, rng.randint(7, 15)) for _ in range(24)]
-        self.system_prompts = [
-            "You are a helpful assistant for the operations team. Be concise.",
-            "You are a support agent. Answer politely and cite ticket numbers.",
-            "You help engineers debug production issues. Prefer concrete steps.",
-        ]
-
-    @staticmethod
-    def _history(rng: random.Random, turns: int) -> list[Any]:
-        pairs = corpus.conversation(rng, turns + 1, "")[:-1]
-        return [pb.Message(role=role, content=content) for role, content in pairs]
 
 
 def _workload(environment: Environment) -> Workload:
@@ -225,12 +191,15 @@ class AssembleContextUser(User):
         options = self.environment.parsed_options
         self._pace = constant_throughput(options.rps_per_user)
         self._timeout = options.deadline_ms / 1000.0
-        self._unique = bool(options.unique_queries)
-        self._model, self._constrained_model = options.model, options.constrained_model
         self._workload = _workload(self.environment)
         self._tally = _tally(self.environment)
         self._rng = random.Random(f"{options.loadtest_seed}:{id(self)}")
-        self._session = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        self._caller = Caller(
+            session_id=str(uuid.UUID(int=self._rng.getrandbits(128), version=4)),
+            model=options.model,
+            constrained_model=options.constrained_model,
+            unique_questions=bool(options.unique_queries),
+        )
         # A local subchannel pool gives each user its own TCP connection, so several
         # server processes behind SO_REUSEPORT all receive load.
         self._channel = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -258,30 +227,8 @@ class AssembleContextUser(User):
 
     # -- requests -----------------------------------------------------------------------
 
-    def _question(self, agent: dict[str, Any]) -> str:
-        question: str = self._rng.choice(agent["queries"])
-        if self._unique:
-            question += f" (ref {corpus.CATEGORIES[self._rng.randrange(5)]}-{self._rng.getrandbits(32):08x})"
-        return question
-
     def build_request(self, scenario: str) -> Any:
-        w, rng = self._workload, self._rng
-        agent = rng.choice(w.large_agents if scenario == "large_agent" else w.agents)
-        req = pb.AssembleContextRequest(
-            org_id=agent["org_id"],
-            agent_id=agent["agent_id"],
-            model=self._constrained_model if scenario == "constrained_model" else self._model,
-            request_id=f"lt-{rng.getrandbits(64):016x}",
-        )
-        if scenario == "new_session":
-            if rng.random() < 0.5:
-                req.messages.add(role="system", content=rng.choice(w.system_prompts))
-        else:
-            req.session_id = self._session
-            history = rng.choice(w.short_histories if scenario == "constrained_model" else w.histories)
-            req.messages.extend(history)
-        req.messages.add(role="user", content=self._question(agent))
-        return req
+        return build_request(self._workload, self._caller, self._rng, scenario)
 
     def call(self, scenario: str, req: Any) -> None:
         name = f"AssembleContext/{scenario}"

@@ -1,0 +1,96 @@
+"""The load test's agents, conversations and request mix, without locust or gevent.
+
+``loadtest.locustfile`` sends these requests; ``benchmarks.call_cpu`` replays them in
+process (importing the locustfile would monkey-patch that process with gevent).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+
+from loadtest import corpus
+
+SCENARIOS: tuple[str, ...] = ("new_session", "long_conversation", "constrained_model", "large_agent")
+DEFAULT_WEIGHTS = "new_session=5,long_conversation=3,constrained_model=1,large_agent=1"
+
+
+def parse_weights(text: str) -> dict[str, int]:
+    weights: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in SCENARIOS:
+            raise ValueError(f"--scenario-weights: unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
+        weights[name] = int(value)
+    if not any(weights.values()):
+        raise ValueError("--scenario-weights: every weight is 0")
+    return weights
+
+
+class Workload:
+    """Agents and prebuilt conversations, shared by every user of this process."""
+
+    def __init__(self, agents_file: Path, seed: int) -> None:
+        data = json.loads(agents_file.read_text())
+        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
+        if not self.agents:
+            raise ValueError(f"{agents_file}: no agents with queries")
+        by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
+        largest = int(by_size[0].get("memories", 0))
+        self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][
+            : max(1, len(by_size) // 10)
+        ]
+        rng = random.Random(seed)
+        self.histories = [self._history(rng, rng.randint(19, 49)) for _ in range(48)]
+        self.short_histories = [self._history(rng, rng.randint(7, 15)) for _ in range(24)]
+        self.system_prompts = [
+            "You are a helpful assistant for the operations team. Be concise.",
+            "You are a support agent. Answer politely and cite ticket numbers.",
+            "You help engineers debug production issues. Prefer concrete steps.",
+        ]
+
+    @staticmethod
+    def _history(rng: random.Random, turns: int) -> list[Any]:
+        pairs = corpus.conversation(rng, turns + 1, "")[:-1]
+        return [pb.Message(role=role, content=content) for role, content in pairs]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What one simulated caller sends with: its session and models."""
+
+    session_id: str
+    model: str = "gpt-4o"
+    constrained_model: str = "gpt-4"
+    # A random suffix per question: no two calls share an embedding-cache entry.
+    unique_questions: bool = True
+
+
+def build_request(workload: Workload, caller: Caller, rng: random.Random, scenario: str) -> Any:
+    """One AssembleContextRequest of ``scenario``, drawn with ``rng``."""
+    agent = rng.choice(workload.large_agents if scenario == "large_agent" else workload.agents)
+    req = pb.AssembleContextRequest(
+        org_id=agent["org_id"],
+        agent_id=agent["agent_id"],
+        model=caller.constrained_model if scenario == "constrained_model" else caller.model,
+        request_id=f"lt-{rng.getrandbits(64):016x}",
+    )
+    if scenario == "new_session":
+        if rng.random() < 0.5:
+            req.messages.add(role="system", content=rng.choice(workload.system_prompts))
+    else:
+        req.session_id = caller.session_id
+        history = rng.choice(
+            workload.short_histories if scenario == "constrained_model" else workload.histories
+        )
+        req.messages.extend(history)
+    question: str = rng.choice(agent["queries"])
+    if caller.unique_questions:
+        question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+    req.messages.add(role="user", content=question)
+    return req
