@@ -78,6 +78,26 @@ def _requests(workload: Workload, n: int, seed: int) -> list[tuple[str, Any]]:
     return out
 
 
+def _heap_census(top: int) -> dict[str, Any]:
+    """What the cyclic GC has to walk on a full (gen2) collection, and how long one takes."""
+    import collections
+    import gc
+
+    objects = gc.get_objects()
+    by_type = collections.Counter(type(o).__qualname__ for o in objects)
+    frozen = gc.get_freeze_count()
+    del objects
+    t0 = time.perf_counter()
+    gc.collect()
+    full_ms = (time.perf_counter() - t0) * 1000
+    return {
+        "tracked_objects": sum(by_type.values()),
+        "frozen_objects": frozen,
+        "full_collection_ms": round(full_ms, 1),
+        "by_type": dict(by_type.most_common(top)),
+    }
+
+
 async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: Path) -> dict[str, Any]:
     from ibex_context.server.app import ContextService
     from ibex_context.settings import Settings
@@ -119,6 +139,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         for _, message in warm:
             await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
         await asyncio.sleep(0.3)
+        heap = _heap_census(args.top) if args.heap else None
         profiler = cProfile.Profile() if args.profile else None
         cpu: list[float] = []
         wall: list[float] = []
@@ -180,6 +201,8 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             "stage_ms_p50": {k: round(statistics.median(v) / 1000, 3) for k, v in sorted(stage_us.items())},
             "cpu_ms_p50_by_scenario": {k: round(statistics.median(v), 3) for k, v in by_scenario.items()},
         }
+        if heap:
+            result["heap_after_warmup"] = heap
         if profiler:
             buffer = io.StringIO()
             stats = pstats.Stats(profiler, stream=buffer)
@@ -200,6 +223,7 @@ def main() -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="print every 50th call's stage spans (ms) to stderr")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (IBEX_USE_UVLOOP)")
+    p.add_argument("--heap", action="store_true", help="census of GC-tracked objects after the warm-up")
     p.add_argument("--top", type=int, default=45)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--mark-file", type=Path, default=None, help="written when the measured calls start")

@@ -12,6 +12,7 @@ restarted at will (``.stop()`` / ``.start()`` on the same port). Stopping the sh
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ from ibex_context.embedded import PostgresProcess, RedisProcess, start_postgres,
 from ibex_context.stores.migrate import migrate
 
 TEST_EMBEDDING_DIM = 384
+
+# Services started inside the test process must not gc.freeze() it: that would pin
+# the whole session's garbage. Servers run as subprocesses inherit this too; the
+# freeze has its own test (tests/server/test_heap.py), which sets it back.
+os.environ["IBEX_GC_FREEZE"] = "false"
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,7 @@ def test_no_label_can_carry_an_id() -> None:
         "service",
         "method",
         "code",
+        "generation",
         "le",
     }
 
@@ -244,3 +245,16 @@ async def test_no_scraped_label_value_contains_request_content_or_ids(
     label_values = {value for _, labels in samples for _, value in labels}
     forbidden = ("org-7f3a", "agent-91bc", "sess-55de", "req-0042", "PAPAYA", "drink")
     assert not [v for v in label_values if any(f in v for f in forbidden)]
+
+
+def test_gc_pauses_are_recorded_by_generation_and_unknown_generations_ignored() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_gc_pause(2, 0.07)
+    metrics.record_gc_pause(0, 0.0001)
+    metrics.record_gc_pause(7, 1.0)
+    v = values(metrics)
+    assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "2")}))] == 1
+    assert v[("ibex_context_gc_pause_seconds_sum", frozenset({("generation", "2")}))] == 0.07
+    assert v[("ibex_context_gc_pause_seconds_bucket", frozenset({("generation", "2"), ("le", "0.045")}))] == 0
+    assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "0")}))] == 1
+    assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "1")}))] == 0

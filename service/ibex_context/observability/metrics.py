@@ -56,6 +56,10 @@ MEMORY_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 5, 8, 13, 20, 30, 50, 100
 CANDIDATE_BUCKETS: tuple[float, ...] = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 UTILISATION_BUCKETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 TOKEN_BUCKETS: tuple[float, ...] = (0, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+# Seconds. A young collection takes tens of microseconds; a full one over an unfrozen
+# start-up heap took 60-80 ms, past the call deadline.
+GC_PAUSE_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.045, 0.1)
+GC_GENERATIONS: tuple[str, ...] = ("0", "1", "2")
 
 # Degradation reasons the assembler reports (``AssemblyReport.reasons``). Anything
 # else is counted as ``other``: a new reason shows up on the dashboard as ``other``
@@ -216,6 +220,18 @@ class Metrics:
             "Profiles currently loaded.",
             registry=registry,
         )
+        self.gc_pause = Histogram(
+            "ibex_context_gc_pause_seconds",
+            "Event-loop stalls from the cyclic garbage collector, by generation collected.",
+            ["generation"],
+            buckets=GC_PAUSE_BUCKETS,
+            registry=registry,
+        )
+        self.gc_frozen_objects = Gauge(
+            "ibex_context_gc_frozen_objects",
+            "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
+            registry=registry,
+        )
 
         # Children resolved once: .labels() takes a lock and hashes on every call,
         # and pre-created series read as 0 instead of absent on the dashboard.
@@ -230,6 +246,7 @@ class Metrics:
         }
         for outcome in ("success", "failure"):
             self.profile_reloads.labels(outcome)
+        self._by_generation = [self.gc_pause.labels(g) for g in GC_GENERATIONS]
         self._rpc_counters: dict[tuple[str, Status], Counter] = {}
         self._rpc_histograms: dict[str, Histogram] = {}
 
@@ -316,6 +333,11 @@ class Metrics:
             self.profile_reload_last_success.set(time.time() if at is None else at)
             if profiles is not None:
                 self.profiles_loaded.set(profiles)
+
+    # --- runtime --------------------------------------------------------------------------
+    def record_gc_pause(self, generation: int, seconds: float) -> None:
+        if 0 <= generation < len(self._by_generation):
+            self._by_generation[generation].observe(seconds)
 
     # --- introspection for tests and the dashboard check ---------------------------------
     def metric_names(self) -> Iterable[str]:

@@ -40,6 +40,7 @@ from ibex_context.server.codec import LimitedProtoCodec
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy, MemoryHandler
 from ibex_context.server.health import ServiceHealth
+from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
@@ -79,10 +80,14 @@ class ContextService:
     watcher: ProfileWatcher | None = field(init=False, default=None)
     _injections: InjectionQueue = field(init=False)
     _stopping: bool = field(init=False, default=False)
+    _gc_pauses: GcPauses | None = field(init=False, default=None)
 
     async def start(self) -> None:
         s = self.settings
         self.metrics = Metrics(self.metrics_registry)
+        self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
+        self._gc_pauses.install()
+        self._closers.append(self._gc_pauses.uninstall)
         tracing = self.tracing or Tracing.from_settings(s)
         self.tracing = tracing
 
@@ -188,6 +193,9 @@ class ContextService:
         instrument_server(
             self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
         )
+        if s.gc_freeze:
+            # Everything built so far lives as long as the process (see server/heap.py).
+            self.metrics.gc_frozen_objects.set(freeze_startup_heap())
         await self.server.start(s.grpc_host, s.grpc_port, reuse_port=s.grpc_reuse_port)
         self.port = _bound_port(self.server, s.grpc_port)
         metrics_server = start_metrics_server(
