@@ -975,7 +975,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenario-weights", default="")
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--locust-cpus", default="1")
-    p.add_argument("--stores-cpus", default=None, help="pin Redis and PostgreSQL (default: not pinned)")
+    p.add_argument(
+        "--stores-cpus",
+        default=None,
+        help="pin Redis and PostgreSQL (default: the load generator's CPUs, so the server has a core "
+        "of its own, as it would beside remote stores; 'any': not pinned)",
+    )
     p.add_argument("--p99-ms", type=float, default=50.0)
     p.add_argument("--max-fallback-rate", type=float, default=0.001)
     p.add_argument("--max-failure-rate", type=float, default=0.001)
@@ -1002,6 +1007,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
+    if args.stores_cpus is None:
+        args.stores_cpus = args.locust_cpus
+    elif args.stores_cpus == "any":
+        args.stores_cpus = None
     args.label = args.label or args.scenario
     args.argv = raw
     return args

@@ -119,7 +119,7 @@ def spec_properties() -> Schema:
             "properties": {
                 "assemblyMs": _int(1, 45, 40, "Bound of the whole assembly (the proxy gives up at 45 ms)."),
                 "directiveMs": _int(1, 45, 10),
-                "hotMs": _int(1, 45, 10),
+                "hotMs": _int(1, 45, 15),
                 "coldMs": _int(1, 45, 35),
             },
             "x-kubernetes-validations": [

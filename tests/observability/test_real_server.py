@@ -45,7 +45,7 @@ ASSEMBLE = {"service": "ibex.context.v1.ContextAssemblyService", "method": "Asse
 
 
 # Sources get the most time a profile allows, so a FULL assembly does not depend on
-# this machine's load (the product defaults are 10/10/35 ms).
+# this machine's load (the product defaults are 10/15/35 ms).
 GENEROUS_PROFILES = {
     "apiVersion": "context.ibex.dev/v1alpha1",
     "kind": "ContextProfileSet",

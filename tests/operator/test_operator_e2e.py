@@ -103,7 +103,7 @@ async def test_a_new_profile_gets_a_configmap_an_hpa_and_a_ready_status(k8s: Any
     assert status["effective"]["deadlines"] == {
         "assemblyMs": 40,
         "directiveMs": 10,
-        "hotMs": 10,
+        "hotMs": 15,
         "coldMs": 35,
     }
     assert condition(k8s, "support", "Conflict")["status"] == "False"

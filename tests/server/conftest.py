@@ -18,7 +18,7 @@ StartService = Callable[..., Awaitable[ContextService]]
 
 
 # Tests that assert a FULL assembly must not depend on this machine's load: the
-# sources get the most time a profile allows (the product defaults are 10/10/35 ms).
+# sources get the most time a profile allows (the product defaults are 10/15/35 ms).
 GENEROUS_PROFILES = {
     "apiVersion": "context.ibex.dev/v1alpha1",
     "kind": "ContextProfileSet",

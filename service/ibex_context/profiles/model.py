@@ -48,7 +48,7 @@ class Deadlines:
 
     assembly_ms: float = 40.0
     directive_ms: float = 10.0
-    hot_ms: float = 10.0
+    hot_ms: float = 15.0
     cold_ms: float = 35.0
 
 
