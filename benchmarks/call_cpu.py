@@ -120,7 +120,10 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         stage_us: dict[str, list[int]] = {}
         sink = handler._report_sink
 
+        last_report: list[Any] = [None]
+
         def collect(report: Any) -> None:
+            last_report[0] = report
             for span in report.stages:
                 stage_us.setdefault(span.stage, []).append(span.duration_us)
             if args.trace and len(stage_us.get("hot", ())) % 50 == 7:
@@ -144,6 +147,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         cpu: list[float] = []
         wall: list[float] = []
         by_scenario: dict[str, list[float]] = {}
+        per_call: list[dict[str, Any]] = []
         counter = handler._assembler._counter
         hits_before = (counter.hits, counter.misses)
         stage_us.clear()
@@ -173,6 +177,17 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             cpu.append((c1 - c0) * 1000)
             wall.append((w1 - w0) * 1000)
             by_scenario.setdefault(scenario, []).append((c1 - c0) * 1000)
+            report = last_report[0]
+            if report is not None:
+                per_call.append(
+                    {
+                        "cpu_ms": round((c1 - c0) * 1000, 2),
+                        "scenario": scenario,
+                        "messages": len(message.messages),
+                        "candidates": report.candidates_evaluated,
+                        "stages_ms": {sp.stage: round(sp.duration_us / 1000, 2) for sp in report.stages},
+                    }
+                )
             # Let the post-response queue flush between calls, as it would at 50 RPS.
             if profiler:
                 profiler.enable()
@@ -200,6 +215,8 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             },
             "stage_ms_p50": {k: round(statistics.median(v) / 1000, 3) for k, v in sorted(stage_us.items())},
             "cpu_ms_p50_by_scenario": {k: round(statistics.median(v), 3) for k, v in by_scenario.items()},
+            # The calls that make the tail: which scenario, and which stage took the time.
+            "slowest_calls": sorted(per_call, key=lambda c: -c["cpu_ms"])[: args.slowest],
         }
         if heap:
             result["heap_after_warmup"] = heap
@@ -223,6 +240,7 @@ def main() -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="print every 50th call's stage spans (ms) to stderr")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (IBEX_USE_UVLOOP)")
+    p.add_argument("--slowest", type=int, default=10, help="how many of the slowest calls to detail")
     p.add_argument("--heap", action="store_true", help="census of GC-tracked objects after the warm-up")
     p.add_argument("--top", type=int, default=45)
     p.add_argument("--out", type=Path, default=None)

@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,9 @@ class Scenario:
     vectors: str = "embedder"
     description: str = ""
 
+
+# The gRPC deadline locust gives every call.
+_DEADLINE_S = 0.045
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -321,6 +324,8 @@ class RunResult:
     seed_output: str
     setup: dict[str, Any]
     profile_summary: str = ""
+    gc_pauses: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    gc_pauses_over_deadline: float = 0.0
 
 
 def _stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str) -> dict[str, Any]:
@@ -644,6 +649,14 @@ def _run_with_stores(
             promdelta.histogram_deltas(b, a, "ibex_context_assembly_duration_seconds")
             for b, a in zip(before, after, strict=True)
         )
+        gc_deltas = promdelta.merge_deltas(
+            promdelta.histogram_deltas(b, a, "ibex_context_gc_pause_seconds")
+            for b, a in zip(before, after, strict=True)
+        )
+        gc_over_deadline = sum(
+            d.count - next((c for bound, c in d.buckets if bound >= _DEADLINE_S), d.count)
+            for d in gc_deltas.values()
+        )
         fallbacks: dict[str, float] = {}
         degradation: dict[str, float] = {}
         for b, a in zip(before, after, strict=True):
@@ -661,6 +674,8 @@ def _run_with_stores(
             locust_rc=locust_rc,
             stages=_stage_table(stage_deltas, "stage"),
             assembly=_stage_table(assembly_deltas, "outcome"),
+            gc_pauses=_stage_table(gc_deltas, "generation"),
+            gc_pauses_over_deadline=gc_over_deadline,
             fallbacks_server={k: v for k, v in fallbacks.items() if v},
             degradation_server={k: v for k, v in degradation.items() if v},
             server_cpu_s=cpu1 - cpu0,
@@ -886,12 +901,21 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         "| histogram | calls | mean ms | ~p50 ms | ~p95 ms | ~p99 ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for title, table in (("assembly", result.assembly), ("stage", result.stages)):
+    for title, table in (
+        ("assembly", result.assembly),
+        ("stage", result.stages),
+        ("GC pause, generation", result.gc_pauses),
+    ):
         for name, row in table.items():
             lines.append(
                 f"| {title} `{name}` | {_fmt(int(row['count'] or 0))} | {_fmt(row['mean_ms'], 2)} | "
                 f"{_fmt(row['p50_ms'], 2)} | {_fmt(row['p95_ms'], 2)} | {_fmt(row['p99_ms'], 2)} |"
             )
+    if result.gc_pauses:
+        lines += [
+            "",
+            f"Garbage-collector pauses longer than the 45 ms call deadline: {_fmt(int(result.gc_pauses_over_deadline))}.",
+        ]
     if result.pg_activity:
         lines += ["", "### What PostgreSQL was doing", "", *result.pg_activity]
     if result.profile_summary:

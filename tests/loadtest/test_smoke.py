@@ -54,4 +54,5 @@ def test_the_smoke_run_drives_the_real_service_and_reports_its_figures(smoke: Sm
     assert s["problems_by_kind"] == {}, s["problems_by_kind"]  # every response kept the contract
     assert "| offered RPS | achieved RPS |" in smoke.report
     assert "stage `" in smoke.report  # the service's own stage histograms were scraped
+    assert "GC pause, generation `0`" in smoke.report  # and its garbage-collector pauses
     assert "Server CPU:" in smoke.report
