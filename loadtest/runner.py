@@ -188,6 +188,19 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def stolen_seconds() -> dict[str, float]:
+    """CPU time the hypervisor gave to other guests, per CPU (``/proc/stat``, steal
+    column), in seconds. Stalls of a virtual CPU show up here and nowhere else."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stolen: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0].startswith("cpu") and fields[0] != "cpu" and len(fields) > 8:
+                stolen[fields[0][3:]] = int(fields[8]) / ticks
+    return stolen
+
+
 def runqueue_wait_seconds(pid: int) -> float:
     """Seconds ``pid``'s threads (and its children's) spent runnable but waiting for a CPU.
 
@@ -326,6 +339,7 @@ class RunResult:
     profile_summary: str = ""
     gc_pauses: dict[str, dict[str, float | None]] = field(default_factory=dict)
     gc_pauses_over_deadline: float = 0.0
+    stolen_s: dict[str, float] = field(default_factory=dict)
 
 
 def _stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str) -> dict[str, Any]:
@@ -621,6 +635,7 @@ def _run_with_stores(
             before = [scrape(p) for p in metrics_ports]
             cpu0, lcpu0, t0 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait0, load0 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
+            steal0 = stolen_seconds()
             stores0 = sum(cpu_seconds(pid) for pid in store_pids)
             sampler = PgActivitySampler(dsn)
             sampler.start()
@@ -630,6 +645,7 @@ def _run_with_stores(
             after = [scrape(p) for p in metrics_ports]
             cpu1, lcpu1, t1 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait1, load1 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
+            steal1 = stolen_seconds()
             stores1 = sum(cpu_seconds(pid) for pid in store_pids)
             sampler.stop()
             try:
@@ -680,6 +696,7 @@ def _run_with_stores(
             degradation_server={k: v for k, v in degradation.items() if v},
             server_cpu_s=cpu1 - cpu0,
             server_runqueue_wait_s=wait1 - wait0,
+            stolen_s={cpu: steal1[cpu] - steal0.get(cpu, 0.0) for cpu in steal1},
             stores_cpu_s=stores1 - stores0,
             pg_activity=sampler.summary(),
             load_average=(load0, load1),
@@ -880,6 +897,15 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"({100 * result.server_runqueue_wait_s / max(result.wall_s, 1e-9):.0f} % of the window) while runnable; "
         f"load average {result.load_average[0]:.2f} at the start, {result.load_average[1]:.2f} at the end of the "
         "window (2 cores, shared with other work).",
+        *(
+            [
+                "- CPU stolen by the hypervisor during the window: "
+                + ", ".join(f"CPU {cpu} {sec:.2f} s" for cpu, sec in sorted(result.stolen_s.items()))
+                + " (a virtual CPU that is not running stalls every call on it)."
+            ]
+            if result.stolen_s
+            else []
+        ),
         "",
         "### By scenario (client)",
         "",
