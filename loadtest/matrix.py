@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (report templates read better unwrapped)
 """The benchmark matrix on this machine, one command: ``loadtest/matrix``.
 
-Server pinned to CPU 0, locust to CPU 1 (``loadtest/run`` for each step). Steps:
+Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for each step). Steps:
 
 1. 100 agents x 1k memories, hashing embedder: 50 / 200 / 400 RPS;
 2. the maximum sustainable rate of one server process: step the arrival rate up
@@ -223,7 +223,7 @@ class Matrix:
             "",
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {runner.git_commit()}. Command: `loadtest/matrix {' '.join(self.opts.argv)}`.",
             "",
-            f"Every step: server pinned to CPU 0 (unless stated), locust to CPU 1, {self.opts.warmup:g} s warm-up + "
+            f"Every step: server pinned to CPU 0 (unless stated), locust and the stores (Redis, PostgreSQL) to CPU 1, {self.opts.warmup:g} s warm-up + "
             f"{self.opts.duration:g} s measured, 45 ms gRPC deadline, unique questions. Details, stage breakdowns and "
             "setup are in each step's own results file.",
             "",

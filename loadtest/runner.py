@@ -7,8 +7,9 @@
 
 Steps: start Redis and PostgreSQL+pgvector (``ibex_context.embedded``) in a data dir,
 migrate and seed (``loadtest.seed``; a data dir seeded with the same parameters is
-reused), start ``ibex-context serve`` pinned to CPU 0 (``taskset``), run locust
-headless pinned to CPU 1 at a constant arrival rate, scrape the service's own
+reused; Redis and PostgreSQL pinned to the load generator's CPU), start
+``ibex-context serve`` pinned to CPU 0 (``taskset``), run locust headless pinned to
+CPU 1 at a constant arrival rate, scrape the service's own
 ``/metrics`` after the warm-up and at the end (per-stage histogram deltas -> mean and
 approximate p99), read the server's CPU time from ``/proc``, gate on p99 and fallback
 rate, and write ``loadtest/results/<date>-<scenario>.md``. The exit code is locust's
