@@ -247,7 +247,7 @@ def main() -> int:
     p.add_argument("--mark-file", type=Path, default=None, help="written when the measured calls start")
     args = p.parse_args()
     data_dir = args.data_dir or sorted((ROOT / "loadtest" / "out" / "data").glob("100x1000-*"))[0]
-    with stores(data_dir, None) as (dsn, redis_url, _redis, _pg):
+    with stores(data_dir) as (dsn, redis_url, _redis, _pg):
         main_coroutine = _run(args, dsn, redis_url, data_dir / "agents.json")
         if args.uvloop:
             import uvloop

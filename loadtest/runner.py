@@ -395,7 +395,7 @@ def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
 
 
 @contextlib.contextmanager
-def stores(data_dir: Path, pin: str | None) -> Iterator[tuple[str, str, Any, Any]]:
+def stores(data_dir: Path) -> Iterator[tuple[str, str, Any, Any]]:
     from ibex_context.embedded import start_postgres, start_redis
 
     redis = start_redis(data_dir / "redis")
@@ -405,17 +405,20 @@ def stores(data_dir: Path, pin: str | None) -> Iterator[tuple[str, str, Any, Any
             if _configure_postgres(postgres.dsn, PG_SETTINGS):
                 postgres.stop()  # shared_buffers needs a restart; the data dir is kept
                 postgres = start_postgres(data_dir)
-            if pin:
-                for pid in (redis.pid, postgres.pid):
-                    if pid:
-                        subprocess.run(
-                            ["taskset", "-a", "-p", "-c", pin, str(pid)], capture_output=True, check=False
-                        )
             yield postgres.dsn, redis.url, redis, postgres
         finally:
             postgres.stop()
     finally:
         redis.stop()
+
+
+def pin_stores(pids: Sequence[int], cpus: str | None) -> None:
+    """Pins Redis and the PostgreSQL postmaster (whose backends, forked from now on,
+    inherit it). Done after seeding, so the COPY and the HNSW build use every core."""
+    if not cpus:
+        return
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True, check=False)
 
 
 def warm_postgres(dsn: str, agents_file: Path, log: Any) -> None:
@@ -535,12 +538,13 @@ def run(args: argparse.Namespace, log: Any = print) -> RunResult | None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     prefix = out_dir / f"{stamp}-{args.label}"
     try:
-        with stores(data_dir, args.stores_cpus) as (dsn, redis_url, redis, postgres):
+        with stores(data_dir) as (dsn, redis_url, redis, postgres):
             agents_file, seed_output = seed_if_needed(args, dsn, data_dir, log)
             if args.seed_only:
                 return None
-            warm_postgres(dsn, agents_file, log)
             store_pids = [pid for pid in (redis.pid, postgres.pid) if pid]
+            pin_stores(store_pids, args.stores_cpus)
+            warm_postgres(dsn, agents_file, log)
             return _run_with_stores(
                 args, dsn, redis_url, agents_file, seed_output, prefix, started, log, store_pids
             )
