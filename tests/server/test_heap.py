@@ -4,8 +4,6 @@ before serving, and every collection's pause is measured."""
 from __future__ import annotations
 
 import gc
-import os
-import socket
 import subprocess
 import sys
 
@@ -16,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Tenant
 
 from .conftest import request, user
-from .test_shutdown import _wait_serving
+from .test_shutdown import _free_port, _serve, _wait_serving
 
 
 def test_gc_pauses_reports_every_collection_with_its_generation() -> None:
@@ -69,31 +67,19 @@ def test_freezing_the_start_up_heap_leaves_later_objects_collectable() -> None:
     assert int(done.stdout) > 10_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_the_served_process_freezes_its_start_up_heap_and_exports_gc_pauses(
     redis_url: str, postgres_dsn: str, tenant: Tenant
 ) -> None:
     from grpclib.client import Channel
     from ibex_context._proto.ibex.context.v1 import context_grpc
 
-    port, metrics_port = _free_port(), _free_port()
-    env = dict(
-        os.environ,
-        IBEX_REDIS_URL=redis_url,
-        IBEX_POSTGRES_DSN=postgres_dsn,
-        IBEX_GRPC_HOST="127.0.0.1",
-        IBEX_GRPC_PORT=str(port),
+    metrics_port = _free_port()
+    proc, port = _serve(
+        redis_url,
+        postgres_dsn,
         IBEX_METRICS_PORT=str(metrics_port),
-        IBEX_EMBEDDER="hashing",
-        IBEX_LOG_FORMAT="text",
         IBEX_GC_FREEZE="true",  # the product default; the test session turns it off
     )
-    proc = subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env)
     try:
         await _wait_serving(port)
         async with Channel("127.0.0.1", port) as channel:

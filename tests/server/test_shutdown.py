@@ -43,7 +43,8 @@ async def _wait_serving(port: int, timeout: float = 30.0) -> None:
 
 
 def _serve(redis_url: str, postgres_dsn: str, **settings: str) -> tuple[subprocess.Popen[bytes], int]:
-    """``ibex-context serve`` as its own process, as in production."""
+    """``ibex-context serve`` as its own process, as in production; ``settings``
+    (``IBEX_*`` variables) override the defaults here."""
     port = _free_port()
     env = dict(
         os.environ,
@@ -54,8 +55,8 @@ def _serve(redis_url: str, postgres_dsn: str, **settings: str) -> tuple[subproce
         IBEX_METRICS_PORT="0",
         IBEX_EMBEDDER="hashing",
         IBEX_LOG_FORMAT="text",
-        **settings,
     )
+    env.update(settings)
     return subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env), port
 
 
