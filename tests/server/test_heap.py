@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import httpx
+from grpclib.client import Channel
+from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context.server.heap import GcPauses
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,9 +72,6 @@ def test_freezing_the_start_up_heap_leaves_later_objects_collectable() -> None:
 async def test_the_served_process_freezes_its_start_up_heap_and_exports_gc_pauses(
     redis_url: str, postgres_dsn: str, tenant: Tenant
 ) -> None:
-    from grpclib.client import Channel
-    from ibex_context._proto.ibex.context.v1 import context_grpc
-
     metrics_port = _free_port()
     proc, port = _serve(
         redis_url,
