@@ -103,6 +103,9 @@ class Retriever:
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         """Start every source; the caller waits for them (see ``wait_for_sources``)."""
         now = time.perf_counter()
+        # One deadline for the cold task and for the wait on it: the task's own timer
+        # must fire first, so it records how it ended before the caller cancels it.
+        cold_deadline = min(now + plan.cold_timeout, plan.ends_at)
         return [
             SourceTask(
                 asyncio.create_task(self._directive(plan, state), name="retrieve-directive"),
@@ -113,8 +116,8 @@ class Retriever:
                 min(now + plan.hot_timeout, plan.ends_at),
             ),
             SourceTask(
-                asyncio.create_task(self._embed_and_search(plan, state), name="retrieve-cold"),
-                min(now + plan.cold_timeout, plan.ends_at),
+                asyncio.create_task(self._embed_and_search(plan, state, cold_deadline), name="retrieve-cold"),
+                cold_deadline,
             ),
         ]
 
@@ -152,20 +155,25 @@ class Retriever:
         if not isinstance(hot, _Failed):
             state.hot = hot
 
-    async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState) -> None:
+    async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
+        """Embeds the query, then searches; ``deadline`` covers both together."""
         if not plan.query:
             _skip(state, "embed", "no user message to search with")
             _skip(state, "cold", "no user message to search with")
             return
-        # The cold timeout covers embedding and search together.
-        deadline = min(time.perf_counter() + plan.cold_timeout, plan.ends_at)
-        vectors = await _run_source(
-            state,
-            "embed",
-            deadline - time.perf_counter(),
-            lambda: self._embedder.embed([plan.query]),
-            count=len,
-        )
+        try:
+            vectors = await _run_source(
+                state,
+                "embed",
+                deadline - time.perf_counter(),
+                lambda: self._embedder.embed([plan.query]),
+                count=len,
+            )
+        except asyncio.CancelledError:
+            # Stopped while embedding (a late event loop can reach the caller's
+            # cancel before this task's own timer): the search never started.
+            _skip(state, "cold", "query embedding did not finish")
+            raise
         if isinstance(vectors, _Failed) or not vectors:
             _skip(state, "cold", "query embedding failed")
             return

@@ -1,0 +1,95 @@
+"""How the retrieval tasks record each source's outcome, whoever stops them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.pipeline.report import SourceStatus
+from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
+
+ORG = "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01"
+AGENT = "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11"
+
+
+class _Directives:
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
+        return None
+
+
+class _Hot:
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        return []
+
+
+class _Cold:
+    def __init__(self) -> None:
+        self.searches = 0
+
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
+    ) -> list[MemoryRecord]:
+        self.searches += 1
+        return []
+
+
+class _StuckEmbedder:
+    """An embedding service that never answers."""
+
+    name = "stuck"
+    dim = 3
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _plan(cold_timeout: float) -> RetrievalPlan:
+    return RetrievalPlan(
+        org_id=ORG,
+        agent_id=AGENT,
+        query="when does the warehouse open?",
+        hot_limit=5,
+        cold_limit=5,
+        directive_timeout=1.0,
+        hot_timeout=1.0,
+        cold_timeout=cold_timeout,
+        ends_at=time.perf_counter() + 5.0,
+    )
+
+
+def _retriever(cold: _Cold) -> Retriever:
+    return Retriever(
+        directives=_Directives(), hot_memories=_Hot(), cold_memories=cold, embedder=_StuckEmbedder()
+    )
+
+
+async def test_an_embedding_past_the_cold_timeout_skips_the_search() -> None:
+    cold, state = _Cold(), RetrievalState()
+    tasks = _retriever(cold).start(_plan(cold_timeout=0.02), state)
+    await wait_for_sources(tasks, ends_at=time.perf_counter() + 5.0)
+    assert all(t.task.done() for t in tasks), "the cold task stops itself at its own deadline"
+    assert state.sources["embed"].status is SourceStatus.TIMEOUT
+    assert state.sources["cold"].status is SourceStatus.SKIPPED
+    assert cold.searches == 0
+
+
+async def test_a_cold_task_cancelled_while_embedding_records_the_search_as_skipped() -> None:
+    # What a late event loop produces: the caller's cancel reaches the task before
+    # the task's own timer fires. The search never ran, so it was skipped, not "still
+    # running at the call deadline".
+    cold, state = _Cold(), RetrievalState()
+    tasks = _retriever(cold).start(_plan(cold_timeout=5.0), state)
+    await asyncio.sleep(0.01)
+    for source in tasks:
+        source.task.cancel()
+    await asyncio.gather(*(t.task for t in tasks), return_exceptions=True)
+    assert state.sources["embed"].status is SourceStatus.TIMEOUT
+    assert state.sources["cold"].status is SourceStatus.SKIPPED
+    assert state.sources["cold"].detail == "query embedding did not finish"
+    assert cold.searches == 0
