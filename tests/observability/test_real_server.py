@@ -24,6 +24,7 @@ from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import KNOWN_REASONS
 from ibex_context.observability.tracing import Tracing
 from ibex_context.server.app import ContextService
+from ibex_context.tokens.encodings import EncodingRegistry
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -106,11 +107,12 @@ def service_logs() -> Iterator[io.StringIO]:
 
 
 async def start(
-    redis_url: str, postgres_dsn: str, profiles: Path
+    redis_url: str, postgres_dsn: str, profiles: Path, encodings: EncodingRegistry
 ) -> tuple[ContextService, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     service = ContextService(
         make_settings(redis_url, postgres_dsn, profiles_path=profiles),
+        encodings=encodings,
         metrics_registry=CollectorRegistry(),
         tracing=Tracing(exporter, sample_ratio=1.0, batch=False),
     )
@@ -120,9 +122,9 @@ async def start(
 
 @pytest.fixture
 async def running(
-    redis_url: str, postgres_dsn: str, tmp_path: Path, service_logs: io.StringIO
+    redis_url: str, postgres_dsn: str, tmp_path: Path, service_logs: io.StringIO, encodings: EncodingRegistry
 ) -> AsyncIterator[Running]:
-    service, exporter = await start(redis_url, postgres_dsn, generous_profiles_file(tmp_path))
+    service, exporter = await start(redis_url, postgres_dsn, generous_profiles_file(tmp_path), encodings)
     try:
         yield Running(service, exporter, service_logs)
     finally:
@@ -244,12 +246,18 @@ class SlowWhenAsked(HashingEmbedder):
 
 
 async def test_a_real_degradation_shows_up_as_known_fallback_reasons(
-    redis_url: str, postgres_dsn: str, tenant: Tenant, tmp_path: Path, service_logs: io.StringIO
+    redis_url: str,
+    postgres_dsn: str,
+    tenant: Tenant,
+    tmp_path: Path,
+    service_logs: io.StringIO,
+    encodings: EncodingRegistry,
 ) -> None:
     embedder = SlowWhenAsked()
     service = ContextService(
         make_settings(redis_url, postgres_dsn, profiles_path=generous_profiles_file(tmp_path)),
         embedder=embedder,
+        encodings=encodings,
         metrics_registry=CollectorRegistry(),
         tracing=Tracing(),
     )

@@ -16,6 +16,7 @@ from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.profiles.watcher import ReloadOutcome
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
+from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.conftest import Tenant
 
@@ -46,7 +47,7 @@ def profile_set(name: str, **weights: float) -> str:
 
 @pytest.fixture
 async def served(
-    redis_url: str, postgres_dsn: str, tmp_path: Path
+    redis_url: str, postgres_dsn: str, tmp_path: Path, encodings: EncodingRegistry
 ) -> AsyncIterator[tuple[ContextService, ConfigMapVolume]]:
     volume = ConfigMapVolume(tmp_path)
     volume.publish(profile_set("v1-recency", recency=1.0))
@@ -63,7 +64,7 @@ async def served(
         profiles_path=volume.path,
         profiles_poll_seconds=0.05,
     )
-    service = ContextService(settings)
+    service = ContextService(settings, encodings=encodings)
     await service.start()
     try:
         yield service, volume

@@ -13,6 +13,7 @@ from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
+from ibex_context.tokens.encodings import EncodingRegistry
 
 StartService = Callable[..., Awaitable[ContextService]]
 
@@ -58,7 +59,9 @@ def make_settings(redis_url: str, postgres_dsn: str, **overrides: Any) -> Settin
 
 
 @pytest.fixture
-async def start_service(redis_url: str, postgres_dsn: str, tmp_path: Path) -> AsyncIterator[StartService]:
+async def start_service(
+    redis_url: str, postgres_dsn: str, tmp_path: Path, encodings: EncodingRegistry
+) -> AsyncIterator[StartService]:
     """Starts a server per call (for tests that need their own settings or stores);
     with the generous profile unless ``profiles_path`` is given."""
     started: list[ContextService] = []
@@ -69,7 +72,7 @@ async def start_service(redis_url: str, postgres_dsn: str, tmp_path: Path) -> As
         settings = make_settings(
             overrides.pop("redis_url", redis_url), overrides.pop("postgres_dsn", postgres_dsn), **overrides
         )
-        service = ContextService(settings, embedder=embedder_instance)
+        service = ContextService(settings, embedder=embedder_instance, encodings=encodings)
         await service.start()
         started.append(service)
         return service
@@ -81,11 +84,13 @@ async def start_service(redis_url: str, postgres_dsn: str, tmp_path: Path) -> As
 
 @pytest.fixture(scope="session")
 async def shared_service(
-    redis_url: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory
+    redis_url: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory, encodings: EncodingRegistry
 ) -> AsyncIterator[ContextService]:
     """One server for the tests that only read and write their own tenants."""
     profiles = generous_profiles_file(tmp_path_factory.mktemp("profiles"))
-    service = ContextService(make_settings(redis_url, postgres_dsn, profiles_path=profiles))
+    service = ContextService(
+        make_settings(redis_url, postgres_dsn, profiles_path=profiles), encodings=encodings
+    )
     await service.start()
     yield service
     await service.stop(grace=1.0)

@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from aiohttp import web
 from grpclib.client import Channel
@@ -18,6 +17,7 @@ from ibex_context.embedded import RedisProcess
 from ibex_context.embedding.hashing import HashingEmbedder
 
 from tests.conftest import Tenant
+from tests.postgres_locks import memories_locked
 
 from .conftest import StartService, generous_profiles_file, request, user
 
@@ -79,12 +79,7 @@ async def test_postgres_blocked_times_out_cold_search_uses_hot_set_and_leaves_no
 ) -> None:
     service = await start_service()
     await _seed(service.port, tenant)
-    blocker = await asyncpg.connect(postgres_dsn)
-    try:
-        transaction = blocker.transaction()
-        await transaction.start()
-        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
-
+    async with memories_locked(postgres_dsn) as blocker:
         response = await _assemble(service.port, tenant, "when does the warehouse in city 5 open?")
 
         md = response.metadata
@@ -105,9 +100,6 @@ async def test_postgres_blocked_times_out_cold_search_uses_hot_set_and_leaves_no
                 break
             await asyncio.sleep(0.05)
         assert waiting == 0, "a cancelled cold search is still waiting in PostgreSQL"
-        await transaction.rollback()
-    finally:
-        await blocker.close()
 
 
 @pytest.fixture
@@ -171,11 +163,7 @@ async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expir
     # The service keeps 15 ms of the caller's 40 for itself and the way back.
     service = await start_service(deadline_safety_margin_ms=15)
     await _seed(service.port, tenant)
-    blocker = await asyncpg.connect(postgres_dsn)
-    try:
-        transaction = blocker.transaction()
-        await transaction.start()
-        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+    async with memories_locked(postgres_dsn):
         # 40 ms for the whole call: the blocked cold search cannot finish; the answer
         # must still arrive before the caller gives up (else this raises TimeoutError).
         response = await _assemble(
@@ -185,9 +173,6 @@ async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expir
         assert md.degradation_level != pb.DEGRADATION_LEVEL_FULL
         assert _source(md, "cold").status == pb.SOURCE_STATUS_TIMEOUT
         assert "cold_timeout" in md.degradation_reasons
-        await transaction.rollback()
-    finally:
-        await blocker.close()
 
 
 class _MisbehavingEmbedder:

@@ -14,9 +14,7 @@ from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.repository import ContextRepository
 
-from tests.stores.helpers import DIM, MakeMemory
-
-EF_SEARCH = 64
+from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory
 
 
 @pytest.fixture(scope="session")

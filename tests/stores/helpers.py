@@ -9,6 +9,8 @@ from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
 
 DIM = 384
+# hnsw.ef_search of the store fixtures' pools.
+EF_SEARCH = 64
 
 # make_memory(content, *, category=..., confidence=..., id=..., embedding=...) -> PreparedMemory
 MakeMemory = Callable[..., PreparedMemory]

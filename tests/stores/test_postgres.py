@@ -6,17 +6,19 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.hot_score import hot_set_score
+from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
 
 from tests.conftest import Tenant
-from tests.stores.helpers import MakeMemory, at_similarity, near, unit_vector
+from tests.postgres_locks import memories_locked
+from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory, at_similarity, near, unit_vector
 
 
 async def test_upserting_new_texts_creates_them_in_input_order(
@@ -157,42 +159,57 @@ async def test_hnsw_filtered_scan_fills_the_limit_for_a_small_tenant_among_many(
     assert all(m.content.startswith("small") for m in found)
 
 
-async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
-    postgres_dsn: str, pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
-) -> None:
-    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("blocked")])
-    blocker = await asyncpg.connect(postgres_dsn)
-    observer = await asyncpg.connect(postgres_dsn)
+@pytest.fixture
+async def private_dsn(postgres_dsn: str) -> AsyncIterator[str]:
+    """A migrated database of this test alone: no other session can hold its locks."""
+    admin = await asyncpg.connect(postgres_dsn)
+    database = f"private_{uuid.uuid4().hex}"
     try:
-        # The search waits on this lock just as it would on a slow scan.
-        transaction = blocker.transaction()
-        await transaction.start()
-        await blocker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
-        search = asyncio.create_task(pg_store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5))
-        waiting_sql = (
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
-            " AND state = 'active' AND query LIKE '%embedding <=>%'"
-        )
-        for _ in range(100):
-            if await observer.fetchval(waiting_sql) == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert await observer.fetchval(waiting_sql) == 1
-        search.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await search
-        for _ in range(100):
-            if await observer.fetchval(waiting_sql) == 0:
-                break
-            await asyncio.sleep(0.02)
-        # Still holding the lock: only a server-side cancel can have ended the query.
-        assert await observer.fetchval(waiting_sql) == 0
-        await transaction.rollback()
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
+        await migrate(dsn, DIM)
+        yield dsn
+        await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
     finally:
-        await blocker.close()
+        await admin.close()
+
+
+async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
+    private_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    pool = await create_pool(private_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
+    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH)
+    observer = await asyncpg.connect(private_dsn)
+    waiting_sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
+        " AND state = 'active' AND query LIKE '%embedding <=>%'"
+    )
+
+    async def searches_waiting(expected: int) -> int:
+        count = -1
+        for _ in range(250):
+            count = await observer.fetchval(waiting_sql)
+            if count == expected:
+                break
+            await asyncio.sleep(0.02)
+        return int(count)
+
+    try:
+        await store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("blocked")])
+        async with memories_locked(private_dsn):
+            # The search waits on this lock just as it would on a slow scan.
+            search = asyncio.create_task(store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5))
+            assert await searches_waiting(1) == 1
+            search.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(search, timeout=10)
+            # Still holding the lock: only a server-side cancel can have ended the query.
+            assert await searches_waiting(0) == 0
+        # The pool is healthy afterwards.
+        assert len(await store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5)) == 1
+    finally:
         await observer.close()
-    # The pool is healthy afterwards.
-    assert len(await pg_store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5)) == 1
+        await store.aclose()
 
 
 async def test_directive_versions_increase_across_set_and_clear(

@@ -65,6 +65,9 @@ class ContextService:
 
     settings: Settings
     embedder: Embedder | None = None
+    # Built (and its encodings preloaded) from settings when not given; several
+    # services in one process can share one: it is read-only once loaded.
+    encodings: EncodingRegistry | None = None
     metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     tracing: Tracing | None = None
 
@@ -91,7 +94,8 @@ class ContextService:
         tracing = self.tracing or Tracing.from_settings(s)
         self.tracing = tracing
 
-        encodings = EncodingRegistry(cache_dir=s.tiktoken_cache_dir)
+        encodings = self.encodings or EncodingRegistry(cache_dir=s.tiktoken_cache_dir)
+        self.encodings = encodings
         # First loads take hundreds of milliseconds: never on a request.
         await asyncio.to_thread(encodings.preload, [*STORED_ENCODINGS])
 
