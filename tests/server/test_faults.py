@@ -160,19 +160,26 @@ async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
 async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expires(
     start_service: StartService, postgres_dsn: str, tenant: Tenant
 ) -> None:
-    # The service keeps 15 ms of the caller's 40 for itself and the way back.
+    # The service keeps 15 ms of the caller's 30 for itself and the way back.
     service = await start_service(deadline_safety_margin_ms=15)
     await _seed(service.port, tenant)
     async with memories_locked(postgres_dsn):
-        # 40 ms for the whole call: the blocked cold search cannot finish; the answer
+        # 30 ms for the whole call: the blocked cold search cannot finish; the answer
         # must still arrive before the caller gives up (else this raises TimeoutError).
         response = await _assemble(
             service.port, tenant, "when does the warehouse in city 2 open?", timeout=0.03
         )
         md = response.metadata
         assert md.degradation_level != pb.DEGRADATION_LEVEL_FULL
-        assert _source(md, "cold").status == pb.SOURCE_STATUS_TIMEOUT
-        assert "cold_timeout" in md.degradation_reasons
+        # Within 15 ms the search times out; on a starved machine the embedding before
+        # it may already have, and then the search is reported skipped. Either way
+        # the answer says the cold memories did not come, and why.
+        cold = _source(md, "cold")
+        if cold.status == pb.SOURCE_STATUS_SKIPPED:
+            assert "embed_timeout" in md.degradation_reasons, list(md.degradation_reasons)
+        else:
+            assert cold.status == pb.SOURCE_STATUS_TIMEOUT
+            assert "cold_timeout" in md.degradation_reasons
 
 
 class _MisbehavingEmbedder:
