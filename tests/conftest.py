@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import pytest
 from ibex_context.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
 from ibex_context.memory_writes import STORED_ENCODINGS
@@ -99,6 +100,22 @@ async def postgres_dsn(postgres_server: PostgresProcess) -> AsyncIterator[str]:
     """DSN of the session's PostgreSQL, migrated with ``TEST_EMBEDDING_DIM`` (384)."""
     await migrate(postgres_server.dsn, TEST_EMBEDDING_DIM)
     yield postgres_server.dsn
+
+
+@pytest.fixture
+async def private_postgres_dsn(postgres_dsn: str) -> AsyncIterator[str]:
+    """A migrated database of this test alone, in the session's PostgreSQL: for tests
+    that lock tables, which must not wait on (or block) any other test's session."""
+    admin = await asyncpg.connect(postgres_dsn)
+    database = f"private_{uuid.uuid4().hex}"
+    try:
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
+        await migrate(dsn, TEST_EMBEDDING_DIM)
+        yield dsn
+        await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 @pytest.fixture

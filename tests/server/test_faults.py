@@ -75,11 +75,11 @@ async def test_redis_stopped_serves_cold_memories_and_the_directive_from_postgre
 
 
 async def test_postgres_blocked_times_out_cold_search_uses_hot_set_and_leaves_no_orphan_query(
-    start_service: StartService, postgres_dsn: str, tenant: Tenant
+    start_service: StartService, private_postgres_dsn: str, tenant: Tenant
 ) -> None:
-    service = await start_service()
+    service = await start_service(postgres_dsn=private_postgres_dsn)
     await _seed(service.port, tenant)
-    async with memories_locked(postgres_dsn) as blocker:
+    async with memories_locked(private_postgres_dsn) as blocker:
         response = await _assemble(service.port, tenant, "when does the warehouse in city 5 open?")
 
         md = response.metadata
@@ -158,12 +158,12 @@ async def test_slow_embedder_skips_cold_search_and_keeps_hot_memories(
 
 
 async def test_caller_deadline_shorter_than_the_work_is_answered_before_it_expires(
-    start_service: StartService, postgres_dsn: str, tenant: Tenant
+    start_service: StartService, private_postgres_dsn: str, tenant: Tenant
 ) -> None:
     # The service keeps 15 ms of the caller's 30 for itself and the way back.
-    service = await start_service(deadline_safety_margin_ms=15)
+    service = await start_service(postgres_dsn=private_postgres_dsn, deadline_safety_margin_ms=15)
     await _seed(service.port, tenant)
-    async with memories_locked(postgres_dsn):
+    async with memories_locked(private_postgres_dsn):
         # 30 ms for the whole call: the blocked cold search cannot finish; the answer
         # must still arrive before the caller gives up (else this raises TimeoutError).
         response = await _assemble(

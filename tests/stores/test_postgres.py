@@ -6,19 +6,18 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import asyncpg
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
 
 from tests.conftest import Tenant
 from tests.postgres_locks import memories_locked
-from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory, at_similarity, near, unit_vector
+from tests.stores.helpers import EF_SEARCH, MakeMemory, at_similarity, near, unit_vector
 
 
 async def test_upserting_new_texts_creates_them_in_input_order(
@@ -159,27 +158,12 @@ async def test_hnsw_filtered_scan_fills_the_limit_for_a_small_tenant_among_many(
     assert all(m.content.startswith("small") for m in found)
 
 
-@pytest.fixture
-async def private_dsn(postgres_dsn: str) -> AsyncIterator[str]:
-    """A migrated database of this test alone: no other session can hold its locks."""
-    admin = await asyncpg.connect(postgres_dsn)
-    database = f"private_{uuid.uuid4().hex}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{database}"')
-        dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
-        await migrate(dsn, DIM)
-        yield dsn
-        await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
-    private_dsn: str, tenant: Tenant, make_memory: MakeMemory
+    private_postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
-    pool = await create_pool(private_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
+    pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
     store = PostgresMemoryStore(pool, ef_search=EF_SEARCH)
-    observer = await asyncpg.connect(private_dsn)
+    observer = await asyncpg.connect(private_postgres_dsn)
     waiting_sql = (
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
         " AND state = 'active' AND query LIKE '%embedding <=>%'"
@@ -196,7 +180,7 @@ async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
 
     try:
         await store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("blocked")])
-        async with memories_locked(private_dsn):
+        async with memories_locked(private_postgres_dsn):
             # The search waits on this lock just as it would on a slow scan.
             search = asyncio.create_task(store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5))
             assert await searches_waiting(1) == 1
