@@ -12,7 +12,6 @@ restarted at will (``.stop()`` / ``.start()`` on the same port). Stopping the sh
 
 from __future__ import annotations
 
-import gc
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,6 +22,7 @@ import asyncpg
 import pytest
 from ibex_context.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
 from ibex_context.memory_writes import STORED_ENCODINGS
+from ibex_context.server.heap import freeze_startup_heap
 from ibex_context.stores.migrate import migrate
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -43,10 +43,9 @@ def _frozen_heap() -> None:
     takes 100-900 ms here: one landing inside a call fails a deadline assertion at
     random. Freezing after a collection pins only live objects and keeps later
     collections to what the module itself allocates, as the service does with its
-    start-up heap (``ibex_context.server.heap``).
+    start-up heap.
     """
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()
 
 
 @pytest.fixture(scope="session")
@@ -103,19 +102,25 @@ async def postgres_dsn(postgres_server: PostgresProcess) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def private_postgres_dsn(postgres_dsn: str) -> AsyncIterator[str]:
-    """A migrated database of this test alone, in the session's PostgreSQL: for tests
-    that lock tables, which must not wait on (or block) any other test's session."""
+async def empty_database_dsn(postgres_dsn: str) -> AsyncIterator[str]:
+    """A new, unmigrated database of this test alone in the session's PostgreSQL;
+    dropped afterwards."""
     admin = await asyncpg.connect(postgres_dsn)
     database = f"private_{uuid.uuid4().hex}"
     try:
         await admin.execute(f'CREATE DATABASE "{database}"')
-        dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
-        await migrate(dsn, TEST_EMBEDDING_DIM)
-        yield dsn
+        yield postgres_dsn.replace("/postgres?", f"/{database}?")
         await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def private_postgres_dsn(empty_database_dsn: str) -> str:
+    """A migrated database of this test alone: for tests that lock tables, which must
+    not wait on (or block) any other test's session."""
+    await migrate(empty_database_dsn, TEST_EMBEDDING_DIM)
+    return empty_database_dsn
 
 
 @pytest.fixture

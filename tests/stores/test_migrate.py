@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from pathlib import Path
 
 import asyncpg
@@ -44,12 +42,8 @@ async def test_migrating_with_another_embedding_dim_is_a_configuration_error(pos
         await migrate(postgres_dsn, 1024)
 
 
-async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str) -> None:
-    conn = await asyncpg.connect(postgres_dsn)
-    database = f"concurrent_{os.getpid()}_{time.monotonic_ns()}"
-    await conn.execute(f'CREATE DATABASE "{database}"')
-    await conn.close()
-    dsn = postgres_dsn.replace("/postgres?", f"/{database}?")
+async def test_concurrent_migrators_apply_each_migration_once(empty_database_dsn: str) -> None:
+    dsn = empty_database_dsn
     results = await asyncio.gather(*(migrate(dsn, 384) for _ in range(4)))
     applied = [name for result in results for name in result]
     assert sorted(applied) == sorted(m.name for m in load_migrations())
@@ -61,12 +55,8 @@ async def test_concurrent_migrators_apply_each_migration_once(postgres_dsn: str)
         await conn.close()
 
 
-async def test_the_usage_migration_carries_existing_counters_over(postgres_dsn: str) -> None:
-    conn = await asyncpg.connect(postgres_dsn)
-    database = f"usage_{os.getpid()}_{time.monotonic_ns()}"
-    await conn.execute(f'CREATE DATABASE "{database}"')
-    await conn.close()
-    conn = await asyncpg.connect(postgres_dsn.replace("/postgres?", f"/{database}?"))
+async def test_the_usage_migration_carries_existing_counters_over(empty_database_dsn: str) -> None:
+    conn = await asyncpg.connect(empty_database_dsn)
     try:
         migrations = load_migrations()
         before_usage = [m for m in migrations if m.version < 3]
