@@ -127,7 +127,7 @@ def make_workload(seed: int, o200k: tiktoken.Encoding, cl100k: tiktoken.Encoding
                 confidence=rng.uniform(0.3, 1.0),
                 usefulness=rng.uniform(0.0, 1.0),
                 retrieval_count=rng.randint(0, 80),
-                created_at=now - rng.uniform(0, 200) * 86_400,
+                occurred_at=now - rng.uniform(0, 200) * 86_400,
                 last_injected_at=None,
                 token_counts={
                     "o200k_base": len(o200k.encode_ordinary(content)),

@@ -144,7 +144,7 @@ def dev(once: bool, data_dir: Path | None) -> None:
 @click.option("--batch", default=200, show_default=True)
 def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: int) -> None:
     """Import memories from JSONL: {"content", "category", ["org_id", "agent_id", "id", "confidence",
-    "usefulness", "metadata"]} per line."""
+    "usefulness", "metadata", "occurred_at" (RFC 3339, e.g. "2023-05-08T13:56:00Z")]} per line."""
     host, port = _target(target)
 
     async def run() -> int:

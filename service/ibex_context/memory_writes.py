@@ -53,6 +53,7 @@ class MemoryWrites:
                 metadata=m.metadata,
                 token_counts=count,
                 embedding=m.embedding if m.embedding is not None else next(vectors),
+                occurred_at=m.occurred_at,
             )
             for m, count in zip(memories, counts, strict=True)
         ]

@@ -79,7 +79,8 @@ class MemoryRecord:
     confidence: float | None = None
     usefulness: float | None = None
     retrieval_count: int = 0
-    created_at: float | None = None
+    # When the information came to be (the write time unless the writer gave one).
+    occurred_at: float | None = None
     last_injected_at: float | None = None
     token_counts: Mapping[str, int] = field(default_factory=dict)
     embedding: FloatVector | None = None
@@ -114,3 +115,5 @@ class NewMemory:
     id: str | None = None
     metadata: Mapping[str, object] = field(default_factory=dict)
     embedding: FloatVector | None = None
+    # When the information came to be, seconds since the epoch; None: now.
+    occurred_at: float | None = None

@@ -15,7 +15,7 @@ DAY = 86_400.0
 
 
 def memory(id: str = "m", **fields: object) -> MemoryRecord:
-    values: dict[str, object] = {"content": "c", "category": "factual", "similarity": 0.5, "created_at": NOW}
+    values: dict[str, object] = {"content": "c", "category": "factual", "similarity": 0.5, "occurred_at": NOW}
     values.update(fields)
     return MemoryRecord(id=id, **values)  # type: ignore[arg-type]
 
@@ -23,10 +23,10 @@ def memory(id: str = "m", **fields: object) -> MemoryRecord:
 def test_relevance_does_not_always_dominate() -> None:
     # Both a year old (factual half-life 180 d: recency 0.5 ** (365 / 180) = 0.2453).
     strong_elsewhere = memory(
-        "a", similarity=0.35, usefulness=1.0, confidence=1.0, retrieval_count=50, created_at=NOW - 365 * DAY
+        "a", similarity=0.35, usefulness=1.0, confidence=1.0, retrieval_count=50, occurred_at=NOW - 365 * DAY
     )
     more_relevant = memory(
-        "b", similarity=0.95, usefulness=0.0, confidence=0.1, retrieval_count=0, created_at=NOW - 365 * DAY
+        "b", similarity=0.95, usefulness=0.0, confidence=0.1, retrieval_count=0, occurred_at=NOW - 365 * DAY
     )
     scored = score_candidates([more_relevant, strong_elsewhere], None, Scoring(), NOW)
     recency = 0.5 ** (365 / 180)
@@ -42,23 +42,25 @@ def test_relevance_does_not_always_dominate() -> None:
     [("factual", 180), ("procedural", 120), ("preference", 45), ("behavioral", 30), ("episodic", 14)],
 )
 def test_recency_halves_at_the_category_half_life(category: str, half_life: float) -> None:
-    record = memory(category=category, created_at=NOW - half_life * DAY)
+    record = memory(category=category, occurred_at=NOW - half_life * DAY)
     (scored,) = score_candidates([record], None, Scoring(), NOW)
     assert scored.recency == pytest.approx(0.5)
 
 
 def test_unknown_category_uses_a_14_day_half_life() -> None:
-    (scored,) = score_candidates([memory(category="gossip", created_at=NOW - 14 * DAY)], None, Scoring(), NOW)
+    (scored,) = score_candidates(
+        [memory(category="gossip", occurred_at=NOW - 14 * DAY)], None, Scoring(), NOW
+    )
     assert scored.recency == pytest.approx(0.5)
 
 
 def test_unknown_age_is_neutral() -> None:
-    (scored,) = score_candidates([memory(created_at=None)], None, Scoring(), NOW)
+    (scored,) = score_candidates([memory(occurred_at=None)], None, Scoring(), NOW)
     assert scored.recency == 0.5
 
 
 def test_future_creation_time_counts_as_new() -> None:
-    (scored,) = score_candidates([memory(created_at=NOW + DAY)], None, Scoring(), NOW)
+    (scored,) = score_candidates([memory(occurred_at=NOW + DAY)], None, Scoring(), NOW)
     assert scored.recency == 1.0
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import asyncpg
 from ibex_context.server.app import ContextService
 
 from tests.conftest import Tenant
@@ -80,6 +81,34 @@ async def test_import_directive_and_assemble_round_trip(
 
     code, out, _ = await _cli("health", "--target", target)
     assert code == 0 and out.strip() == "SERVING"
+
+
+async def test_import_keeps_each_memorys_occurred_at(
+    shared_service: ContextService, postgres_dsn: str, tenant: Tenant, tmp_path: Path
+) -> None:
+    jsonl = tmp_path / "history.jsonl"
+    jsonl.write_text(
+        json.dumps(
+            {"content": "Moved to Porto", "category": "episodic", "occurred_at": "2023-05-08T13:56:00Z"}
+        )
+        + "\n"
+    )
+    code, _, err = await _cli(
+        "import", str(jsonl), "--target", f"127.0.0.1:{shared_service.port}",
+        "--org", tenant.org_id, "--agent", tenant.agent_id,
+    )  # fmt: skip
+    assert code == 0, err
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        stored = await conn.fetchval(
+            "SELECT extract(epoch FROM occurred_at)::float8 FROM memories"
+            " WHERE org_id = $1 AND agent_id = $2",
+            tenant.org_id,
+            tenant.agent_id,
+        )
+    finally:
+        await conn.close()
+    assert stored == 1_683_554_160.0
 
 
 async def test_import_rejects_a_bad_line_naming_it(shared_service: ContextService, tmp_path: Path) -> None:

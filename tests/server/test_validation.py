@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import asyncpg
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_grpc
@@ -96,6 +99,16 @@ async def _count(postgres_dsn: str, tenant: Tenant) -> int:
         (pb.MemoryInput(content="ok", category="factual", id="nope"), "memories[1].id"),
         (pb.MemoryInput(content="ok", category="factual", confidence=1.5), "memories[1].confidence"),
         (pb.MemoryInput(content="ok", category="factual", embedding=[0.1] * 3), "memories[1].embedding"),
+        (
+            pb.MemoryInput(content="ok", category="factual", occurred_at=Timestamp(seconds=-1)),
+            "memories[1].occurred_at",
+        ),
+        (
+            pb.MemoryInput(
+                content="ok", category="factual", occurred_at=Timestamp(seconds=int(time.time()) + 3 * 86_400)
+            ),
+            "memories[1].occurred_at",
+        ),
     ],
     ids=[
         "empty",
@@ -105,6 +118,8 @@ async def _count(postgres_dsn: str, tenant: Tenant) -> int:
         "malformed-id",
         "confidence-out-of-range",
         "wrong-dimension",
+        "occurred-before-1970",
+        "occurred-in-the-future",
     ],
 )
 async def test_upsert_rejects_the_whole_batch_naming_the_field_and_writes_nothing(

@@ -40,6 +40,7 @@ def make_memory() -> MakeMemory:
         id: str | None = None,
         embedding: FloatVector | None = None,
         token_counts: Mapping[str, int] | None = None,
+        occurred_at: float | None = None,
     ) -> PreparedMemory:
         return PreparedMemory(
             id=id or str(uuid.uuid4()),
@@ -51,6 +52,7 @@ def make_memory() -> MakeMemory:
             metadata=metadata or {},
             token_counts=token_counts if token_counts is not None else {"o200k_base": len(content.split())},
             embedding=embedding if embedding is not None else embedder.embed_one(content),
+            occurred_at=occurred_at,
         )
 
     return make

@@ -20,7 +20,7 @@ def test_a_record_round_trips_with_its_embedding_as_float32() -> None:
         confidence=0.75,
         usefulness=0.5,
         retrieval_count=3,
-        created_at=1_700_000_000.25,
+        occurred_at=1_700_000_000.25,
         last_injected_at=None,
         token_counts={"o200k_base": 7, "cl100k_base": 8},
         embedding=unit_vector(4),
@@ -33,7 +33,7 @@ def test_a_record_round_trips_with_its_embedding_as_float32() -> None:
     np.testing.assert_array_equal(decoded.embedding, record.embedding)
     assert (decoded.id, decoded.content, decoded.category) == (record.id, record.content, record.category)
     assert (decoded.confidence, decoded.usefulness, decoded.retrieval_count) == (0.75, 0.5, 3)
-    assert (decoded.created_at, decoded.last_injected_at) == (1_700_000_000.25, None)
+    assert (decoded.occurred_at, decoded.last_injected_at) == (1_700_000_000.25, None)
     assert decoded.token_counts == {"o200k_base": 7, "cl100k_base": 8}
     # Hot records carry no similarity: the scorer computes relevance from the embedding.
     assert decoded.similarity is None and decoded.source is Source.HOT
@@ -47,7 +47,7 @@ def test_an_unknown_format_version_is_skipped() -> None:
 def test_missing_numbers_round_trip_as_none() -> None:
     decoded = decode_record(encode_record(MemoryRecord(id="x", content="c", category="factual")))
     assert decoded is not None
-    assert (decoded.confidence, decoded.usefulness, decoded.created_at, decoded.last_injected_at) == (
+    assert (decoded.confidence, decoded.usefulness, decoded.occurred_at, decoded.last_injected_at) == (
         None,
         None,
         None,

@@ -11,7 +11,7 @@ DAY = 86_400.0
 
 
 def memory(**fields: object) -> MemoryRecord:
-    base: dict[str, object] = {"id": "m", "content": "c", "category": "factual", "created_at": NOW}
+    base: dict[str, object] = {"id": "m", "content": "c", "category": "factual", "occurred_at": NOW}
     base.update(fields)
     return MemoryRecord(**base)  # type: ignore[arg-type]
 
@@ -24,7 +24,7 @@ def test_a_brand_new_perfect_memory_scores_one() -> None:
 def test_recency_halves_after_the_category_half_life() -> None:
     fresh = hot_set_score(memory(category="episodic", confidence=0, usefulness=0), NOW)
     old = hot_set_score(
-        memory(category="episodic", confidence=0, usefulness=0, created_at=NOW - 14 * DAY), NOW
+        memory(category="episodic", confidence=0, usefulness=0, occurred_at=NOW - 14 * DAY), NOW
     )
     assert fresh - old == pytest.approx(0.25 * 0.5)
 

@@ -121,7 +121,7 @@ async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
     assert similarities == sorted(similarities, reverse=True)
     assert found[0].similarity == pytest.approx(0.95, abs=1e-5)
     assert found[0].token_counts == {"o200k_base": 2}
-    assert found[0].created_at is not None and abs(found[0].created_at - time.time()) < 60
+    assert found[0].occurred_at is not None and abs(found[0].occurred_at - time.time()) < 60
     assert len(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80)) == 60
 
 
@@ -471,3 +471,27 @@ async def test_a_pooled_connection_comes_back_without_an_open_transaction_or_loc
             assert await conn.fetchval("SHOW hnsw.ef_search") == "40"
     finally:
         await pool.close()
+
+
+async def test_occurred_at_is_stored_kept_on_updates_that_omit_it_and_defaults_to_the_write_time(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    imported = make_memory("met Ana at the Lisbon conference", occurred_at=1_683_554_160.5)
+    fresh = make_memory("prefers window seats")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [imported, fresh])
+    # The same text again without a time: unchanged, and the imported time stays.
+    [again] = await pg_store.upsert_memories(
+        tenant.org_id, tenant.agent_id, [make_memory("met Ana at the Lisbon conference")]
+    )
+    assert again.outcome == "unchanged"
+    # A new time for the same text is an update.
+    [moved] = await pg_store.upsert_memories(
+        tenant.org_id, tenant.agent_id, [make_memory("prefers window seats", occurred_at=1_600_000_000.0)]
+    )
+    assert moved.outcome == "updated"
+    stored = {
+        m.content: m.occurred_at
+        for m in await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [imported.id, fresh.id])
+    }
+    assert stored["met Ana at the Lisbon conference"] == pytest.approx(1_683_554_160.5)
+    assert stored["prefers window seats"] == pytest.approx(1_600_000_000.0)

@@ -8,6 +8,7 @@ one that did. Every failure is a ``MemoryClientError``; a rejected request is th
 from __future__ import annotations
 
 import enum
+import math
 import re
 import ssl as ssl_module
 from collections.abc import Iterable, Mapping, Sequence
@@ -108,6 +109,10 @@ def memory_input(memory: NewMemory) -> pb.MemoryInput:
         message.metadata.update(cast("dict[str, Any]", dict(memory.metadata)))
     if memory.embedding is not None:
         message.embedding.extend(float(x) for x in memory.embedding)
+    if memory.occurred_at is not None:
+        seconds = math.floor(memory.occurred_at)
+        message.occurred_at.seconds = seconds
+        message.occurred_at.nanos = min(999_999_999, round((memory.occurred_at - seconds) * 1e9))
     return message
 
 

@@ -8,7 +8,7 @@ score = (w_rel·relevance + w_rec·recency + w_use·usefulness + w_conf·confide
   memories); else unknown. Unknown relevance (no query embedding: the hot-only
   degradation path) is scored neutral, ``NEUTRAL_RELEVANCE``, and the floor is
   not applied to it: the floor exists to drop memories known to be off-topic.
-* recency: exp(-ln2 · age_days / half_life(category)) from ``created_at``: how
+* recency: exp(-ln2 · age_days / half_life(category)) from ``occurred_at``: how
   old the information is. ``last_injected_at`` is not used; it would keep
   memories fresh because they were injected (frequency already rewards use).
   Unknown or unreadable age: 0.5.
@@ -122,7 +122,7 @@ def score_candidates(
     fields = np.array(
         [
             (
-                nan if r.created_at is None else r.created_at,
+                nan if r.occurred_at is None else r.occurred_at,
                 half_life_of.get(r.category, UNKNOWN_CATEGORY_HALF_LIFE_DAYS),
                 nan if r.usefulness is None else r.usefulness,
                 nan if r.confidence is None else r.confidence,
@@ -134,7 +134,7 @@ def score_candidates(
     ).reshape(n, 5)
     created, half_lives = fields[:, 0], fields[:, 1]
     age_known = np.isfinite(created)
-    # A created_at in the future (clock skew) counts as brand new.
+    # A occurred_at in the future (clock skew) counts as brand new.
     age_days = np.maximum(np.where(age_known, now - created, 0.0), 0.0) / SECONDS_PER_DAY
     recency = np.where(age_known, np.exp(-math.log(2.0) * age_days / half_lives), UNKNOWN_RECENCY)
     # Usefulness and confidence together: defaults where unknown, then [0, 1].

@@ -7,6 +7,7 @@ nothing reaches a store before its request is valid.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ def new_memories(inputs: Sequence[pb.MemoryInput], limits: Limits) -> list[NewMe
         usefulness = _unit(item.usefulness, f"{path}.usefulness") if item.HasField("usefulness") else 0.5
         memory_id = uuid_field(item.id, f"{path}.id", required=False) or None
         metadata = _metadata(item, f"{path}.metadata")
+        occurred_at = _occurred_at(item, f"{path}.occurred_at") if item.HasField("occurred_at") else None
         embedding = None
         if len(item.embedding):
             vector = np.asarray(item.embedding, dtype=np.float32)
@@ -141,6 +143,7 @@ def new_memories(inputs: Sequence[pb.MemoryInput], limits: Limits) -> list[NewMe
                 id=memory_id,
                 metadata=metadata,
                 embedding=embedding,
+                occurred_at=occurred_at,
             )
         )
     return result
@@ -173,6 +176,23 @@ def feedback(items: Sequence[pb.MemoryFeedback]) -> list[tuple[str, str]]:
             raise InvalidRequest(f"feedback[{i}].feedback", "must be POSITIVE, NEGATIVE or NEUTRAL")
         result.append((memory_id, kind))
     return result
+
+
+# A writer's clock may run a little ahead of ours; a day more is a wrong date, which
+# would keep a memory "brand new" in every recency computation until it arrives.
+OCCURRED_AT_FUTURE_TOLERANCE_S = 86_400.0
+
+
+def _occurred_at(item: pb.MemoryInput, field: str) -> float:
+    stamp = item.occurred_at
+    if not 0 <= stamp.nanos < 1_000_000_000:
+        raise InvalidRequest(field, "has nanos outside 0..999999999")
+    seconds = stamp.seconds + stamp.nanos / 1e9
+    if seconds < 0:
+        raise InvalidRequest(field, "is before 1970-01-01T00:00:00Z")
+    if seconds > time.time() + OCCURRED_AT_FUTURE_TOLERANCE_S:
+        raise InvalidRequest(field, "is more than one day in the future")
+    return seconds
 
 
 def _unit(value: float, field: str) -> float:

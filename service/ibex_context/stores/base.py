@@ -28,6 +28,8 @@ class PreparedMemory:
     metadata: Mapping[str, object]
     token_counts: Mapping[str, int]
     embedding: FloatVector
+    # Seconds since the epoch; None: now for a new memory, unchanged for a stored one.
+    occurred_at: float | None = None
 
 
 # Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per

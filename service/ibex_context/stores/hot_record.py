@@ -3,7 +3,7 @@
 Format 2 (written), all little-endian:
 
     header  B version=2 | I4 retrieval_count | d last_injected_at
-            | d created_at | d confidence | d usefulness          (NaN = None)
+            | d occurred_at | d confidence | d usefulness          (NaN = None)
             | H len(id) | H len(category) | I4 len(content) | H len(token_counts)
     body    id | category | content (UTF-8) | token_counts (JSON) | float32 embedding
 
@@ -55,7 +55,7 @@ def encode_record(record: MemoryRecord) -> bytes:
         FORMAT_VERSION,
         record.retrieval_count,
         _number(record.last_injected_at),
-        _number(record.created_at),
+        _number(record.occurred_at),
         _number(record.confidence),
         _number(record.usefulness),
         len(ident),
@@ -109,7 +109,7 @@ def _decode_v1(data: bytes) -> MemoryRecord:
         confidence=fields["f"],
         usefulness=fields["u"],
         retrieval_count=fields["n"],
-        created_at=fields["t"],
+        occurred_at=fields["t"],
         last_injected_at=fields["l"],
         token_counts=fields["o"],
         embedding=embedding,

@@ -8,7 +8,7 @@ composite the scorer computes later.
 
     score = (w_rel·1 + w_rec·recency + w_use·usefulness + w_conf·confidence
              + w_freq·frequency) / Σw
-    recency   = 0.5 ** (age_days / half_life_days(category))     (from created_at)
+    recency   = 0.5 ** (age_days / half_life_days(category))     (from occurred_at)
     frequency = min(retrieval_count / 50, 1)
 
 ``hot_set_order_sql`` is the same formula in SQL, used to pick the top N in
@@ -41,7 +41,7 @@ def hot_set_score(
     weights: ScoringWeights = _WEIGHTS,
 ) -> float:
     half_life = half_lives_days.get(record.category, UNKNOWN_CATEGORY_HALF_LIFE_DAYS)
-    created = record.created_at if record.created_at is not None else now
+    created = record.occurred_at if record.occurred_at is not None else now
     age_days = max(0.0, now - created) / SECONDS_PER_DAY
     recency = math.pow(0.5, age_days / half_life)
     usefulness = DEFAULT_USEFULNESS if record.usefulness is None else record.usefulness
@@ -86,7 +86,8 @@ def hot_set_order_sql(
         f"WHEN '{category}' THEN {float(days)!r}" for category, days in sorted(half_lives_days.items())
     )
     half_life = f"(CASE {m}.category {cases} ELSE {float(UNKNOWN_CATEGORY_HALF_LIFE_DAYS)!r} END)"
-    age_days = f"greatest(0, {now_param} - extract(epoch FROM {m}.created_at)::float8) / {SECONDS_PER_DAY!r}"
+    occurred = f"extract(epoch FROM coalesce({m}.occurred_at, {m}.created_at))::float8"
+    age_days = f"greatest(0, {now_param} - {occurred}) / {SECONDS_PER_DAY!r}"
     total = weights.relevance + weights.recency + weights.usefulness + weights.confidence + weights.frequency
     return (
         f"(({weights.relevance!r} + {weights.recency!r} * power(0.5, {age_days} / {half_life})"

@@ -61,7 +61,7 @@ _WRITER_LOCK_CLASS = 0x49424558 & 0x7FFFFFFF
 _MEMORY_COLUMNS = (
     "m.id, m.content, m.category, m.confidence, m.usefulness,"
     " coalesce(u.retrieval_count, 0) AS retrieval_count,"
-    " extract(epoch FROM m.created_at)::float8 AS created_at,"
+    " extract(epoch FROM coalesce(m.occurred_at, m.created_at))::float8 AS occurred_at,"
     " extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at,"
     " m.token_counts::text AS token_counts"
 )
@@ -76,7 +76,7 @@ _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 
 _SEARCH_SQL = f"""
     SELECT {_MEMORY_COLUMNS}, m.distance
     FROM (
-        SELECT id, content, category, confidence, usefulness, created_at, token_counts,
+        SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts,
                embedding <=> $3 AS distance
         FROM memories
         WHERE org_id = $1 AND agent_id = $2
@@ -216,7 +216,7 @@ def _record(
         confidence=float(row["confidence"]),
         usefulness=float(row["usefulness"]),
         retrieval_count=int(row["retrieval_count"]),
-        created_at=_epoch(row["created_at"]),
+        occurred_at=_epoch(row["occurred_at"]),
         last_injected_at=_epoch(row["last_injected_at"]),
         token_counts=token_counts(row["token_counts"]),
         embedding=row["embedding"] if with_embedding else None,
@@ -461,7 +461,8 @@ class PostgresMemoryStore:
         async with self._pool.acquire() as conn, conn.transaction():
             await self._lock_agent(conn, org, agent)
             rows = await conn.fetch(
-                "SELECT id, content_hash, category, confidence, usefulness, metadata FROM memories"
+                "SELECT id, content_hash, category, confidence, usefulness, metadata,"
+                " extract(epoch FROM occurred_at)::float8 AS occurred_at FROM memories"
                 " WHERE org_id = $1 AND agent_id = $2"
                 " AND (content_hash = ANY($3::bytea[]) OR id = ANY($4::uuid[]))",
                 org,
@@ -477,6 +478,7 @@ class PostgresMemoryStore:
                     confidence=float(r["confidence"]),
                     usefulness=float(r["usefulness"]),
                     metadata=r["metadata"],
+                    occurred_at=r["occurred_at"],
                 )
                 for r in rows
             ]
@@ -487,11 +489,12 @@ class PostgresMemoryStore:
                     UPDATE memories AS m SET
                         content = u.content, content_hash = u.content_hash, category = u.category,
                         confidence = u.confidence, usefulness = u.usefulness, metadata = u.metadata,
-                        token_counts = u.token_counts, embedding = u.embedding, updated_at = now()
+                        token_counts = u.token_counts, embedding = u.embedding,
+                        occurred_at = coalesce(to_timestamp(u.occurred_at), m.occurred_at), updated_at = now()
                     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[], $7::real[], $8::real[],
-                                $9::jsonb[], $10::jsonb[], $11::vector[])
+                                $9::jsonb[], $10::jsonb[], $11::vector[], $12::float8[])
                         AS u(id, content, content_hash, category, confidence, usefulness,
-                             metadata, token_counts, embedding)
+                             metadata, token_counts, embedding, occurred_at)
                     WHERE m.org_id = $1 AND m.agent_id = $2 AND m.id = u.id
                     """,
                     org,
@@ -511,10 +514,15 @@ class PostgresMemoryStore:
                 await conn.execute(
                     """
                     INSERT INTO memories (org_id, agent_id, id, content, content_hash, category,
-                                          confidence, usefulness, metadata, token_counts, embedding)
-                    SELECT $1, $2, u.* FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[],
-                                                   $7::real[], $8::real[], $9::jsonb[], $10::jsonb[],
-                                                   $11::vector[]) AS u
+                                          confidence, usefulness, metadata, token_counts, embedding,
+                                          occurred_at)
+                    SELECT $1, $2, u.id, u.content, u.content_hash, u.category, u.confidence,
+                           u.usefulness, u.metadata, u.token_counts, u.embedding,
+                           coalesce(to_timestamp(u.occurred_at), now())
+                    FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::text[], $7::real[], $8::real[],
+                                $9::jsonb[], $10::jsonb[], $11::vector[], $12::float8[])
+                        AS u(id, content, content_hash, category, confidence, usefulness,
+                             metadata, token_counts, embedding, occurred_at)
                     """,
                     org,
                     agent,
@@ -758,4 +766,5 @@ def _columns(memories: Sequence[PreparedMemory]) -> list[list[Any]]:
         [dict(m.metadata) for m in memories],
         [dict(m.token_counts) for m in memories],
         [_VectorParam(m.embedding) for m in memories],
+        [m.occurred_at for m in memories],
     ]

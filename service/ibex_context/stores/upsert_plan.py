@@ -4,9 +4,10 @@ Rules, applied to the batch in order (earlier items are visible to later ones):
 
 1. The content hash is already stored for the agent: the same text. The row keeps
    its id. ``unchanged`` when category, confidence, usefulness and metadata are
-   equal (confidence and usefulness compared as float32, as stored); otherwise
-   those fields are updated: ``updated``. Content identity wins over an explicit
-   id: re-sending a known text under another id does not create a duplicate.
+   equal and the batch gives no other occurred-at time (confidence and usefulness
+   compared as float32, as stored); otherwise those fields are updated: ``updated``.
+   Content identity wins over an explicit id: re-sending a known text under another
+   id does not create a duplicate.
 2. Otherwise the id is already stored: its content is replaced (text, hash,
    embedding, token counts and the fields): ``updated``.
 3. Otherwise: ``created``.
@@ -32,6 +33,7 @@ class StoredMemory:
     confidence: float
     usefulness: float
     metadata: Mapping[str, object]
+    occurred_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ def _same_fields(stored: StoredMemory, memory: PreparedMemory) -> bool:
         and np.float32(stored.confidence) == np.float32(memory.confidence)
         and np.float32(stored.usefulness) == np.float32(memory.usefulness)
         and dict(stored.metadata) == dict(memory.metadata)
+        and (memory.occurred_at is None or memory.occurred_at == stored.occurred_at)
     )
 
 
@@ -59,6 +62,7 @@ def _as_stored(memory: PreparedMemory) -> StoredMemory:
         confidence=memory.confidence,
         usefulness=memory.usefulness,
         metadata=memory.metadata,
+        occurred_at=memory.occurred_at,
     )
 
 

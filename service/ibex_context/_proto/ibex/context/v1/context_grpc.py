@@ -10,6 +10,7 @@ if typing.TYPE_CHECKING:
     import grpclib.server
 
 import google.protobuf.struct_pb2
+import google.protobuf.timestamp_pb2
 import ibex_context._proto.ibex.context.v1.context_pb2
 from ibex_context._proto import ibex
 

@@ -1,4 +1,7 @@
+import datetime
+
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -224,7 +227,7 @@ class SourceOutcome(_message.Message):
     def __init__(self, source: _Optional[str] = ..., status: _Optional[_Union[SourceStatus, str]] = ..., duration_us: _Optional[int] = ..., count: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class MemoryInput(_message.Message):
-    __slots__ = ("id", "content", "category", "confidence", "usefulness", "metadata", "embedding")
+    __slots__ = ("id", "content", "category", "confidence", "usefulness", "metadata", "embedding", "occurred_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +235,7 @@ class MemoryInput(_message.Message):
     USEFULNESS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     content: str
     category: str
@@ -239,7 +243,8 @@ class MemoryInput(_message.Message):
     usefulness: float
     metadata: _struct_pb2.Struct
     embedding: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., usefulness: _Optional[float] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+    occurred_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., usefulness: _Optional[float] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., embedding: _Optional[_Iterable[float]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class UpsertMemoriesRequest(_message.Message):
     __slots__ = ("org_id", "agent_id", "memories")

@@ -37,6 +37,7 @@ __all__ = (
     "UpsertResult",
 )
 
+import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -477,6 +478,15 @@ class MemoryInput(betterproto2.Message):
     """
     Precomputed embedding of the configured dimension; the service embeds the
     content when empty.
+    """
+
+    occurred_at: "datetime.datetime | None" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+    """
+    When the information came to be (an imported history keeps its own time);
+    recency counts from it. Unset: the time of the first write. Must lie between
+    1970 and one day after the server's clock.
     """
 
 
