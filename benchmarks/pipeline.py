@@ -198,7 +198,7 @@ def compose(
         limits=profile.budget,
         exact=True,
     )
-    costs = [memory_cost(m, encoding, fmt, nonce=nonce, counter=counter) for m in scored]
+    costs = [memory_cost(m, encoding, fmt, counter=counter) for m in scored]
     overhead = (
         section_overhead(
             encoding,

@@ -139,11 +139,11 @@ def spec_properties() -> Schema:
                     "type": "object",
                     "default": {},
                     "properties": {
-                        "relevance": {**weight, "default": 0.40},
-                        "recency": {**weight, "default": 0.25},
-                        "usefulness": {**weight, "default": 0.20},
-                        "confidence": {**weight, "default": 0.10},
-                        "frequency": {**weight, "default": 0.05},
+                        "relevance": {**weight, "default": 0.80},
+                        "recency": {**weight, "default": 0.08},
+                        "usefulness": {**weight, "default": 0.08},
+                        "confidence": {**weight, "default": 0.04},
+                        "frequency": {**weight, "default": 0.0},
                     },
                     "x-kubernetes-validations": [
                         {
@@ -163,6 +163,9 @@ def spec_properties() -> Schema:
                 },
                 "relevanceFloor": _num(
                     0, 1, 0.15, "Candidates less relevant than this are dropped.", exclusive_maximum=True
+                ),
+                "lexicalWeight": _num(
+                    0, 1, 0.5, "Share of relevance from the lexical (BM25) match; the rest is semantic."
                 ),
             },
         },

@@ -86,13 +86,16 @@ class MemoryRecord:
     embedding: FloatVector | None = None
     similarity: float | None = None
     source: Source = Source.COLD
+    # BM25 score of the memory's words against the query's, when the lexical search
+    # found it; None: not among its results (or no lexical search ran).
+    lexical_score: float | None = None
 
 
 # Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
 # field) and one is built per candidate on every call; treat instances as values all the same.
 @dataclass(slots=True)
 class ScoredMemory:
-    """A candidate with its composite score and every component of it."""
+    """A candidate with its score and every component of it (``pipeline.scoring``)."""
 
     memory: MemoryRecord
     score: float
@@ -102,6 +105,8 @@ class ScoredMemory:
     confidence: float
     frequency: float
     tokens: int = 0
+    semantic: float = 0.0
+    lexical: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     hot_set_ttl_seconds: int = _f(3600, "TTL of a hot set (rebuilt from PostgreSQL when gone).", ge=1)
     hot_limit: int = _f(20, "Hot memories read per call.", ge=0, le=1000)
     cold_limit: int = _f(50, "Memories returned by the semantic (cold) search per call.", ge=0, le=1000)
+    lexical_limit: int = _f(
+        50,
+        "Memories returned by the lexical (BM25) search per call; 0 turns it off.",
+        ge=0,
+        le=1000,
+    )
     hnsw_ef_search: int = _f(
         64,
         "pgvector hnsw.ef_search (HNSW returns at most this many rows; raised to cold_limit).",

@@ -54,6 +54,10 @@ class _Cold:
         await asyncio.sleep(self._delay)
         return []
 
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+        await asyncio.sleep(self._delay)
+        return []
+
 
 async def _assembler(*, hot_delay: float = 0.0, cold_delay: float = 0.0) -> Assembler:
     embedder = HashingEmbedder(384)

@@ -34,6 +34,9 @@ class _Cold:
         self.searches += 1
         return []
 
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+        return []
+
 
 class _StuckEmbedder:
     """An embedding service that never answers."""

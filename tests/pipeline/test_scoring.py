@@ -20,7 +20,7 @@ def memory(id: str = "m", **fields: object) -> MemoryRecord:
     return MemoryRecord(id=id, **values)  # type: ignore[arg-type]
 
 
-def test_relevance_does_not_always_dominate() -> None:
+def test_relevance_decides_and_the_other_signals_only_scale_it() -> None:
     # Both a year old (factual half-life 180 d: recency 0.5 ** (365 / 180) = 0.2453).
     strong_elsewhere = memory(
         "a", similarity=0.35, usefulness=1.0, confidence=1.0, retrieval_count=50, occurred_at=NOW - 365 * DAY
@@ -28,13 +28,55 @@ def test_relevance_does_not_always_dominate() -> None:
     more_relevant = memory(
         "b", similarity=0.95, usefulness=0.0, confidence=0.1, retrieval_count=0, occurred_at=NOW - 365 * DAY
     )
-    scored = score_candidates([more_relevant, strong_elsewhere], None, Scoring(), NOW)
+    scored = score_candidates([strong_elsewhere, more_relevant], None, Scoring(), NOW)
     recency = 0.5 ** (365 / 180)
-    # a: 0.40*0.35 + 0.25*r + 0.20*1 + 0.10*1 + 0.05*1 = 0.49 + 0.25 r = 0.5513
-    # b: 0.40*0.95 + 0.25*r + 0.20*0 + 0.10*0.1 + 0.05*0 = 0.39 + 0.25 r = 0.4513
-    assert [s.memory.id for s in scored] == ["a", "b"]
-    assert scored[0].score == pytest.approx(0.49 + 0.25 * recency)
-    assert scored[1].score == pytest.approx(0.39 + 0.25 * recency)
+    # Default weights 0.80 / 0.08 / 0.08 / 0.04 / 0 (sum 1): relevance x adjustment.
+    assert [s.memory.id for s in scored] == ["b", "a"]
+    assert scored[0].score == pytest.approx(0.95 * (0.80 + 0.08 * recency + 0.0 + 0.04 * 0.1))
+    assert scored[1].score == pytest.approx(0.35 * (0.80 + 0.08 * recency + 0.08 + 0.04))
+
+
+def test_no_adjustment_lifts_a_memory_by_more_than_the_share_of_the_other_weights() -> None:
+    best_otherwise = memory("a", similarity=0.5, usefulness=1.0, confidence=1.0, retrieval_count=50)
+    worst_otherwise = memory(
+        "b", similarity=0.5, usefulness=0.0, confidence=0.0, occurred_at=NOW - 10_000 * DAY
+    )
+    everything = Scoring(weights=ScoringWeights(0.8, 0.05, 0.05, 0.05, 0.05))
+    high, low = score_candidates([best_otherwise, worst_otherwise], None, everything, NOW)
+    assert high.score == pytest.approx(0.5)
+    assert low.score == pytest.approx(0.5 * 0.8, rel=1e-3)
+
+
+def test_relevance_blends_semantic_and_saturated_lexical_when_the_lexical_search_ran() -> None:
+    both = memory("both", similarity=0.6, lexical_score=10.0)  # lexical 10 / (10 + 10) = 0.5
+    semantic_only = memory("sem", similarity=0.6)  # not returned by the lexical search: 0
+    scored = {
+        s.memory.id: s
+        for s in score_candidates([both, semantic_only], None, Scoring(), NOW, lexical_searched=True)
+    }
+    assert (scored["both"].semantic, scored["both"].lexical) == (pytest.approx(0.6), pytest.approx(0.5))
+    assert scored["both"].relevance == pytest.approx(0.5 * 0.6 + 0.5 * 0.5)
+    assert scored["sem"].relevance == pytest.approx(0.5 * 0.6)
+
+
+def test_without_a_lexical_search_relevance_is_the_semantic_half_alone() -> None:
+    (scored,) = score_candidates([memory(similarity=0.6, lexical_score=None)], None, Scoring(), NOW)
+    assert scored.relevance == pytest.approx(0.6) and scored.lexical == 0.0
+
+
+def test_without_a_query_embedding_lexical_matches_rank_above_the_unfloored_hot_memories() -> None:
+    lexical_match = memory("lex", similarity=None, lexical_score=30.0, embedding=np.ones(3, dtype=np.float32))
+    hot = memory("hot", similarity=None, embedding=np.ones(3, dtype=np.float32))
+    scored = score_candidates([hot, lexical_match], None, Scoring(), NOW, lexical_searched=True)
+    assert [s.memory.id for s in scored] == ["lex", "hot"]
+    assert scored[0].relevance == pytest.approx(0.5 * 0.5 + 0.5 * 30 / 40)
+    assert scored[1].relevance == pytest.approx(0.5 * 0.5)  # below the floor, kept: unknown
+
+
+def test_lexical_weight_moves_the_blend() -> None:
+    record = memory(similarity=0.2, lexical_score=90.0)  # lexical 0.9
+    (scored,) = score_candidates([record], None, Scoring(lexical_weight=1.0), NOW, lexical_searched=True)
+    assert scored.relevance == pytest.approx(0.9)
 
 
 @pytest.mark.parametrize(
@@ -118,9 +160,22 @@ def test_embedding_of_another_dimension_is_treated_as_unknown() -> None:
 
 
 def test_weights_are_normalised_by_their_sum() -> None:
-    doubled = Scoring(weights=ScoringWeights(0.8, 0.5, 0.4, 0.2, 0.1))
+    default = ScoringWeights()
+    doubled = Scoring(
+        weights=ScoringWeights(
+            *(
+                2 * w
+                for w in (default.relevance, default.recency, default.usefulness, default.confidence, 0.05)
+            )
+        )
+    )
     record = memory(similarity=0.7, usefulness=0.3, confidence=0.6, retrieval_count=10)
-    (a,) = score_candidates([record], None, Scoring(), NOW)
+    single = Scoring(
+        weights=ScoringWeights(
+            default.relevance, default.recency, default.usefulness, default.confidence, 0.05
+        )
+    )
+    (a,) = score_candidates([record], None, single, NOW)
     (b,) = score_candidates([record], None, doubled, NOW)
     assert a.score == pytest.approx(b.score)
 
@@ -129,7 +184,7 @@ def test_every_component_is_kept_and_tokens_left_zero() -> None:
     (scored,) = score_candidates(
         [memory(similarity=0.6, usefulness=0.7, confidence=0.9)], None, Scoring(), NOW
     )
-    expected = 0.40 * 0.6 + 0.25 * 1.0 + 0.20 * 0.7 + 0.10 * 0.9 + 0.05 * 0.0
+    expected = 0.6 * (0.80 + 0.08 * 1.0 + 0.08 * 0.7 + 0.04 * 0.9)
     assert scored.score == pytest.approx(expected)
     assert (scored.relevance, scored.recency, scored.usefulness, scored.confidence) == (0.6, 1.0, 0.7, 0.9)
     assert scored.tokens == 0
@@ -147,6 +202,7 @@ def test_no_candidates_give_no_scores() -> None:
         (Scoring(weights=ScoringWeights(recency=math.nan)), "scoring.weights.recency"),
         (Scoring(half_lives_days={"factual": 0.0}), "scoring.half_lives_days.factual"),
         (Scoring(relevance_floor=1.0), "scoring.relevance_floor"),
+        (Scoring(lexical_weight=1.5), "scoring.lexical_weight"),
     ],
 )
 def test_invalid_scoring_is_a_configuration_error_naming_the_field(scoring: Scoring, field: str) -> None:

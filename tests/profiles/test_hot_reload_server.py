@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpclib.client import Channel
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
@@ -94,6 +96,9 @@ async def until_profile(channel: Channel, tenant: Tenant, name: str) -> Any:
     raise AssertionError(f"profile {name!r} never used")
 
 
+HALF_A_YEAR_AGO = Timestamp(seconds=int(time.time()) - 180 * 86_400)
+
+
 async def test_a_swapped_profiles_directory_changes_the_weights_of_the_next_calls(
     served: tuple[ContextService, ConfigMapVolume], tenant: Tenant
 ) -> None:
@@ -105,7 +110,12 @@ async def test_a_swapped_profiles_directory_changes_the_weights_of_the_next_call
                 org_id=tenant.org_id,
                 agent_id=tenant.agent_id,
                 memories=[
-                    pb.MemoryInput(content=c, category="factual")
+                    # Half a year old: recency ~0.5, so a recency-only score differs from relevance.
+                    pb.MemoryInput(
+                        content=c,
+                        category="factual",
+                        occurred_at=Timestamp(seconds=int(time.time()) - 180 * 86_400),
+                    )
                     for c in (
                         "Deployments to production happen on Tuesdays after the standup",
                         "The staging database is rebuilt every Sunday night",
@@ -118,8 +128,8 @@ async def test_a_swapped_profiles_directory_changes_the_weights_of_the_next_call
         before = await assemble(channel, tenant)
         assert before.metadata.profile == "v1-recency"
         assert before.metadata.memories
-        for m in before.metadata.memories:  # recency only: the score is the recency component
-            assert m.score == pytest.approx(m.recency)
+        for m in before.metadata.memories:  # recency only: relevance scaled by recency alone
+            assert m.score == pytest.approx(m.relevance * m.recency)
         assert any(m.score != pytest.approx(m.relevance) for m in before.metadata.memories)
 
         volume.publish(profile_set("v2-relevance", relevance=1.0))

@@ -35,7 +35,7 @@ from ibex_context.pipeline.formatting import (
     section_overhead,
 )
 from ibex_context.pipeline.packing import pack_costed
-from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import SOURCES, AssemblyReport, Outcome, SourceResult, SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Profile
@@ -57,6 +57,8 @@ _REASON_SEVERITY: tuple[str, ...] = (
     "embed_error",
     "cold_timeout",
     "cold_error",
+    "lexical_timeout",
+    "lexical_error",
 )
 
 
@@ -96,6 +98,7 @@ class AssemblerConfig:
     cold_limit: int
     query_max_chars: int
     nonce_secret: bytes
+    lexical_limit: int = 50
     # Kept for scoring, packing and formatting after retrieval stops waiting.
     compute_reserve_seconds: float = 0.003
 
@@ -198,6 +201,7 @@ class Assembler:
             query=_query_text(request.messages, self._config.query_max_chars),
             hot_limit=self._config.hot_limit,
             cold_limit=self._config.cold_limit,
+            lexical_limit=self._config.lexical_limit,
             directive_timeout=profile.deadlines.directive_ms / 1000,
             hot_timeout=profile.deadlines.hot_ms / 1000,
             cold_timeout=profile.deadlines.cold_ms / 1000,
@@ -222,7 +226,14 @@ class Assembler:
 
         t0 = time.perf_counter_ns()
         candidates = state.candidates()
-        scored = score_candidates(candidates, state.query_embedding, profile.scoring, now=self._clock())
+        lexical = state.sources.get("lexical")
+        scored = score_candidates(
+            candidates,
+            state.query_embedding,
+            profile.scoring,
+            now=self._clock(),
+            lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
+        )
         report.add_stage("score", t0, time.perf_counter_ns())
         report.candidates_evaluated = len(candidates)
         report.memories_available = len(scored)
@@ -253,7 +264,7 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
-        costs = memory_costs(scored, encoding, profile.format, nonce=nonce, counter=self._counter)
+        costs = memory_costs(scored, encoding, profile.format, counter=self._counter)
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
         overhead = (
@@ -382,9 +393,7 @@ class Assembler:
         }.get(degradation, Outcome.FALLBACK)
         if degradation is Degradation.FULL and reasons:
             report.outcome = Outcome.DEGRADED
-        report.sources = [
-            call.state.sources[s] for s in ("directive", "hot", "embed", "cold") if s in call.state.sources
-        ]
+        report.sources = [call.state.sources[s] for s in SOURCES if s in call.state.sources]
         report.memories_injected = len(memories)
         report.directive_injected = directive_injected
         report.tokens_injected = tokens_injected
@@ -452,7 +461,7 @@ def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:
 
 def _close_sources(state: RetrievalState) -> None:
     """Sources still running when we stop waiting count as timed out."""
-    for source in ("directive", "hot", "embed", "cold"):
+    for source in SOURCES:
         if source not in state.sources:
             state.sources[source] = SourceResult(
                 source, SourceStatus.TIMEOUT, 0, 0, "still running at the call deadline"
@@ -461,7 +470,7 @@ def _close_sources(state: RetrievalState) -> None:
 
 def _reasons(state: RetrievalState) -> list[str]:
     reasons = []
-    for source in ("directive", "hot", "embed", "cold"):
+    for source in SOURCES:
         result = state.sources.get(source)
         if result is None:
             continue
@@ -477,8 +486,9 @@ def _degradation(state: RetrievalState, reasons: Sequence[str]) -> Degradation:
         return Degradation.FULL
     failed = {r.rsplit("_", 1)[0] for r in reasons}
     hot_answered = "hot" not in failed
-    cold_answered = not ({"embed", "cold"} & failed)
-    if hot_answered or cold_answered:
+    vector_answered = not ({"embed", "cold"} & failed)
+    lexical_answered = "lexical" not in failed
+    if hot_answered or vector_answered or lexical_answered:
         return Degradation.HOT_ONLY
     if state.directive_done:
         return Degradation.DIRECTIVE_ONLY

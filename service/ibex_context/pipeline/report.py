@@ -18,12 +18,13 @@ STAGES: tuple[str, ...] = (
     "hot",
     "embed",
     "cold",
+    "lexical",
     "score",
     "pack",
     "format",
     "serialize",
 )
-SOURCES: tuple[str, ...] = ("directive", "hot", "embed", "cold")
+SOURCES: tuple[str, ...] = ("directive", "hot", "embed", "cold", "lexical")
 
 
 class Outcome(enum.StrEnum):

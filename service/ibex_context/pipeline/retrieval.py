@@ -1,6 +1,6 @@
-"""Parallel retrieval: directive, hot set and query embedding at once; cold search
-as soon as the embedding is ready. Each source has its own timeout and a failure
-of one never blocks the others.
+"""Parallel retrieval: directive, hot set, lexical search and query embedding at
+once; the vector (cold) search as soon as the embedding is ready. Each source has
+its own timeout and a failure of one never blocks the others.
 
 This is the only stage of the pipeline that does I/O. It fills a
 ``RetrievalState`` as results arrive, so that when the call's deadline runs out
@@ -40,6 +40,8 @@ class RetrievalPlan:
     cold_timeout: float
     # Set when the budget is too small for cold memories to matter.
     skip_cold_reason: str = ""
+    # BM25 matches asked of the store, under the cold deadline; 0: no lexical search.
+    lexical_limit: int = 0
     # perf_counter() time by which every source must have answered: the call's own
     # deadline caps each source's timeout, so sources stop themselves (one
     # cancellation each) exactly when the assembler stops waiting for them.
@@ -57,20 +59,29 @@ class RetrievalState:
     directive_done: bool = False
     hot: list[MemoryRecord] = field(default_factory=list)
     cold: list[MemoryRecord] = field(default_factory=list)
+    lexical: list[MemoryRecord] = field(default_factory=list)
     query_embedding: FloatVector | None = None
     sources: dict[str, SourceResult] = field(default_factory=dict)
     # perf_counter_ns intervals per source, for the stage spans.
     intervals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def candidates(self) -> list[MemoryRecord]:
-        """Hot and cold memories merged and de-duplicated by id.
+        """Hot, vector and lexical matches merged and de-duplicated by id.
 
-        A memory found by both keeps the cold record (it carries the similarity
-        computed by PostgreSQL) but is marked as coming from both.
+        A memory found by the vector search keeps that record (it carries the
+        similarity computed by PostgreSQL), with the BM25 score of the lexical
+        search when that found it too; one found in the hot set as well is marked
+        as coming from both.
         """
         by_id: dict[str, MemoryRecord] = {}
         for record in self.cold:
             by_id.setdefault(record.id, record)
+        for record in self.lexical:
+            seen = by_id.get(record.id)
+            if seen is None:
+                by_id[record.id] = record
+            elif seen.lexical_score is None:
+                seen.lexical_score = record.lexical_score
         for record in self.hot:
             seen = by_id.get(record.id)
             if seen is None:
@@ -119,6 +130,10 @@ class Retriever:
                 asyncio.create_task(self._embed_and_search(plan, state, cold_deadline), name="retrieve-cold"),
                 cold_deadline,
             ),
+            SourceTask(
+                asyncio.create_task(self._lexical(plan, state, cold_deadline), name="retrieve-lexical"),
+                cold_deadline,
+            ),
         ]
 
     async def _directive(self, plan: RetrievalPlan, state: RetrievalState) -> None:
@@ -154,6 +169,27 @@ class Retriever:
         )
         if not isinstance(hot, _Failed):
             state.hot = hot
+
+    async def _lexical(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
+        """BM25 over the agent's memories; needs no embedding, so it runs from the start."""
+        if not plan.query:
+            _skip(state, "lexical", "no user message to search with")
+            return
+        if plan.skip_cold_reason:
+            _skip(state, "lexical", plan.skip_cold_reason)
+            return
+        if plan.lexical_limit <= 0:
+            _skip(state, "lexical", "lexical_limit is 0")
+            return
+        found = await _run_source(
+            state,
+            "lexical",
+            deadline - time.perf_counter(),
+            lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, plan.lexical_limit),
+            count=len,
+        )
+        if not isinstance(found, _Failed):
+            state.lexical = found
 
     async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """Embeds the query, then searches; ``deadline`` covers both together."""

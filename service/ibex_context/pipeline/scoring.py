@@ -1,19 +1,33 @@
-"""Composite scores for retrieved memories, vectorised over all candidates.
+"""Scores for retrieved memories, vectorised over all candidates (ADR-0008).
 
-score = (w_rel·relevance + w_rec·recency + w_use·usefulness + w_conf·confidence
-         + w_freq·frequency) / sum(w)
+Relevance decides; the other signals adjust it:
 
-* relevance: the store's ``similarity`` (cold search) clipped to [0, 1]; else the
-  cosine between the query embedding and the memory's ``embedding`` (hot
-  memories); else unknown. Unknown relevance (no query embedding: the hot-only
-  degradation path) is scored neutral, ``NEUTRAL_RELEVANCE``, and the floor is
-  not applied to it: the floor exists to drop memories known to be off-topic.
+    score = relevance · (w_rel + w_rec·recency + w_use·usefulness + w_conf·confidence
+                         + w_freq·frequency) / sum(w)
+
+so a memory's score is its relevance scaled by a factor in [w_rel / sum(w), 1]:
+with the default weights a stale, unrated memory keeps 80 % of its relevance.
+No amount of recency, usefulness or injection history lifts an off-topic memory
+above a relevant one by more than that factor (ADR-0002 summed the five, so the
+constant ones squeezed every score into ~0.45-0.65 and relevance drowned).
+
+* relevance = (1 - lexical_weight) · semantic + lexical_weight · lexical, where
+  - semantic: the store's ``similarity`` (vector search) or else the cosine of
+    the query embedding and the memory's ``embedding`` (hot and lexical-only
+    matches), clipped to [0, 1];
+  - lexical: BM25 of the query's words (``lexical_score``, PostgreSQL full-text
+    search) saturated to [0, 1) as bm25 / (bm25 + LEXICAL_SATURATION); 0 for a
+    memory the lexical search did not return when it ran.
+  Without a lexical search (failed, skipped) relevance is the semantic half alone.
+  An unknown semantic half (no query embedding: the hot-only path) counts as
+  neutral, ``NEUTRAL_RELEVANCE``, and the floor is not applied to it: the floor
+  exists to drop memories known to be off-topic.
 * recency: exp(-ln2 · age_days / half_life(category)) from ``occurred_at``: how
   old the information is. ``last_injected_at`` is not used; it would keep
-  memories fresh because they were injected (frequency already rewards use).
-  Unknown or unreadable age: 0.5.
-* usefulness: default 0.5; confidence: default 0.8; frequency:
-  min(retrieval_count / 50, 1).
+  memories fresh because they were injected. Unknown age: 0.5.
+* usefulness: default 0.5 (moved by feedback); confidence: default 0.8;
+  frequency: min(retrieval_count / 50, 1). The count grows with every injection,
+  so it feeds on itself: its default weight is 0.
 
 Candidates with a known relevance below ``scoring.relevance_floor`` are dropped.
 The result is sorted by score descending, ties by id, so it is deterministic.
@@ -33,6 +47,10 @@ from ibex_context.models import FloatVector, MemoryRecord, ScoredMemory
 from ibex_context.profiles.model import UNKNOWN_CATEGORY_HALF_LIFE_DAYS, Scoring
 
 NEUTRAL_RELEVANCE = 0.5
+# The BM25 score at which the lexical half of relevance reaches 0.5. BM25 of a
+# query word that one memory in a hundred holds is ~4-5 per occurrence, so a
+# memory matching two or three of the query's rarer words scores 0.5-0.6.
+LEXICAL_SATURATION = 10.0
 UNKNOWN_RECENCY = 0.5
 DEFAULT_USEFULNESS = 0.5
 DEFAULT_CONFIDENCE = 0.8
@@ -60,25 +78,27 @@ def validate_scoring(scoring: Scoring) -> None:
     for category, days in scoring.half_lives_days.items():
         if not math.isfinite(days) or days <= 0:
             raise ConfigurationError(f"scoring.half_lives_days.{category}: must be > 0 days, got {days!r}")
+    if not math.isfinite(scoring.lexical_weight) or not 0 <= scoring.lexical_weight <= 1:
+        raise ConfigurationError(f"scoring.lexical_weight: must be in [0, 1], got {scoring.lexical_weight!r}")
     floor = scoring.relevance_floor
     if not math.isfinite(floor) or not 0 <= floor < 1:
         raise ConfigurationError(f"scoring.relevance_floor: must be in [0, 1), got {floor!r}")
 
 
-def _relevance(
+def _semantic(
     candidates: Sequence[MemoryRecord], query_embedding: FloatVector | None
 ) -> tuple[_Array, npt.NDArray[np.bool_]]:
-    """Relevance per candidate and whether it is known."""
+    """Cosine similarity per candidate, clipped to [0, 1], and whether it is known."""
     n = len(candidates)
     similarity = np.fromiter(
         (math.nan if r.similarity is None else r.similarity for r in candidates), dtype=np.float64, count=n
     )
     known = np.isfinite(similarity)
-    relevance = np.where(known, similarity, NEUTRAL_RELEVANCE)
+    semantic = np.where(known, similarity, 0.0)
     if query_embedding is not None:
         query = np.asarray(query_embedding, dtype=np.float64).ravel()
         # A stored vector of another dimension (embedder changed) cannot be
-        # compared: its relevance stays unknown rather than failing the request.
+        # compared: its similarity stays unknown rather than failing the request.
         rows = [
             i
             for i, r in enumerate(candidates)
@@ -91,10 +111,21 @@ def _relevance(
             dots = matrix @ query
             cosine = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
             index = np.asarray(rows, dtype=np.intp)
-            relevance[index] = cosine
+            semantic[index] = cosine
             known[index] = True
-    _clip_unit(relevance)
-    return relevance, known
+    _clip_unit(semantic)
+    return semantic, known
+
+
+def _lexical(candidates: Sequence[MemoryRecord]) -> _Array:
+    """BM25 saturated to [0, 1); 0 where the lexical search did not return the memory."""
+    bm25 = np.fromiter(
+        (0.0 if r.lexical_score is None else r.lexical_score for r in candidates),
+        dtype=np.float64,
+        count=len(candidates),
+    )
+    np.maximum(bm25, 0.0, out=bm25)
+    return bm25 / (bm25 + LEXICAL_SATURATION)
 
 
 def _clip_unit(values: _Array) -> _Array:
@@ -109,12 +140,27 @@ def score_candidates(
     query_embedding: FloatVector | None,
     scoring: Scoring,
     now: float,
+    *,
+    lexical_searched: bool = False,
 ) -> list[ScoredMemory]:
+    """``lexical_searched``: the lexical search answered for this call, so a memory
+    without a ``lexical_score`` is known not to match the query's words."""
     validate_scoring(scoring)
     if not candidates:
         return []
     n = len(candidates)
-    relevance, relevance_known = _relevance(candidates, query_embedding)
+    semantic, semantic_known = _semantic(candidates, query_embedding)
+    lexical = _lexical(candidates)
+    # An unknown semantic half counts as neutral, and the floor (meant for memories
+    # known to be off-topic) spares it: without a query embedding, hot memories are
+    # kept, and lexical matches rank above them.
+    semantic_or_neutral = np.where(semantic_known, semantic, NEUTRAL_RELEVANCE)
+    if lexical_searched:
+        weight = scoring.lexical_weight
+        relevance = (1.0 - weight) * semantic_or_neutral + weight * lexical
+    else:
+        relevance = semantic_or_neutral
+    relevance_known = semantic_known
 
     # One pass over the records for every per-record field; the rest is numpy.
     half_life_of = scoring.half_lives_days
@@ -145,18 +191,17 @@ def score_candidates(
 
     w = scoring.weights
     total_weight = w.relevance + w.recency + w.usefulness + w.confidence + w.frequency
-    composite = (
-        w.relevance * relevance
-        + w.recency * recency
-        + w.usefulness * usefulness
-        + w.confidence * confidence
+    adjustment = (
+        w.relevance + w.recency * recency + w.usefulness * usefulness + w.confidence * confidence
         + w.frequency * frequency
-    ) / total_weight
+    ) / total_weight  # fmt: skip
+    composite = relevance * adjustment
 
     keep = ~relevance_known | (relevance >= scoring.relevance_floor)
     # Python floats once (indexing numpy arrays per item is several times slower).
     score_of, relevance_of, recency_of = composite.tolist(), relevance.tolist(), recency.tolist()
     usefulness_of, confidence_of, frequency_of = usefulness.tolist(), confidence.tolist(), frequency.tolist()
+    semantic_of, lexical_of = semantic.tolist(), lexical.tolist()
     kept = np.flatnonzero(keep).tolist()
     order = sorted(kept, key=lambda i: (-score_of[i], candidates[i].id))
     return [
@@ -168,6 +213,9 @@ def score_candidates(
             usefulness_of[i],
             confidence_of[i],
             frequency_of[i],
+            0,
+            semantic_of[i],
+            lexical_of[i],
         )
         for i in order
     ]

@@ -120,6 +120,7 @@ class _Scoring(_Spec):
         default_factory=dict, max_length=32
     )
     relevance_floor: float = Field(_DEFAULT_SCORING.relevance_floor, ge=0.0, lt=1.0)
+    lexical_weight: float = Field(_DEFAULT_SCORING.lexical_weight, ge=0.0, le=1.0)
 
 
 class _Model(_Spec):
@@ -201,6 +202,7 @@ def _to_binding(entry: _Entry) -> ProfileBinding:
             ),
             half_lives_days=half_lives,
             relevance_floor=entry.scoring.relevance_floor,
+            lexical_weight=entry.scoring.lexical_weight,
         ),
         deadlines=Deadlines(
             assembly_ms=entry.deadlines.assembly_ms,

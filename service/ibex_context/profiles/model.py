@@ -28,11 +28,15 @@ UNKNOWN_CATEGORY_HALF_LIFE_DAYS = 14.0
 
 @dataclass(frozen=True, slots=True)
 class ScoringWeights:
-    relevance: float = 0.40
-    recency: float = 0.25
-    usefulness: float = 0.20
-    confidence: float = 0.10
-    frequency: float = 0.05
+    """How much each signal scales relevance (``pipeline.scoring``): a memory keeps at
+    least relevance / sum of its relevance; the rest depends on the others."""
+
+    relevance: float = 0.80
+    recency: float = 0.08
+    usefulness: float = 0.08
+    confidence: float = 0.04
+    # Injections counted: self-reinforcing (ADR-0008), so off unless a profile asks.
+    frequency: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Scoring:
     weights: ScoringWeights = field(default_factory=ScoringWeights)
     half_lives_days: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_HALF_LIVES_DAYS))
     relevance_floor: float = 0.15
+    # The share of relevance given to the lexical (BM25) match; the rest is semantic.
+    lexical_weight: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

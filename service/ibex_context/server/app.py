@@ -171,6 +171,7 @@ class ContextService:
             config=AssemblerConfig(
                 hot_limit=s.hot_limit,
                 cold_limit=s.cold_limit,
+                lexical_limit=s.lexical_limit,
                 query_max_chars=s.query_max_chars,
                 nonce_secret=(s.nonce_secret or secrets.token_hex(32)).encode(),
             ),

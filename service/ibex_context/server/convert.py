@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.pipeline.assembler import Assembly
+from ibex_context.pipeline.formatting import handles
+from ibex_context.pipeline.report import SOURCES
 
 
 def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
@@ -32,11 +34,13 @@ def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
     t.hot_us = report.stage_us("hot")
     t.embed_us = report.stage_us("embed")
     t.cold_us = report.stage_us("cold")
+    t.lexical_us = report.stage_us("lexical")
     t.score_us = report.stage_us("score")
     t.pack_us = report.stage_us("pack")
     t.format_us = report.stage_us("format")
     t.retrieval_us = _retrieval_us(assembly)
     t.total_us = max(0, report.finished_ns - report.started_ns) // 1000
+    handle_of = handles(assembly.memories)
     for m in assembly.memories:
         md.memory_ids.append(m.memory.id)
         md.memories.add(
@@ -50,6 +54,9 @@ def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
             confidence=m.confidence,
             frequency=m.frequency,
             source=int(m.memory.source),
+            semantic=m.semantic,
+            lexical=m.lexical,
+            handle=handle_of[m.memory.id],
         )
     for s in report.sources:
         md.sources.add(
@@ -76,7 +83,7 @@ def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
 
 
 def _retrieval_us(assembly: Assembly) -> int:
-    spans = [s for s in assembly.report.stages if s.stage in ("directive", "hot", "embed", "cold")]
+    spans = [s for s in assembly.report.stages if s.stage in SOURCES]
     if not spans:
         return 0
     return (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) // 1000

@@ -77,6 +77,10 @@ class ColdMemorySearch(Protocol):
         self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
     ) -> list[MemoryRecord]: ...
 
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int
+    ) -> list[MemoryRecord]: ...
+
 
 class MemoryWriter(Protocol):
     async def upsert_memories(

@@ -109,6 +109,51 @@ _HOT_SET_SQL = f"""
 """
 
 
+# BM25 (Okapi, k1 = BM25_K1, b = BM25_B) over the agent's memories that share a lexeme
+# with the query ($3, text), best $4 first. The query's lexemes are OR-ed (plainto_tsquery
+# ANDs them; its text form quotes every lexeme, so swapping the operator is safe); a
+# query of stop words only has no lexeme and matches nothing. Document frequencies are
+# counted over the matched memories (a memory holds a lexeme exactly when it matches
+# it), the collection size and average length come from ``memory_stats``; a document's
+# length is its number of distinct lexemes, as ``length(tsvector)`` counts it. Rows come
+# with their embedding: scoring computes their semantic relevance as for hot memories.
+BM25_K1 = 1.2
+BM25_B = 0.75
+_LEXICAL_SQL = f"""
+    WITH query AS (
+        SELECT replace(plainto_tsquery('english', $3)::text, ' & ', ' | ')::tsquery AS tsq,
+               ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', $3))) AS terms
+    ), matched AS (
+        SELECT m.id, m.lexemes FROM memories AS m, query
+        WHERE m.org_id = $1 AND m.agent_id = $2 AND numnode(query.tsq) > 0 AND m.lexemes @@ query.tsq
+    ), hits AS (
+        SELECT matched.id, t.lexeme, greatest(cardinality(t.positions), 1)::float8 AS tf,
+               length(matched.lexemes)::float8 AS dl
+        FROM matched CROSS JOIN LATERAL unnest(matched.lexemes) AS t, query
+        WHERE t.lexeme = ANY(query.terms)
+    ), df AS (
+        SELECT lexeme, count(*)::float8 AS n FROM hits GROUP BY lexeme
+    ), stats AS (
+        SELECT greatest(memories, 1)::float8 AS n,
+               greatest(lexemes::float8 / greatest(memories, 1), 1.0) AS avgdl
+        FROM memory_stats WHERE org_id = $1 AND agent_id = $2
+    ), top AS (
+        SELECT hits.id,
+               sum(ln(1 + (stats.n - df.n + 0.5) / (df.n + 0.5)) * hits.tf * {BM25_K1 + 1!r}
+                   / (hits.tf + {BM25_K1!r} * ({1 - BM25_B!r} + {BM25_B!r} * hits.dl / stats.avgdl))) AS bm25
+        FROM hits JOIN df USING (lexeme) CROSS JOIN stats
+        GROUP BY hits.id
+        ORDER BY bm25 DESC, hits.id
+        LIMIT $4
+    )
+    SELECT {_MEMORY_COLUMNS}, m.embedding, top.bm25
+    FROM top
+    JOIN memories AS m ON m.org_id = $1 AND m.agent_id = $2 AND m.id = top.id
+    {_USAGE_JOIN}
+    ORDER BY top.bm25 DESC, m.id
+"""
+
+
 class _VectorParam:
     """Wraps a vector inside a ``vector[]`` parameter: asyncpg would iterate a bare
     numpy array as a nested array dimension."""
@@ -365,6 +410,7 @@ class PostgresMemoryStore:
         try:
             for conn in connections:
                 await conn.fetch(_SEARCH_SQL, nobody, nobody, probe, 1)
+                await conn.fetch(_LEXICAL_SQL, nobody, nobody, "warm up", 1)
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
             for conn in connections:
@@ -391,6 +437,23 @@ class PostgresMemoryStore:
         records = [_search_record(row, decode) for row in rows]
         # relaxed_order iterative scans may return rows slightly out of order.
         records.sort(key=lambda r: -(r.similarity or 0.0))
+        return records
+
+    @_store_errors
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+        """The ``limit`` memories best matching ``query``'s words by BM25, best first,
+        with ``lexical_score`` (the BM25 score) and their embeddings."""
+        if limit <= 0 or not query.strip():
+            return []
+        rows = await self._pool.fetch(
+            _LEXICAL_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
+        )
+        decode = self._token_counts
+        records = []
+        for row in rows:
+            record = _record(row, decode, with_embedding=True)
+            record.lexical_score = float(row["bm25"])
+            records.append(record)
         return records
 
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:

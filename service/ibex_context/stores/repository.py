@@ -112,6 +112,9 @@ class ContextRepository:
     ) -> list[MemoryRecord]:
         return await self._postgres.search(org_id, agent_id, embedding, limit)
 
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+        return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+
     # ================================================================ hot set rebuild
 
     def schedule_hot_set_rebuild(self, org_id: str, agent_id: str) -> asyncio.Task[bool]:

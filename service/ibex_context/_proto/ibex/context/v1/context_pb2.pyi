@@ -139,7 +139,7 @@ class InjectionMetadata(_message.Message):
     def __init__(self, directive_injected: _Optional[bool] = ..., memories_injected: _Optional[int] = ..., memories_available: _Optional[int] = ..., total_tokens_injected: _Optional[int] = ..., context_window_used: _Optional[int] = ..., was_truncated: _Optional[bool] = ..., fallback_reason: _Optional[str] = ..., memory_ids: _Optional[_Iterable[str]] = ..., degradation_level: _Optional[_Union[DegradationLevel, str]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., memories: _Optional[_Iterable[_Union[InjectedMemory, _Mapping]]] = ..., tokens: _Optional[_Union[TokenAccounting, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[SourceOutcome, _Mapping]]] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("budget_us", "directive_us", "hot_us", "embed_us", "cold_us", "score_us", "pack_us", "format_us", "total_us", "retrieval_us")
+    __slots__ = ("budget_us", "directive_us", "hot_us", "embed_us", "cold_us", "score_us", "pack_us", "format_us", "total_us", "retrieval_us", "lexical_us")
     BUDGET_US_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVE_US_FIELD_NUMBER: _ClassVar[int]
     HOT_US_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class StageTimings(_message.Message):
     FORMAT_US_FIELD_NUMBER: _ClassVar[int]
     TOTAL_US_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_US_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_US_FIELD_NUMBER: _ClassVar[int]
     budget_us: int
     directive_us: int
     hot_us: int
@@ -160,10 +161,11 @@ class StageTimings(_message.Message):
     format_us: int
     total_us: int
     retrieval_us: int
-    def __init__(self, budget_us: _Optional[int] = ..., directive_us: _Optional[int] = ..., hot_us: _Optional[int] = ..., embed_us: _Optional[int] = ..., cold_us: _Optional[int] = ..., score_us: _Optional[int] = ..., pack_us: _Optional[int] = ..., format_us: _Optional[int] = ..., total_us: _Optional[int] = ..., retrieval_us: _Optional[int] = ...) -> None: ...
+    lexical_us: int
+    def __init__(self, budget_us: _Optional[int] = ..., directive_us: _Optional[int] = ..., hot_us: _Optional[int] = ..., embed_us: _Optional[int] = ..., cold_us: _Optional[int] = ..., score_us: _Optional[int] = ..., pack_us: _Optional[int] = ..., format_us: _Optional[int] = ..., total_us: _Optional[int] = ..., retrieval_us: _Optional[int] = ..., lexical_us: _Optional[int] = ...) -> None: ...
 
 class InjectedMemory(_message.Message):
-    __slots__ = ("id", "category", "tokens", "score", "relevance", "recency", "usefulness", "confidence", "frequency", "source")
+    __slots__ = ("id", "category", "tokens", "score", "relevance", "recency", "usefulness", "confidence", "frequency", "source", "semantic", "lexical", "handle")
     ID_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +176,9 @@ class InjectedMemory(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
     id: str
     category: str
     tokens: int
@@ -184,7 +189,10 @@ class InjectedMemory(_message.Message):
     confidence: float
     frequency: float
     source: MemorySource
-    def __init__(self, id: _Optional[str] = ..., category: _Optional[str] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., usefulness: _Optional[float] = ..., confidence: _Optional[float] = ..., frequency: _Optional[float] = ..., source: _Optional[_Union[MemorySource, str]] = ...) -> None: ...
+    semantic: float
+    lexical: float
+    handle: int
+    def __init__(self, id: _Optional[str] = ..., category: _Optional[str] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., usefulness: _Optional[float] = ..., confidence: _Optional[float] = ..., frequency: _Optional[float] = ..., source: _Optional[_Union[MemorySource, str]] = ..., semantic: _Optional[float] = ..., lexical: _Optional[float] = ..., handle: _Optional[int] = ...) -> None: ...
 
 class TokenAccounting(_message.Message):
     __slots__ = ("encoding", "exact", "context_window", "messages_tokens", "directive_tokens", "response_reserve", "safety_buffer", "memory_budget", "memory_tokens_used", "constrained", "approximation_reason")

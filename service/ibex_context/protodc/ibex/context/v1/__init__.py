@@ -351,6 +351,21 @@ class InjectedMemory(betterproto2.Message):
         10, betterproto2.TYPE_ENUM, default_factory=lambda: MemorySource(0)
     )
 
+    semantic: "float" = betterproto2.field(11, betterproto2.TYPE_DOUBLE)
+    """
+    The two halves of relevance: cosine similarity of the query and memory
+    embeddings (0..1), and the lexical match, BM25 of the query's words saturated
+    to 0..1 (0 when the lexical search did not return the memory).
+    """
+
+    lexical: "float" = betterproto2.field(12, betterproto2.TYPE_DOUBLE)
+
+    handle: "int" = betterproto2.field(13, betterproto2.TYPE_INT32)
+    """
+    The number the memory carries in the injected text (its "id" there): short
+    per-response handles, 1, 2, 3, ... in the order of the text.
+    """
+
 
 default_message_pool.register_message("ibex.context.v1", "InjectedMemory", InjectedMemory)
 
@@ -615,6 +630,11 @@ class StageTimings(betterproto2.Message):
     total_us: "int" = betterproto2.field(9, betterproto2.TYPE_INT32)
 
     retrieval_us: "int" = betterproto2.field(10, betterproto2.TYPE_INT32)
+
+    lexical_us: "int" = betterproto2.field(11, betterproto2.TYPE_INT32)
+    """
+    The lexical (BM25 full-text) search, concurrent with embed + cold.
+    """
 
 
 default_message_pool.register_message("ibex.context.v1", "StageTimings", StageTimings)

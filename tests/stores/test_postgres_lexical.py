@@ -1,0 +1,86 @@
+"""The lexical half of the cold search: BM25 over PostgreSQL full-text vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import asyncpg
+from ibex_context.stores.postgres import PostgresMemoryStore
+
+from tests.conftest import Tenant
+from tests.stores.helpers import MakeMemory
+
+
+async def _stats(dsn: str, tenant: Tenant) -> tuple[int, int] | None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT memories, lexemes FROM memory_stats WHERE org_id = $1 AND agent_id = $2",
+            tenant.org_id,
+            tenant.agent_id,
+        )
+    finally:
+        await conn.close()
+    return None if row is None else (row["memories"], row["lexemes"])
+
+
+async def test_ranks_by_bm25_with_stemming_and_returns_embeddings(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memories = [
+        make_memory("Caroline went to an LGBTQ support group yesterday"),
+        make_memory("Melanie painted a sunrise over the lake"),
+        make_memory("The support groups meet every Tuesday"),
+        make_memory("We talked about the weather"),
+    ]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+    found = await pg_store.search_lexical(
+        tenant.org_id, tenant.agent_id, "When did Caroline go to the LGBTQ support group?", 10
+    )
+    # "groups" matches "group" (english stemming); the weather matches nothing.
+    assert [m.content for m in found] == [memories[0].content, memories[2].content]
+    assert all(m.lexical_score is not None and m.lexical_score > 0 for m in found)
+    assert found[0].lexical_score > found[1].lexical_score  # type: ignore[operator]
+    assert found[0].embedding is not None and found[0].embedding.shape == memories[0].embedding.shape
+    assert found[0].similarity is None  # the scorer computes it from the embedding
+
+
+async def test_rare_words_weigh_more_than_common_ones(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    common = [make_memory(f"Caroline said something ordinary number {i}") for i in range(8)]
+    rare = make_memory("a note about the telescope")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*common, rare])
+    found = await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 3)
+    assert found[0].content == "a note about the telescope"
+
+
+async def test_a_query_of_stop_words_or_nothing_finds_nothing(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("what is it about")])
+    assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "what is it?", 5) == []
+    assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "   ", 5) == []
+
+
+async def test_is_scoped_to_the_org_and_the_agent(
+    pg_store: PostgresMemoryStore, tenant: Tenant, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
+) -> None:
+    other = new_tenant()
+    await pg_store.upsert_memories(other.org_id, other.agent_id, [make_memory("the secret launch codes")])
+    await pg_store.upsert_memories(other.org_id, tenant.agent_id, [make_memory("the secret launch codes")])
+    assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "secret launch codes", 5) == []
+    assert await pg_store.search_lexical(tenant.org_id, other.agent_id, "secret launch codes", 5) == []
+
+
+async def test_agent_statistics_follow_inserts_updates_and_deletes(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    first, second = make_memory("alpha beta gamma"), make_memory("delta epsilon")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first, second])
+    assert await _stats(postgres_dsn, tenant) == (2, 5)
+    # Same id, new content: one lexeme fewer.
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("alpha beta", id=first.id)])
+    assert await _stats(postgres_dsn, tenant) == (2, 4)
+    await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [second.id])
+    assert await _stats(postgres_dsn, tenant) == (1, 2)
