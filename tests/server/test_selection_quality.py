@@ -6,7 +6,8 @@ A small synthetic memory set the test builds itself (LoCoMo is for the benchmark
 several short ones that only mention the topic. Cosine top-k ranks the answer
 first and spends the budget on it. A selection that maximises the *sum* of
 scores (ADR-0002's knapsack) buys the short ones instead; so does a scorer whose
-constant components drown relevance. Either fails here.
+constant components drown relevance. Either fails here: at the commit before
+ADR-0008 the service found the evidence for 10 of 24 questions, cosine top-k 21.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.conftest import Tenant
 
 from .conftest import StartService, request, user
 
-BUDGET_TOKENS = 240
+BUDGET_TOKENS = 160
 TOPICS = 24
 SHORT_MENTIONS_PER_TOPIC = 4
 _SYLLABLES = ["ka", "lo", "ve", "mi", "tor", "zan", "quo", "rix", "sel", "dun", "pha", "gri"]
