@@ -13,7 +13,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
 from ibex_context.pipeline.retrieval import Retriever
-from ibex_context.profiles.model import Deadlines, Profile, Scoring, ScoringWeights
+from ibex_context.profiles.model import BudgetLimits, Deadlines, Profile, Scoring, ScoringWeights
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -47,19 +47,24 @@ class _Hot:
 class _Cold:
     def __init__(self, delay: float = 0.0) -> None:
         self._delay = delay
+        self.limits: dict[str, int] = {}
 
     async def search(
         self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
     ) -> list[MemoryRecord]:
+        self.limits["vector"] = limit
         await asyncio.sleep(self._delay)
         return []
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+        self.limits["lexical"] = limit
         await asyncio.sleep(self._delay)
         return []
 
 
-async def _assembler(*, hot_delay: float = 0.0, cold_delay: float = 0.0) -> Assembler:
+async def _assembler(
+    *, hot_delay: float = 0.0, cold_delay: float = 0.0, cold: _Cold | None = None
+) -> Assembler:
     embedder = HashingEmbedder(384)
     (vector,) = await embedder.embed(["The warehouse opens at six."])
     encodings = EncodingRegistry()
@@ -69,7 +74,7 @@ async def _assembler(*, hot_delay: float = 0.0, cold_delay: float = 0.0) -> Asse
         retriever=Retriever(
             directives=_Directives(),
             hot_memories=_Hot(np.asarray(vector), hot_delay),
-            cold_memories=_Cold(cold_delay),
+            cold_memories=cold or _Cold(cold_delay),
             embedder=embedder,
         ),
         encodings=encodings,
@@ -93,6 +98,15 @@ async def test_a_healthy_assembly_injects_directive_and_memory() -> None:
     assert assembly.degradation is Degradation.FULL
     assert assembly.directive_injected and len(assembly.memories) == 1
     assert assembly.messages[-1] == REQUEST.messages[-1]
+
+
+async def test_searches_ask_for_at_least_as_many_memories_as_the_profile_may_inject() -> None:
+    cold = _Cold()
+    assembler = await _assembler(cold=cold)
+    await assembler.assemble(REQUEST, Profile(), deadline=1.0)
+    assert cold.limits == {"vector": 50, "lexical": 50}  # the configured limits
+    await assembler.assemble(REQUEST, Profile(budget=BudgetLimits(max_memories=100)), deadline=1.0)
+    assert cold.limits == {"vector": 100, "lexical": 100}
 
 
 async def test_an_exception_inside_assembly_degrades_to_the_fetched_directive() -> None:
