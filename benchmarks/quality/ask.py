@@ -12,6 +12,7 @@ The round trips reported are therefore those of a cached query embedding.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
@@ -24,6 +25,8 @@ MODEL = "gpt-4o"
 CALL_TIMEOUT_SECONDS = 2.0
 WARM_UP_ATTEMPTS = 40
 WARM_UP_PAUSE_SECONDS = 0.02
+# The injection nonce as the formatter writes it (xml attribute, markdown info string).
+_NONCE = re.compile(r'nonce="?([A-Za-z0-9_-]{8,128})')
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,9 @@ class ServiceAnswer:
     latency_ms: float
     degradation: str  # the DegradationLevel name, or the client's fallback reason
     reasons: tuple[str, ...]
+    # The session's injection nonce, read from the injected text (None if not found),
+    # so the baselines can pay exactly the framing the service paid.
+    nonce: str | None = None
 
     @property
     def degraded(self) -> bool:
@@ -87,4 +93,10 @@ async def ask(client: ContextClient, tenant: Tenant, question: str, session_id: 
         latency_ms=latency_ms,
         degradation=pb.DegradationLevel.Name(metadata.degradation_level),
         reasons=tuple(metadata.degradation_reasons),
+        nonce=_nonce_in(result.messages[0].content) if metadata.memories and result.messages else None,
     )
+
+
+def _nonce_in(text: str) -> str | None:
+    match = _NONCE.search(text)
+    return match.group(1) if match else None

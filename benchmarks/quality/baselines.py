@@ -124,9 +124,10 @@ class InjectionCost:
     does not depend on the question).
 
     The formatter is called as a black box, so a change of the framing changes
-    these costs too. Per-memory estimates: ``framing`` is what two singletons
-    share (notice, section tags, message overhead), ``block`` the rest of a
-    singleton's cost.
+    these costs too. ``nonce``: the session's, as the service's answers show it
+    (it is in every memory's tag, so its tokens matter); random until known.
+    Per-memory estimates: ``framing`` is what two singletons share (notice,
+    section tags, message overhead), ``block`` the rest of a singleton's cost.
     """
 
     def __init__(

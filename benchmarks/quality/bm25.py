@@ -1,7 +1,7 @@
 """Okapi BM25 (k1 = 1.2, b = 0.75) over a fixed set of documents, in numpy.
 
-Tokens: lowercase runs of letters and digits (apostrophes inside words kept, so
-"don't" stays one word), English stop words removed. IDF is the non-negative
+Tokens: lowercase runs of ASCII letters and digits ("Caroline's" is "caroline" and
+"s"), English stop words removed. IDF is the non-negative
 Lucene form, ln(1 + (N - n + 0.5) / (n + 0.5)), so a word in most documents still
 counts a little instead of subtracting.
 """
@@ -37,14 +37,14 @@ STOP_WORDS: frozenset[str] = frozenset(
     toward towards under until up upon us very via was we well were what whatever when whence whenever
     where whereafter whereas whereby wherein whereupon wherever whether which while whither who whoever
     whole whom whose why will with within without would yet you your yours yourself yourselves
-    s t d ll m o re ve y don't i'm it's i've i'd i'll you're you've that's
+    s t d ll m o re ve y
     """.split()  # noqa: SIM905 - a word list reads better as text
 )
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_WORD = re.compile(r"[a-z0-9]+")
 
 
 def tokenize(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text.lower().replace("\u2019", "'")) if w not in STOP_WORDS]
+    return [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
 
 
 class BM25Index:

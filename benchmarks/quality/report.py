@@ -109,7 +109,8 @@ def _budget_section(run: BudgetRun) -> list[str]:
         f" {dict(run.memory_budgets_seen)}; degraded answers: {degraded}"
         + (f" ({dict(run.degradations)})" if degraded else "")
         + f"; warm-up failures: {run.warm_up_failures}; baseline packing repairs: {run.packing_repairs};"
-        f" {_costing_check(run.costing_differences)};"
+        f" {_costing_check(run.costing_differences)}; questions costed with a random nonce (no"
+        f" answer had shown the service's yet): {run.costed_without_service_nonce};"
         f" {run.seconds:.0f} s for this budget.",
         "",
     ]
@@ -194,7 +195,8 @@ def markdown(setup: Setup, runs: Sequence[BudgetRun]) -> str:
         " stop words removed; memories sharing no word with the question are not ranked), hybrid ="
         " reciprocal rank fusion of both (k = 60). Packing: ranking order, a memory that does not fit is"
         " skipped, stop at the count cap. Cost: the set rendered by the service's own formatter"
-        " (`format_context`, xml, one injected system message) and counted with the service's"
+        " (`format_context`, xml, one injected system message, the session's nonce as read from the"
+        " service's answers, the ids the service gave the memories) and counted with the service's"
         ' tokenizer (`o200k_base`) as the service counts its budget; "content tokens" rows cost'
         " content alone.",
         f"- Machine: {setup.machine}. Started {setup.started_utc}; took {setup.seconds:.0f} s.",

@@ -77,6 +77,8 @@ class BudgetRun:
     # Per answer: the service's memory_tokens_used minus what the benchmark's costing
     # charges for the same memories (a few tokens of nonce apart, it should be 0).
     costing_differences: list[int] = field(default_factory=list)
+    # Questions whose baselines were costed before any answer showed the service's nonce.
+    costed_without_service_nonce: int = 0
     seconds: float = 0.0
 
 
@@ -153,7 +155,10 @@ async def _ask_conversation(
     budget = run.budget
     turns_of = ingested.turns_by_memory_id()
     records = memory_records(ingested.memory_ids, [t.content for t in conversation.turns], CATEGORY)
+    # Re-costed with the service's own nonce once an answer shows it (a random one of
+    # the same form until then).
     framed_cost = InjectionCost(records, encoding, counter)
+    costed_nonce: str | None = None
     # One session per conversation and budget (the service wants a UUID).
     session_id = str(uuid.uuid4())
     for position, question in enumerate(conversation.questions):
@@ -177,6 +182,11 @@ async def _ask_conversation(
             category=question.category,
             evidence=evidence,
         )
+        if answer.nonce is not None and answer.nonce != costed_nonce:
+            framed_cost = InjectionCost(records, encoding, counter, nonce=answer.nonce)
+            costed_nonce = answer.nonce
+        if costed_nonce is None:
+            run.costed_without_service_nonce += 1
         if answer.memory_ids and not answer.degraded:
             memory_index = {memory_id: i for i, memory_id in enumerate(ingested.memory_ids)}
             same_set = [memory_index[m] for m in answer.memory_ids if m in memory_index]

@@ -13,7 +13,7 @@ DOCUMENTS = [
 
 
 def test_tokens_are_lowercase_words_without_stop_words() -> None:
-    assert tokenize("Where does Ben RUN? He's in Oslo's park") == ["ben", "run", "he's", "oslo's", "park"]
+    assert tokenize("Where does Ben RUN? He's in Oslo's park") == ["ben", "run", "oslo", "park"]
     assert tokenize("the and of") == []
 
 
