@@ -231,14 +231,11 @@ def results_json(setup: Setup, runs: Sequence[BudgetRun]) -> str:
             summary = asdict(summarise(outcomes))
             summary["concentration_top10"] = concentration(outcomes)
             entry["summary"][method] = summary
-            entry["questions"][method] = [
-                [o.conversation, o.question, o.category, o.evidence, o.hits, o.injected, o.tokens]
-                + ([round(o.latency_ms, 2), int(o.degraded)] if o.latency_ms is not None else [])
-                for o in outcomes
-            ]
+            if method in FRAMED_METHODS:
+                entry["questions"][method] = _question_rows(outcomes)
         document["budgets"].append(entry)
+    document["question_rows"] = "per method (baselines costed with the framing), per conversation"
     document["question_fields"] = [
-        "conversation",
         "question (position in its qa list)",
         "category",
         "evidence turns",
@@ -248,7 +245,17 @@ def results_json(setup: Setup, runs: Sequence[BudgetRun]) -> str:
         "round trip ms (service)",
         "degraded (service)",
     ]
-    return json.dumps(_finite(document), indent=1, allow_nan=False)
+    return json.dumps(_finite(document), separators=(",", ":"), allow_nan=False)
+
+
+def _question_rows(outcomes: Sequence[Outcome]) -> dict[str, list[list[float | int]]]:
+    rows: dict[str, list[list[float | int]]] = {}
+    for o in outcomes:
+        row: list[float | int] = [o.question, o.category, o.evidence, o.hits, o.injected, o.tokens]
+        if o.latency_ms is not None:
+            row += [round(o.latency_ms, 2), int(o.degraded)]
+        rows.setdefault(o.conversation, []).append(row)
+    return rows
 
 
 def _finite(value: Any) -> Any:
