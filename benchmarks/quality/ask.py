@@ -1,0 +1,102 @@
+"""Asking the service: each question as the single user message of ``AssembleContext``
+through the public client, and reading what was injected from ``metadata.memories``.
+
+The profile schema caps the assembly deadline at 45 ms, and a MiniLM query
+embedding takes 20-80 ms on this machine: asked cold, many answers would degrade
+to the hot set only. So each question is first asked of a warm-up agent that has
+no memories (nothing is injected, nothing is counted) until its query embedding
+has been computed; the service's query-embedding cache then serves the real call.
+The round trips reported are therefore those of a cached query embedding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.client.context import ContextClient
+from ibex_context.models import ChatMessage
+
+from benchmarks.quality.ingest import Tenant
+
+MODEL = "gpt-4o"
+CALL_TIMEOUT_SECONDS = 2.0
+WARM_UP_ATTEMPTS = 40
+WARM_UP_PAUSE_SECONDS = 0.02
+# The injection nonce as the formatter writes it (xml attribute, markdown info string).
+_NONCE = re.compile(r'nonce="?([A-Za-z0-9_-]{8,128})')
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAnswer:
+    memory_ids: tuple[str, ...]
+    memory_tokens: int  # metadata.tokens.memory_tokens_used
+    tokens_injected: int  # metadata.total_tokens_injected (directive included; none here)
+    memory_budget: int  # metadata.tokens.memory_budget
+    profile: str
+    latency_ms: float
+    degradation: str  # the DegradationLevel name, or the client's fallback reason
+    reasons: tuple[str, ...]
+    # The session's injection nonce, read from the injected text (None if not found),
+    # so the baselines can pay exactly the framing the service paid.
+    nonce: str | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.degradation != "DEGRADATION_LEVEL_FULL" or bool(self.reasons)
+
+
+def _embedding_ready(metadata: pb.InjectionMetadata | None) -> bool:
+    if metadata is None:
+        return False
+    return any(s.source == "embed" and s.status == pb.SOURCE_STATUS_OK for s in metadata.sources)
+
+
+async def warm_query_embedding(client: ContextClient, warm_up: Tenant, question: str) -> bool:
+    """True once the service has the question's embedding cached (a call of the
+    memoryless warm-up agent found it in time)."""
+    for _ in range(WARM_UP_ATTEMPTS):
+        result = await client.assemble(
+            org_id=warm_up.org_id,
+            agent_id=warm_up.agent_id,
+            model=MODEL,
+            messages=[ChatMessage("user", question)],
+            timeout=CALL_TIMEOUT_SECONDS,
+        )
+        if _embedding_ready(result.metadata):
+            return True
+        await asyncio.sleep(WARM_UP_PAUSE_SECONDS)
+    return False
+
+
+async def ask(client: ContextClient, tenant: Tenant, question: str, session_id: str) -> ServiceAnswer:
+    result = await client.assemble(
+        org_id=tenant.org_id,
+        agent_id=tenant.agent_id,
+        session_id=session_id,
+        model=MODEL,
+        messages=[ChatMessage("user", question)],
+        timeout=CALL_TIMEOUT_SECONDS,
+    )
+    metadata = result.metadata
+    latency_ms = result.elapsed_seconds * 1000
+    if metadata is None:
+        return ServiceAnswer((), 0, 0, 0, "", latency_ms, result.fallback_reason, (result.fallback_reason,))
+    return ServiceAnswer(
+        memory_ids=tuple(m.id for m in metadata.memories),
+        memory_tokens=metadata.tokens.memory_tokens_used,
+        tokens_injected=metadata.total_tokens_injected,
+        memory_budget=metadata.tokens.memory_budget,
+        profile=metadata.profile,
+        latency_ms=latency_ms,
+        degradation=pb.DegradationLevel.Name(metadata.degradation_level),
+        reasons=tuple(metadata.degradation_reasons),
+        nonce=_nonce_in(result.messages[0].content) if metadata.memories and result.messages else None,
+    )
+
+
+def _nonce_in(text: str) -> str | None:
+    match = _NONCE.search(text)
+    return match.group(1) if match else None
