@@ -114,9 +114,15 @@ _HOT_SET_SQL = f"""
 # ANDs them; its text form quotes every lexeme, so swapping the operator is safe); a
 # query of stop words only has no lexeme and matches nothing. Document frequencies are
 # counted over the matched memories (a memory holds a lexeme exactly when it matches
-# it), the collection size and average length come from ``memory_stats``; a document's
-# length is its number of distinct lexemes, as ``length(tsvector)`` counts it. Rows come
-# with their embedding: scoring computes their semantic relevance as for hot memories.
+# it; a window count, so no second pass), the collection size and average length come
+# from ``memory_stats``; a document's length is its number of distinct lexemes, as
+# ``length(tsvector)`` counts it. Only the query's lexemes of a memory are unnested
+# (marked with weight A, then filtered: two C calls instead of a row per lexeme and an
+# array test on each, -40 % of the statement). The winners' rows are then read by primary key, one
+# LATERAL look-up each: the planner, which cannot estimate the BM25 CTEs, had joined
+# them by scanning the agent's rows once per winner (14k buffers for 50 rows of a
+# 419-memory agent). Rows come with their embedding: scoring computes their semantic
+# relevance as for hot memories.
 BM25_K1 = 1.2
 BM25_B = 0.75
 _LEXICAL_SQL = f"""
@@ -127,29 +133,36 @@ _LEXICAL_SQL = f"""
         SELECT m.id, m.lexemes FROM memories AS m, query
         WHERE m.org_id = $1 AND m.agent_id = $2 AND numnode(query.tsq) > 0 AND m.lexemes @@ query.tsq
     ), hits AS (
-        SELECT matched.id, t.lexeme, greatest(cardinality(t.positions), 1)::float8 AS tf,
-               length(matched.lexemes)::float8 AS dl
-        FROM matched CROSS JOIN LATERAL unnest(matched.lexemes) AS t, query
-        WHERE t.lexeme = ANY(query.terms)
-    ), df AS (
-        SELECT lexeme, count(*)::float8 AS n FROM hits GROUP BY lexeme
+        SELECT matched.id, greatest(cardinality(t.positions), 1)::float8 AS tf,
+               length(matched.lexemes)::float8 AS dl,
+               count(*) OVER (PARTITION BY t.lexeme)::float8 AS df
+        FROM matched, query
+        CROSS JOIN LATERAL unnest(ts_filter(setweight(matched.lexemes, 'A', query.terms), '{{a}}')) AS t
     ), stats AS (
         SELECT greatest(memories, 1)::float8 AS n,
                greatest(lexemes::float8 / greatest(memories, 1), 1.0) AS avgdl
         FROM memory_stats WHERE org_id = $1 AND agent_id = $2
     ), top AS (
         SELECT hits.id,
-               sum(ln(1 + (stats.n - df.n + 0.5) / (df.n + 0.5)) * hits.tf * {BM25_K1 + 1!r}
+               sum(ln(1 + (stats.n - hits.df + 0.5) / (hits.df + 0.5)) * hits.tf * {BM25_K1 + 1!r}
                    / (hits.tf + {BM25_K1!r} * ({1 - BM25_B!r} + {BM25_B!r} * hits.dl / stats.avgdl))) AS bm25
-        FROM hits JOIN df USING (lexeme) CROSS JOIN stats
+        FROM hits CROSS JOIN stats
         GROUP BY hits.id
         ORDER BY bm25 DESC, hits.id
         LIMIT $4
     )
     SELECT {_MEMORY_COLUMNS}, m.embedding, top.bm25
     FROM top
-    JOIN memories AS m ON m.org_id = $1 AND m.agent_id = $2 AND m.id = top.id
-    {_USAGE_JOIN}
+    CROSS JOIN LATERAL (
+        SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts, embedding
+        FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = top.id
+        LIMIT 1
+    ) AS m
+    LEFT JOIN LATERAL (
+        SELECT retrieval_count, last_injected_at FROM memory_usage
+        WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
+        LIMIT 1
+    ) AS u ON true
     ORDER BY top.bm25 DESC, m.id
 """
 
