@@ -128,7 +128,12 @@ class Reconciler:
         bodies = await self._client.list(profiles_path(namespace))
         bodies = [b for b in bodies if (b.get("metadata") or {}).get("namespace", namespace) == namespace]
         plan = plan_namespace(
-            namespace, (ProfileView.from_body(b) for b in bodies), self._config.default_service, utc_now()
+            namespace,
+            (ProfileView.from_body(b) for b in bodies),
+            self._config.default_service,
+            utc_now(),
+            render_hpa_objects=self._config.render_hpa,
+            inflight_metric=self._config.inflight_metric,
         )
         changes = await self._apply_children(plan)
         changes += await self._delete_orphans(plan)
@@ -142,6 +147,8 @@ class Reconciler:
         changes: list[Change] = []
         for objects in plan.services:
             for path_of, desired in ((configmaps_path, objects.configmap), (hpas_path, objects.hpa)):
+                if desired is None:
+                    continue
                 name = desired["metadata"]["name"]
                 actual = await self._client.get(path_of(plan.namespace, name))
                 if actual is None:
@@ -155,10 +162,11 @@ class Reconciler:
         return changes
 
     async def _delete_orphans(self, plan: NamespacePlan) -> list[Change]:
-        wanted = {s.service for s in plan.services}
         changes: list[Change] = []
         selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
         for path_of, kind in ((configmaps_path, "ConfigMap"), (hpas_path, "HorizontalPodAutoscaler")):
+            # An HPA we made while autoscaling was on goes once it is off.
+            wanted = {s.service for s in plan.services if kind == "ConfigMap" or s.hpa is not None}
             for obj in await self._client.list(path_of(plan.namespace), label_selector=selector):
                 labels = (obj.get("metadata") or {}).get("labels") or {}
                 # Filter again: a label selector the server ignores must not delete others' objects.

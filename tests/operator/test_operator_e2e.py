@@ -14,6 +14,7 @@ from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator
+operator_config = kopf_harness.operator_config
 
 BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/contextprofiles"
 CM = "v1/configmaps"
