@@ -354,3 +354,8 @@ def test_with_the_operator_the_deployment_starts_at_min_replicas_not_one(
     r = render(sets=["autoscaling.minReplicas=3", "autoscaling.maxReplicas=9"])
     assert r.one("Deployment", FULLNAME)["spec"]["replicas"] == 3
     assert r.one("ContextProfile", "default")["spec"]["autoscaling"]["minReplicas"] == 3
+
+
+def test_the_notes_say_the_minilm_embedder_needs_the_minilm_image(helm: str) -> None:
+    assert "--build-arg WITH_MINILM=true" in notes(helm, "config.embedder=minilm")
+    assert "WITH_MINILM" not in notes(helm)
