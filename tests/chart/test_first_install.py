@@ -27,7 +27,7 @@ from tests.chart.conftest import (
 )
 
 OBSERVABILITY = CHART / "ci" / "observability-values.yaml"
-ADAPTER_RULE = REPO / "examples" / "prometheus-adapter-values.yaml"
+ADAPTER_RULE = REPO / "docs" / "prometheus-adapter-values.yaml"
 
 
 def env_of(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
