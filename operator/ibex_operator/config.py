@@ -18,6 +18,11 @@ class OperatorConfig:
     liveness_endpoint: str | None = "http://0.0.0.0:8080/healthz"
     # Post Kubernetes Events on the ContextProfiles when children change.
     post_events: bool = True
+    # Render an HPA per service (the chart's autoscaling.enabled); without it the replicas are fixed.
+    render_hpa: bool = True
+    # Scale on in-flight calls per pod too: only when a custom-metrics adapter (prometheus-adapter)
+    # serves ibex_context_inflight_calls. Without one an HPA with that metric never scales down.
+    inflight_metric: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -28,5 +33,18 @@ class OperatorConfig:
             default_service=env.get("IBEX_OPERATOR_DEFAULT_SERVICE", "").strip() or None,
             drift_interval_s=float(env.get("IBEX_OPERATOR_DRIFT_INTERVAL_SECONDS", "60")),
             liveness_endpoint=liveness or None,
-            post_events=env.get("IBEX_OPERATOR_POST_EVENTS", "true").strip().lower() in ("1", "true", "yes"),
+            post_events=_flag(env, "IBEX_OPERATOR_POST_EVENTS", True),
+            render_hpa=_flag(env, "IBEX_OPERATOR_HPA", True),
+            inflight_metric=_flag(env, "IBEX_OPERATOR_INFLIGHT_METRIC", False),
         )
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}={value!r}: expected true or false")

@@ -1,17 +1,20 @@
 """kopf handlers: every trigger re-renders the whole namespace (level-based, idempotent).
 
-Create, spec update, resume, delete and the drift timer all call
+Create, spec update, resume, the DELETED watch event and the drift loop all call
 ``Reconciler.reconcile_namespace``: list every ContextProfile of the namespace,
 compute the desired ConfigMaps, HPAs and statuses (``reconcile.py``), and write
 only what differs. A per-namespace lock serialises reconciles, so two profiles
 changing at once cannot write an older listing over a newer one.
 
-Deletion: kopf puts its finalizer on every profile because of the drift timer
-(kopf timers always require one). The delete handler re-renders without the
-profile before kopf releases it; the DELETED watch event re-renders once more,
-which covers a finalizer removed by hand. Children carry a non-controller
-ownerReference to every contributing profile, so the garbage collector removes
-them after the last profile even when the operator is not running.
+Deletion needs no operator: profiles carry NO finalizer. kopf timers and
+mandatory delete handlers always add one, so drift is checked by one loop per
+operator (``drift_loop``) instead of a per-profile timer, and the delete handler
+is optional. A profile deleted while the operator is gone (``helm uninstall``
+removes the operator's Deployment and Role before custom resources; a namespace
+deletion removes everything at once) therefore never hangs in Terminating, and
+the garbage collector removes its ConfigMap and HPA: they carry a non-controller
+ownerReference to every contributing profile. A running operator re-renders on
+the DELETED event. A finalizer left by an older operator is removed by kopf.
 """
 
 from __future__ import annotations
@@ -128,7 +131,12 @@ class Reconciler:
         bodies = await self._client.list(profiles_path(namespace))
         bodies = [b for b in bodies if (b.get("metadata") or {}).get("namespace", namespace) == namespace]
         plan = plan_namespace(
-            namespace, (ProfileView.from_body(b) for b in bodies), self._config.default_service, utc_now()
+            namespace,
+            (ProfileView.from_body(b) for b in bodies),
+            self._config.default_service,
+            utc_now(),
+            render_hpa_objects=self._config.render_hpa,
+            inflight_metric=self._config.inflight_metric,
         )
         changes = await self._apply_children(plan)
         changes += await self._delete_orphans(plan)
@@ -142,6 +150,8 @@ class Reconciler:
         changes: list[Change] = []
         for objects in plan.services:
             for path_of, desired in ((configmaps_path, objects.configmap), (hpas_path, objects.hpa)):
+                if desired is None:
+                    continue
                 name = desired["metadata"]["name"]
                 actual = await self._client.get(path_of(plan.namespace, name))
                 if actual is None:
@@ -155,10 +165,11 @@ class Reconciler:
         return changes
 
     async def _delete_orphans(self, plan: NamespacePlan) -> list[Change]:
-        wanted = {s.service for s in plan.services}
         changes: list[Change] = []
         selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
         for path_of, kind in ((configmaps_path, "ConfigMap"), (hpas_path, "HorizontalPodAutoscaler")):
+            # An HPA we made while autoscaling was on goes once it is off.
+            wanted = {s.service for s in plan.services if kind == "ConfigMap" or s.hpa is not None}
             for obj in await self._client.list(path_of(plan.namespace), label_selector=selector):
                 labels = (obj.get("metadata") or {}).get("labels") or {}
                 # Filter again: a label selector the server ignores must not delete others' objects.
@@ -225,6 +236,24 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 60
 
 
+async def drift_loop(reconciler: Reconciler, config: OperatorConfig, logger: Logger) -> None:
+    """Every ``drift_interval_s``: re-render each watched namespace (and each namespace a profile was
+    seen in) unless it was reconciled within half an interval, repairing deleted or hand-edited
+    children. One loop per operator, not a kopf timer per profile: timers force a finalizer."""
+    while True:
+        await asyncio.sleep(config.drift_interval_s)
+        for namespace in sorted(set(config.namespaces) | set(reconciler.stats.last_by_namespace)):
+            if reconciler.recently_reconciled(namespace, config.drift_interval_s / 2):
+                continue
+            try:
+                changes = await reconciler.reconcile_namespace(namespace)
+            except kopf.TemporaryError as exc:
+                logger.warning("drift check of %s failed: %s", namespace, exc)
+                continue
+            for change in changes:
+                logger.warning("drift repaired: %s %s %s", change.action, change.kind, change.name)
+
+
 def build_registry(
     config: OperatorConfig, credentials: Credentials, client: KubeClient | None = None
 ) -> tuple[kopf.OperatorRegistry, Reconciler]:
@@ -242,8 +271,20 @@ def build_registry(
     def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return credentials.login(**kwargs)
 
+    drift: dict[str, asyncio.Task[None]] = {}
+
+    @kopf.on.startup(registry=registry, id="drift")
+    async def _start_drift(logger: Logger, **_: Any) -> None:
+        drift["task"] = asyncio.create_task(
+            drift_loop(reconciler, config, logger), name="ibex-operator-drift"
+        )
+
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(**_: Any) -> None:
+        task = drift.pop("task", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         await kube.close()
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -254,9 +295,10 @@ def build_registry(
         for change in changes:
             logger.info("%s %s %s", change.action, change.kind, change.name)
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    # Optional: kopf adds no finalizer for it. It runs when a deletion is held up by someone else's
+    # finalizer (the plan leaves a profile with a deletionTimestamp out).
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
     async def _delete(namespace: str | None, logger: Logger, **_: Any) -> None:
-        # The profile is listed with a deletionTimestamp until this returns; the plan leaves it out.
         for change in await reconciler.reconcile_namespace(namespace or ""):
             logger.info("%s %s %s", change.action, change.kind, change.name)
 
@@ -265,15 +307,6 @@ def build_registry(
         # Gone for good (also when someone removed the finalizer by hand): render without it.
         if type == "DELETED" and namespace:
             await reconciler.reconcile_namespace(namespace)
-
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=config.drift_interval_s, registry=registry)
-    async def _drift(namespace: str | None, logger: Logger, **_: Any) -> None:
-        namespace = namespace or ""
-        # One timer per profile, one check per namespace and interval is enough.
-        if reconciler.recently_reconciled(namespace, config.drift_interval_s / 2):
-            return
-        for change in await reconciler.reconcile_namespace(namespace):
-            logger.warning("drift repaired: %s %s %s", change.action, change.kind, change.name)
 
     @kopf.on.probe(id="reconciler", registry=registry)
     def _probe(**_: Any) -> dict[str, Any]:

@@ -82,7 +82,8 @@ class ProfileView:
 class ServiceObjects:
     service: str
     configmap: Obj
-    hpa: Obj
+    # None when the operator renders no HPA (the chart's autoscaling.enabled=false).
+    hpa: Obj | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +194,34 @@ def aggregate_autoscaling(specs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     }
 
 
-def render_hpa(namespace: str, service: str, valid: Sequence[_Valid]) -> Obj:
+def render_hpa(namespace: str, service: str, valid: Sequence[_Valid], *, inflight_metric: bool) -> Obj:
+    """The HPA of ``service``: CPU always; in-flight calls per pod only with ``inflight_metric``, i.e.
+    when a custom-metrics adapter serves ``ibex_context_inflight_calls`` (an HPA with a metric nobody
+    serves reports it missing and never scales down)."""
     agg = aggregate_autoscaling(v.spec for v in valid)
+    metrics: list[Obj] = []
+    if inflight_metric:
+        metrics.append(
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": INFLIGHT_METRIC},
+                    "target": {"type": "AverageValue", "averageValue": str(agg["targetInflightPerPod"])},
+                },
+            }
+        )
+    metrics.append(
+        {
+            "type": "Resource",
+            "resource": {
+                "name": "cpu",
+                "target": {
+                    "type": "Utilization",
+                    "averageUtilization": agg["targetCPUUtilizationPercentage"],
+                },
+            },
+        }
+    )
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -208,25 +235,7 @@ def render_hpa(namespace: str, service: str, valid: Sequence[_Valid]) -> Obj:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": service},
             "minReplicas": agg["minReplicas"],
             "maxReplicas": agg["maxReplicas"],
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": INFLIGHT_METRIC},
-                        "target": {"type": "AverageValue", "averageValue": str(agg["targetInflightPerPod"])},
-                    },
-                },
-                {
-                    "type": "Resource",
-                    "resource": {
-                        "name": "cpu",
-                        "target": {
-                            "type": "Utilization",
-                            "averageUtilization": agg["targetCPUUtilizationPercentage"],
-                        },
-                    },
-                },
-            ],
+            "metrics": metrics,
             "behavior": json.loads(json.dumps(HPA_BEHAVIOR)),
         },
     }
@@ -332,9 +341,19 @@ def _valid_status(
 
 
 def plan_namespace(
-    namespace: str, profiles: Iterable[ProfileView], default_service: str | None, now: str
+    namespace: str,
+    profiles: Iterable[ProfileView],
+    default_service: str | None,
+    now: str,
+    *,
+    render_hpa_objects: bool = True,
+    inflight_metric: bool = False,
 ) -> NamespacePlan:
-    """Desired children and profile statuses for one namespace. ``now``: RFC 3339 UTC."""
+    """Desired children and profile statuses for one namespace. ``now``: RFC 3339 UTC.
+
+    ``render_hpa_objects=False``: no HPA at all (autoscaling off; the Deployment's replicas are fixed).
+    ``inflight_metric``: the HPA also scales on in-flight calls per pod (needs a custom-metrics adapter).
+    """
     views = sorted((p for p in profiles if not p.deleting), key=precedence_key)
     statuses: dict[str, Obj] = {}
     by_service: dict[str, list[_Valid]] = {}
@@ -364,7 +383,11 @@ def plan_namespace(
             ServiceObjects(
                 service=service,
                 configmap=render_configmap(namespace, service, valid),
-                hpa=render_hpa(namespace, service, valid),
+                hpa=(
+                    render_hpa(namespace, service, valid, inflight_metric=inflight_metric)
+                    if render_hpa_objects
+                    else None
+                ),
             )
         )
     return NamespacePlan(namespace=namespace, services=tuple(services), statuses=statuses)

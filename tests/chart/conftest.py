@@ -29,6 +29,9 @@ VALIDATED_KUBERNETES_VERSION = "1.31.0"
 MINIMUM_KUBERNETES_VERSION = "1.28.0"
 
 Manifest = dict[str, Any]
+# image.repository has no default (a bare name would resolve to docker.io): every render names one, as
+# an install must. Values files and --set given later override it.
+IMAGE_REPOSITORY_SET = "image.repository=registry.example.com/ibex-context"
 
 
 def find_helm() -> str | None:
@@ -91,9 +94,13 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
-def template_args(values_files: Sequence[Path] = (), sets: Sequence[str] = ()) -> list[str]:
+def template_args(
+    values_files: Sequence[Path] = (), sets: Sequence[str] = (), *, image: bool = True
+) -> list[str]:
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds"]
     args += ["--kube-version", VALIDATED_KUBERNETES_VERSION]
+    if image:
+        args += ["--set", IMAGE_REPOSITORY_SET]
     for path in values_files:
         args += ["--values", str(path)]
     for item in sets:

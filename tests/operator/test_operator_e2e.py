@@ -14,6 +14,7 @@ from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator
+operator_config = kopf_harness.operator_config
 
 BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/contextprofiles"
 CM = "v1/configmaps"
@@ -316,3 +317,41 @@ async def test_the_liveness_endpoint_reports_the_reconciler(k8s: Any, operator: 
         body = await response.json()
     assert body["reconciler"]["reconciles"] >= 1
     assert body["reconciler"]["lastError"] is None
+
+
+async def test_profiles_carry_no_finalizer_so_deletion_never_waits_for_the_operator(
+    k8s: Any, operator: Any
+) -> None:
+    # `helm uninstall` deletes the operator's Deployment and Role before custom resources, and a
+    # namespace deletion removes everything at once: a finalizer would leave the profile Terminating.
+    await create_profile(k8s, "default", {"selector": {"default": True}}, created="2026-11-01T10:00:00Z")
+    await eventually(lambda: condition(k8s, "default", "Ready")["status"] == "True")
+    await eventually(lambda: live(k8s, HPA, "ibex-context") is not None)
+    body = k8s.objects[key(CR_RESOURCE, "default")]
+    assert not body["metadata"].get("finalizers"), body["metadata"]
+    # The children are the garbage collector's to remove once the profile is gone.
+    for resource, name in ((CM, "ibex-context-profiles"), (HPA, "ibex-context")):
+        owners = live(k8s, resource, name)["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [(KIND, "default", "uid-default")]
+    # kmock keeps an object with finalizers until they are removed; without one it goes at once.
+    assert (await k8s.delete(f"{BASE}/default")).status == 200
+    assert live(k8s, CR_RESOURCE, "default") is None
+
+
+async def test_a_finalizer_left_by_an_older_operator_is_removed(k8s: Any, operator: Any) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": "legacy",
+            "namespace": NAMESPACE,
+            "uid": "uid-legacy",
+            "resourceVersion": "1",
+            "generation": 1,
+            "creationTimestamp": "2026-11-01T10:00:00Z",
+            "finalizers": [f"{GROUP}/finalizer"],
+        },
+        "spec": {"selector": {"default": True}},
+    }
+    assert (await k8s.post(BASE, json=body)).status == 200
+    await eventually(lambda: not k8s.objects[key(CR_RESOURCE, "legacy")]["metadata"].get("finalizers"))

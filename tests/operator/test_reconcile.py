@@ -36,8 +36,10 @@ def view(
     )
 
 
-def plan(*views: ProfileView, default_service: str | None = "svc") -> Any:
-    return plan_namespace("ns", views, default_service, NOW)
+def plan(
+    *views: ProfileView, default_service: str | None = "svc", hpa: bool = True, inflight: bool = True
+) -> Any:
+    return plan_namespace("ns", views, default_service, NOW, render_hpa_objects=hpa, inflight_metric=inflight)
 
 
 def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -82,6 +84,24 @@ def test_the_rendered_hpa_scales_the_deployment_on_inflight_calls_and_cpu() -> N
     behavior = hpa["spec"]["behavior"]
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+def test_without_a_custom_metrics_adapter_the_hpa_scales_on_cpu_alone() -> None:
+    # The default: no adapter serves ibex_context_inflight_calls, and an HPA listing a metric nobody
+    # serves reports it missing and never scales down.
+    default = plan_namespace("ns", [view("a", {"selector": {"default": True}})], "svc", NOW)
+    hpa = default.services[0].hpa
+    assert hpa is not None
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Resource"]
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+def test_with_autoscaling_off_no_hpa_is_planned_but_the_configmap_is() -> None:
+    p = plan(view("a", {"selector": {"default": True}}), hpa=False)
+    (objects,) = p.services
+    assert objects.hpa is None
+    assert objects.configmap["metadata"]["name"] == "svc-profiles"
+    assert conditions(p.statuses["a"])["Ready"]["status"] == "True"
 
 
 def test_output_is_byte_identical_for_every_input_order() -> None:

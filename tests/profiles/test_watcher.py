@@ -53,6 +53,17 @@ def test_a_missing_file_at_start_up_means_the_built_in_defaults(h: Harness, capl
     assert h.watcher.status.source == "builtin" and h.watcher.status.profile_count == 0
     assert "using the built-in default profile" in caplog.text
     assert h.watcher.poll() is None  # still missing: reported once, not every poll
+    # Expected before the operator renders the ConfigMap: no ERROR in every pod's start-up log.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_file_that_vanishes_after_a_load_is_logged_as_an_error(h: Harness, caplog: Any) -> None:
+    h.volume.publish(profiles(weighted("good", 0.6)))
+    h.watcher.load_initial()
+    h.volume.remove()
+    with caplog.at_level(logging.INFO):
+        assert h.watcher.poll() is ReloadOutcome.MISSING
+    assert [r.levelno for r in caplog.records] == [logging.ERROR], caplog.text
 
 
 def test_an_invalid_file_at_start_up_fails_loudly(h: Harness) -> None:

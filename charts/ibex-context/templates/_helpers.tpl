@@ -92,18 +92,42 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-postgresql" (include "ibex-context.fullname" .) }}
 {{- end }}
 
+{{/* No default repository: a bare name would resolve to docker.io, where no image is published. */}}
 {{- define "ibex-context.image" -}}
+{{- $repository := required "image.repository is required: the registry/name you pushed the ibex-context image to (no public image is published)" .Values.image.repository }}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
 {{- end }}
 
-{{/* "true" when an HPA owns the service Deployment's replica count (the operator always renders one). */}}
+{{/* "true" when an HPA owns the service Deployment's replica count: the chart's, or the operator's
+(which renders one only with autoscaling.enabled). */}}
 {{- define "ibex-context.hpaOwnsReplicas" -}}
-{{- if or .Values.operator.enabled .Values.autoscaling.enabled }}true{{ end }}
+{{- if .Values.autoscaling.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The Deployment's replicas while an HPA owns them: the live count on upgrades (never reset what the HPA
+chose), minReplicas on first install, so the service does not run one pod until the HPA exists.
+*/}}
+{{- define "ibex-context.initialReplicas" -}}
+{{- $live := lookup "apps/v1" "Deployment" .Release.Namespace (include "ibex-context.fullname" .) }}
+{{- if and $live $live.spec $live.spec.replicas }}
+{{- $live.spec.replicas }}
+{{- else }}
+{{- .Values.autoscaling.minReplicas }}
+{{- end }}
+{{- end }}
+
+{{/* Checks JSON Schema cannot express; included by the service Deployment. */}}
+{{- define "ibex-context.validate" -}}
+{{- $as := .Values.autoscaling }}
+{{- if gt (int $as.minReplicas) (int $as.maxReplicas) }}
+{{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $as.minReplicas $as.maxReplicas) }}
+{{- end }}
 {{- end }}
 
 {{/* Termination grace: preStop sleep + drain delay + in-flight grace + margin. */}}

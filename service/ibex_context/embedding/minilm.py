@@ -190,13 +190,15 @@ class MiniLMEmbedder:
     @classmethod
     def load(cls, model_dir: Path | None = None, *, max_batch: int = 32) -> MiniLMEmbedder:
         """Reads the weights and tokenizer (about 0.3 s); call once at start-up."""
+        # The weights first: an image built without WITH_MINILM has neither them nor tokenizers, and the
+        # message should say what to install.
+        directory = model_dir or default_model_dir()
         from tokenizers import Tokenizer
 
         if "OPENBLAS_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
             # Measured on 2 shared cores: a short query took 24 ms with one BLAS thread
             # and 170 ms with OpenBLAS's default, whose threads spin against the server's.
             _log.warning("minilm: set OPENBLAS_NUM_THREADS=1; multi-threaded BLAS slows small batches")
-        directory = model_dir or default_model_dir()
         if not (directory / "model.safetensors").exists():
             raise ConfigurationError(f"embedder: no model.safetensors in {directory}")
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))

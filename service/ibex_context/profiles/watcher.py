@@ -114,7 +114,12 @@ class ProfileWatcher:
             if self._signature is None and self._status.last_outcome is ReloadOutcome.MISSING:
                 return None
             self._signature = None
-            return self._report(ReloadOutcome.MISSING, "file not found")
+            # Never loaded yet (e.g. the operator has not rendered the ConfigMap): expected, not an error.
+            # A file that vanishes after a load stays an ERROR.
+            never_loaded = self._status.source != "file"
+            return self._report(
+                ReloadOutcome.MISSING, "file not found", level=logging.INFO if never_loaded else logging.ERROR
+            )
         except OSError as exc:
             return self._report_once(ReloadOutcome.UNREADABLE, type(exc).__name__)
         if signature == self._signature:
@@ -162,10 +167,11 @@ class ProfileWatcher:
             return None
         return self._report(outcome, error)
 
-    def _report(self, outcome: ReloadOutcome, error: str) -> ReloadOutcome:
+    def _report(self, outcome: ReloadOutcome, error: str, *, level: int = logging.ERROR) -> ReloadOutcome:
         # The current registry stays: a bad or vanished file never replaces a good set.
         self._status = replace(self._status, last_ok=False, last_outcome=outcome, last_error=error)
-        _log.error(
+        _log.log(
+            level,
             "profiles reload from %s: %s (%s); keeping the %d profiles in use",
             self._path,
             outcome.value,
