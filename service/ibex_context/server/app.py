@@ -193,7 +193,9 @@ class ContextService:
         await _warm_up(assembler)
         self.health = ServiceHealth([postgres, redis])
         services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
-        self.server = ServiceServer(services, codec=LimitedProtoCodec(s.max_request_bytes))
+        self.server = ServiceServer(
+            services, codec=LimitedProtoCodec(s.max_request_bytes), max_request_bytes=s.max_request_bytes
+        )
         instrument_server(
             self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
         )
