@@ -73,6 +73,8 @@ KNOWN_REASONS: frozenset[str] = frozenset(
         "deadline_exceeded",
         "assembly_error",
         "overloaded",
+        "messages_exceed_window",
+        "directive_exceeds_window",
         "constrained_budget",
         "budget_exhausted",
         "no_query",

@@ -10,6 +10,10 @@ The degradation ladder (ADR-0002):
                   directive is injected if it was fetched;
 * PASS_THROUGH    nothing could be injected: the client's messages unchanged.
 
+The model's window, less the response reserve and the safety buffer, is a hard
+limit: when the client's messages leave no room (``messages_exceed_window``) or
+the directive would not fit (``directive_exceeds_window``), nothing is injected.
+
 Every reason is recorded, most severe first. An exception inside assembly
 degrades like a deadline; only invalid input (checked before this module) is
 an error for the caller.
@@ -21,6 +25,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -191,6 +196,10 @@ class Assembler:
         call.encoding, call.messages_tokens, call.budget = encoding, messages_tokens, preliminary
         report.encoding, report.exact_tokens = encoding.name, exact
         report.add_stage("budget", t0, time.perf_counter_ns())
+        if preliminary.window_remaining < 0:
+            # Not even the response reserve fits beside the client's messages: anything
+            # injected would eat the model's answer. No store is asked.
+            return self._pass_through(call, ["messages_exceed_window"])
 
         plan = RetrievalPlan(
             org_id=request.org_id,
@@ -253,6 +262,10 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
+        if directive is not None and budget.window_remaining < 0:
+            # The directive would push the prompt into the response reserve (or past
+            # the window): inject nothing rather than a prompt the model cannot answer.
+            return self._pass_through(call, ["directive_exceeds_window", *reasons])
         costs = memory_costs(scored, encoding, profile.format, nonce=nonce, counter=self._counter)
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
@@ -330,6 +343,8 @@ class Assembler:
                     nonce=self._nonce(call.request),
                 )
                 tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
+                if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
+                    return self._pass_through(call, [*reasons, "directive_exceeds_window"])
                 return self._finish(
                     call,
                     messages=formatted.messages,
@@ -357,6 +372,19 @@ class Assembler:
             reasons=reasons,
         )
 
+    def _pass_through(self, call: _Call, reasons: list[str]) -> Assembly:
+        return self._finish(
+            call,
+            messages=call.request.messages,
+            directive_injected=False,
+            memories=(),
+            tokens_injected=0,
+            memory_tokens=0,
+            was_truncated=False,
+            degradation=Degradation.PASS_THROUGH,
+            reasons=reasons,
+        )
+
     def _finish(
         self,
         call: _Call,
@@ -373,7 +401,8 @@ class Assembler:
         report, budget = call.report, call.budget
         window = budget.context_window if budget else 0
         used = call.messages_tokens + tokens_injected
-        window_used = round(100 * used / window) if window else 0
+        # Rounded up: above 100 means past the window, never hidden by rounding down.
+        window_used = math.ceil(100 * used / window) if window else 0
         report.degradation = degradation
         report.reasons = list(reasons)
         report.outcome = {
@@ -440,6 +469,12 @@ class _Call:
     encoding: Encoding | None = None
     messages_tokens: int = 0
     budget: TokenBudget | None = None
+
+
+def _exceeds_window(budget: TokenBudget, prompt_tokens: int) -> bool:
+    """Whether a prompt of ``prompt_tokens`` leaves less than the response reserve and
+    the safety buffer of the model's window."""
+    return prompt_tokens + budget.response_reserve + budget.safety_buffer > budget.context_window
 
 
 def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:

@@ -376,7 +376,8 @@ class InjectionMetadata(betterproto2.Message):
 
     context_window_used: "int" = betterproto2.field(5, betterproto2.TYPE_INT32)
     """
-    Percent (0-100) of the model's context window used by the returned messages.
+    Percent of the model's context window used by the returned messages, rounded
+    up: above 100 only when the client's own messages overflow the window.
     """
 
     was_truncated: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
