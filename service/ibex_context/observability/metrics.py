@@ -173,6 +173,13 @@ class Metrics:
             buckets=CANDIDATE_BUCKETS,
             registry=registry,
         )
+        self.store_up = Gauge(
+            "ibex_context_store_up",
+            "1 while the store answered its last health probe, 0 after a failure or a timeout. "
+            "Readiness does not follow it (calls degrade instead); alert on it.",
+            ["store"],
+            registry=registry,
+        )
         self.inflight_calls = Gauge(
             "ibex_context_inflight_calls",
             "gRPC calls being handled right now (the HPA scales on this).",
@@ -327,6 +334,9 @@ class Metrics:
         self.post_response_failures.inc(count)
 
     # --- profiles -----------------------------------------------------------------------
+    def record_store_up(self, store: str, up: bool) -> None:
+        self.store_up.labels(store=store).set(1 if up else 0)
+
     def record_profile_reload(
         self, ok: bool, *, profiles: int | None = None, at: float | None = None
     ) -> None:
