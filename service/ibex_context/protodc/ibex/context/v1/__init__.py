@@ -740,7 +740,9 @@ class MemoryServiceStub(betterproto2_grpclib.ServiceStub):
         """
         UpsertMemories inserts or updates memories. Re-upserting the same content
         for the same agent is idempotent (content hash). The content is embedded
-        by the service unless an embedding is given.
+        by the service unless an embedding is given. An id naming a stored memory,
+        given the content of another stored memory, is INVALID_ARGUMENT naming
+        both ids, and nothing in the batch is written.
         """
 
         return await self._unary_unary(
@@ -884,7 +886,9 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         """
         UpsertMemories inserts or updates memories. Re-upserting the same content
         for the same agent is idempotent (content hash). The content is embedded
-        by the service unless an embedding is given.
+        by the service unless an embedding is given. An id naming a stored memory,
+        given the content of another stored memory, is INVALID_ARGUMENT naming
+        both ids, and nothing in the batch is written.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
