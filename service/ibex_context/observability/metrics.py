@@ -133,7 +133,8 @@ class Metrics:
         )
         self.degradations = Counter(
             "ibex_context_assembly_degradation",
-            "Assemblies by how much of the pipeline ran (full, hot_only, directive_only, pass_through).",
+            "Assemblies by how much of the pipeline ran "
+            "(full, hot_only, cold_only, directive_only, pass_through).",
             ["level"],
             registry=registry,
         )

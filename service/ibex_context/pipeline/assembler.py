@@ -4,8 +4,9 @@ under one deadline, degrading instead of failing.
 The degradation ladder (ADR-0002):
 
 * FULL            every source asked answered in time;
-* HOT_ONLY        part of memory retrieval failed (usually cold search): the memories
-                  that arrived in time are used;
+* HOT_ONLY        the cold search (or its embedding) failed: the hot set's memories
+                  are used;
+* COLD_ONLY       the hot set failed (Redis): the cold search's memories are used;
 * DIRECTIVE_ONLY  no memory source answered, or the call's deadline ran out: the
                   directive is injected if it was fetched;
 * PASS_THROUGH    nothing could be injected: the client's messages unchanged.
@@ -408,6 +409,7 @@ class Assembler:
         report.outcome = {
             Degradation.FULL: Outcome.FULL,
             Degradation.HOT_ONLY: Outcome.DEGRADED,
+            Degradation.COLD_ONLY: Outcome.DEGRADED,
         }.get(degradation, Outcome.FALLBACK)
         if degradation is Degradation.FULL and reasons:
             report.outcome = Outcome.DEGRADED
@@ -513,8 +515,10 @@ def _degradation(state: RetrievalState, reasons: Sequence[str]) -> Degradation:
     failed = {r.rsplit("_", 1)[0] for r in reasons}
     hot_answered = "hot" not in failed
     cold_answered = not ({"embed", "cold"} & failed)
-    if hot_answered or cold_answered:
+    if hot_answered:
         return Degradation.HOT_ONLY
+    if cold_answered:
+        return Degradation.COLD_ONLY
     if state.directive_done:
         return Degradation.DIRECTIVE_ONLY
     return Degradation.PASS_THROUGH

@@ -69,8 +69,8 @@ class DegradationLevel(betterproto2.Enum):
 
     HOT_ONLY = 2
     """
-    Part of memory retrieval failed or timed out (normally the cold, semantic
-    search): the memories that arrived in time and the directive were used.
+    The cold, semantic search (or its embedding) failed or timed out: the hot
+    set's memories and the directive were used.
     """
 
     DIRECTIVE_ONLY = 3
@@ -84,6 +84,12 @@ class DegradationLevel(betterproto2.Enum):
     Nothing could be injected; the client's messages are returned unchanged.
     """
 
+    COLD_ONLY = 16
+    """
+    The hot set (Redis) failed or timed out: the cold search's memories and the
+    directive were used. (Numbered apart from the reference's 1-4.)
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -92,6 +98,7 @@ class DegradationLevel(betterproto2.Enum):
             2: "DEGRADATION_LEVEL_HOT_ONLY",
             3: "DEGRADATION_LEVEL_DIRECTIVE_ONLY",
             4: "DEGRADATION_LEVEL_PASS_THROUGH",
+            16: "DEGRADATION_LEVEL_COLD_ONLY",
         }
 
     @classmethod
@@ -102,6 +109,7 @@ class DegradationLevel(betterproto2.Enum):
             "DEGRADATION_LEVEL_HOT_ONLY": 2,
             "DEGRADATION_LEVEL_DIRECTIVE_ONLY": 3,
             "DEGRADATION_LEVEL_PASS_THROUGH": 4,
+            "DEGRADATION_LEVEL_COLD_ONLY": 16,
         }
 
 
