@@ -32,7 +32,8 @@ async def test_an_invalid_model_is_refused_and_never_written_raw_to_the_access_l
                 model=HOSTILE_MODEL,
                 request_id="\u202eevil",
                 messages=[user("hi")],
-            )
+            ),
+            timeout=10,
         )
     assert refused.value.status is Status.INVALID_ARGUMENT
     assert (refused.value.message or "").startswith("model: ")

@@ -60,7 +60,8 @@ async def test_a_redis_outage_keeps_readiness_and_shows_on_the_store_names(
     port = service.port
     async with Channel("127.0.0.1", port) as channel:
         await context_grpc.MemoryServiceStub(channel).SetDirective(
-            pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be brief.")
+            pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be brief."),
+            timeout=10,
         )
     for name in ("", ASSEMBLY, "ibex.stores", "ibex.stores.redis", "ibex.stores.postgres"):
         assert await _status(port, name) == SERVING, name

@@ -19,7 +19,8 @@ async def _upsert(
     memories: context_grpc.MemoryServiceStub, tenant: Tenant, *items: pb.MemoryInput
 ) -> list[tuple[str, int]]:
     reply = await memories.UpsertMemories(
-        pb.UpsertMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, memories=list(items))
+        pb.UpsertMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, memories=list(items)),
+        timeout=10,
     )
     return [(r.id, r.outcome) for r in reply.results]
 
@@ -57,7 +58,7 @@ async def test_an_id_given_another_memorys_text_is_refused_naming_both_and_nothi
         pb.MemoryInput(id=x, content="The office opens at eight.", category="factual"),
     ) == [(y, pb.UPSERT_OUTCOME_UNCHANGED), (x, pb.UPSERT_OUTCOME_UNCHANGED)]
     deleted = await memories.DeleteMemories(
-        pb.DeleteMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, ids=[new_one])
+        pb.DeleteMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, ids=[new_one]), timeout=10
     )
     assert deleted.deleted == 0
 

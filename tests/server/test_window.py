@@ -51,7 +51,8 @@ async def test_the_directive_is_injected_only_when_it_leaves_the_response_reserv
     await memories.SetDirective(
         pb.SetDirectiveRequest(
             org_id=tenant.org_id, agent_id=tenant.agent_id, content="Answer in French, briefly."
-        )
+        ),
+        timeout=10,
     )
     short = await _assemble(assembly, tenant, "bonjour")
     assert short.metadata.directive_injected
@@ -79,7 +80,8 @@ async def test_messages_that_fill_the_window_pass_through_with_their_true_share(
     encodings: EncodingRegistry,
 ) -> None:
     await memories.SetDirective(
-        pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be exact.")
+        pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be exact."),
+        timeout=10,
     )
     # The reported case: 8,159 tokens of messages, and a directive on top overflowed
     # the window while the answer said FULL, 100 %.
