@@ -661,7 +661,10 @@ def _run_with_stores(
         summary_path = prefix.with_suffix(".json")
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         if not summary:
-            log(locust_log.read_text()[-3000:])
+            raise RunProducedNothing(
+                f"locust measured nothing (exit {locust_rc}); no results file written. "
+                f"Its log, {locust_log}, ends:\n{locust_log.read_text()[-3000:]}"
+            )
         stage_deltas = promdelta.merge_deltas(
             promdelta.histogram_deltas(b, a, "ibex_context_stage_duration_seconds")
             for b, a in zip(before, after, strict=True)
@@ -1079,8 +1082,42 @@ def passed(result: RunResult) -> bool:
     return result.locust_rc == 0 and bool(result.summary.get("passed"))
 
 
+class RunCannotStart(RuntimeError):
+    """A tool the run needs is missing or does not start: said before anything runs."""
+
+
+class RunProducedNothing(RuntimeError):
+    """Locust ran but measured nothing: no report is written (it would be all '-')."""
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Runs locust and the server's launcher the way the run will, before the stores
+    start and the data is seeded: a missing tool costs a second and says what to do,
+    instead of a minute of seeding and a results file marked FAILED full of '-'."""
+    locust = BIN / "locust"
+    if not locust.exists():
+        raise RunCannotStart(
+            f"{locust} is missing: a load test needs the 'loadtest' extra (locust, grpcio). "
+            f"Run loadtest/run (it installs the extra into .venv), or: "
+            f"{PYTHON} -m pip install -e '{ROOT}[embedded,loadtest]'"
+        )
+    for command in (
+        [*taskset(args.locust_cpus), str(locust), "--version"],
+        [*taskset(args.server_cpus), str(BIN / "ibex-context"), "--version"],
+    ):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        except OSError as exc:
+            raise RunCannotStart(f"`{' '.join(command)}` cannot run: {exc}") from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-500:]
+            raise RunCannotStart(f"`{' '.join(command)}` failed (exit {done.returncode}): {said}")
+
+
 def run_and_report(args: argparse.Namespace) -> tuple[RunResult | None, Path | None]:
     """One run; writes ``loadtest/results/<date>-<label>.md`` unless --no-results."""
+    if not args.seed_only:
+        preflight(args)
     result = run(args, log)
     if result is None:  # --seed-only
         return None, None
@@ -1097,7 +1134,14 @@ def run_and_report(args: argparse.Namespace) -> tuple[RunResult | None, Path | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    result, _ = run_and_report(parse_args(argv))
+    try:
+        result, _ = run_and_report(parse_args(argv))
+    except RunCannotStart as exc:
+        print(f"loadtest/run cannot start: {exc}", file=sys.stderr)
+        return 2
+    except RunProducedNothing as exc:
+        print(f"loadtest/run failed: {exc}", file=sys.stderr)
+        return 1
     return 0 if result is None or passed(result) else 1
 
 

@@ -27,7 +27,10 @@ CRD_FILE = Path(__file__).parent / "crds" / f"{CRD_NAME}.yaml"
 Schema = dict[str, Any]
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_ID = {"type": "string", "minLength": 1, "maxLength": 253}
+# Requests carry org and agent ids as UUIDs (lower-cased by the service): any other
+# selector id could never match. The service's loader has the same pattern.
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_ID = {"type": "string", "maxLength": 36, "pattern": UUID_PATTERN}
 # ibex_context.models.Category, in its order (the operator does not import the service).
 CATEGORIES = ("procedural", "factual", "preference", "behavioral", "episodic")
 

@@ -112,8 +112,9 @@ def precedence_key(view: ProfileView) -> tuple[bool, str, str]:
 
 
 def claims(selector: Mapping[str, Any]) -> list[str]:
-    keys = [f"agent:{a}" for a in sorted(set(selector.get("agentIds") or ()))]
-    keys += [f"org:{o}" for o in sorted(set(selector.get("orgIds") or ()))]
+    # Lower-cased as the service matches them: "ABC…" and "abc…" claim the same agent.
+    keys = [f"agent:{a}" for a in sorted({str(a).lower() for a in selector.get("agentIds") or ()})]
+    keys += [f"org:{o}" for o in sorted({str(o).lower() for o in selector.get("orgIds") or ()})]
     if selector.get("default"):
         keys.append("default")
     return keys

@@ -46,10 +46,13 @@ def _settings(**overrides: Any) -> Settings:
         raise click.ClickException(f"invalid settings: {exc}") from None
 
 
-def _setup_logging(settings: Settings) -> None:
+def _setup_logging(settings: Settings, *, quiet: bool = False) -> None:
+    """``quiet`` (the local commands' default): warnings only, unless IBEX_LOG_LEVEL
+    is set; their terminal is for what they print, not for every call's log line."""
     from ibex_context.observability.logging import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    level = "WARNING" if quiet and "IBEX_LOG_LEVEL" not in os.environ else settings.log_level
+    configure_logging(level, settings.log_format)
 
 
 def _target(target: str) -> tuple[str, int]:
@@ -57,6 +60,9 @@ def _target(target: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {target!r}", param_hint="--target")
     return host, int(port)
+
+
+_VERBOSE_HELP = "Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
 
 
 @click.group()
@@ -124,16 +130,38 @@ def migrate() -> None:
 @main.command()
 @click.option("--once", is_flag=True, help="Run the demo call, then stop (no serving).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where the stores keep data.")
-def dev(once: bool, data_dir: Path | None) -> None:
+@click.option(
+    "--verbose", is_flag=True, help="Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
+)
+def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
     """Start local Redis and PostgreSQL+pgvector, load demo data, make a sample call, serve."""
     from ibex_context.dev import run_dev
 
-    overrides: dict[str, Any] = {}
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
-    base = _settings(**overrides)
-    _setup_logging(base)
+    base = _settings(**_data_dir_override(data_dir))
+    _setup_logging(base, quiet=not verbose)
     _run(lambda: run_dev(base, once=once))
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where the stores keep data.")
+@click.option(
+    "--redis-port", type=int, default=6380, show_default=True, help="Redis listens on 127.0.0.1:PORT."
+)
+@click.option(
+    "--verbose", is_flag=True, help="Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
+)
+def stores(data_dir: Path | None, redis_port: int, verbose: bool) -> None:
+    """Start only the embedded Redis and PostgreSQL+pgvector (migrated), print the
+    settings to serve against them, and keep them running until Ctrl-C."""
+    from ibex_context.dev import run_stores
+
+    base = _settings(**_data_dir_override(data_dir))
+    _setup_logging(base, quiet=not verbose)
+    _run(lambda: run_stores(base, redis_port=redis_port))
+
+
+def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
+    return {} if data_dir is None else {"data_dir": data_dir}
 
 
 @main.command("import")

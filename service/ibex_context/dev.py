@@ -3,6 +3,11 @@
 Starts a local Redis and a local PostgreSQL with pgvector (no root, no Docker),
 migrates, loads the demo tenants through the public write API, makes a sample
 call whose paraphrased question finds the right memory, then serves.
+
+``ibex-context stores``: the same stores alone, Redis on a fixed port, PostgreSQL
+on a Unix socket in the data directory (a DSN that stays the same across runs),
+migrated; prints the settings for ``ibex-context serve`` (or your own tools) and
+keeps them running until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import shlex
+import signal
 
 import click
 from grpclib.client import Channel
@@ -61,6 +68,8 @@ async def run_dev(base: Settings, *, once: bool) -> None:
                 f"\nibex-context is serving gRPC on 127.0.0.1:{service.port}"
                 f" and metrics on http://127.0.0.1:{service.metrics_port}/metrics"
             )
+            click.echo("The stores, for your own tools:")
+            click.echo(store_settings(stores.redis.url, stores.postgres.dsn))
             click.echo(
                 "Try:  ibex-context assemble --target 127.0.0.1:"
                 f"{service.port} --org {ACME_SUPPORT.org_id} --agent {ACME_SUPPORT.agent_id} "
@@ -72,6 +81,32 @@ async def run_dev(base: Settings, *, once: bool) -> None:
             await service.serve_until_signal()
         finally:
             await service.stop(grace=2.0)
+
+
+async def run_stores(base: Settings, *, redis_port: int) -> None:
+    data_dir = base.data_dir.resolve()
+    click.echo(f"starting Redis on 127.0.0.1:{redis_port} and PostgreSQL+pgvector in {data_dir} …")
+    with embedded_stores(data_dir, redis_port=redis_port) as stores:
+        applied = await migrate(stores.postgres.dsn, base.embedding_dim)
+        click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
+        click.echo("\nThe stores are running. To serve against them, in another terminal:\n")
+        click.echo(store_settings(stores.redis.url, stores.postgres.dsn))
+        click.echo("ibex-context serve\n")
+        click.echo("Press Ctrl-C to stop the stores.", nl=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        click.echo("stopping the stores")
+
+
+def store_settings(redis_url: str, postgres_dsn: str) -> str:
+    """Shell lines that point ``ibex-context serve`` (and ``migrate``) at these stores."""
+    return (
+        f"export IBEX_REDIS_URL={shlex.quote(redis_url)}\n"
+        f"export IBEX_POSTGRES_DSN={shlex.quote(postgres_dsn)}"
+    )
 
 
 def _env_keys() -> set[str]:

@@ -326,10 +326,12 @@ class EmbeddedStores:
 
 
 @contextlib.contextmanager
-def embedded_stores(data_dir: Path, *, remove_on_stop: bool = False) -> Iterator[EmbeddedStores]:
-    """Runs Redis and PostgreSQL for the duration of the block."""
+def embedded_stores(
+    data_dir: Path, *, remove_on_stop: bool = False, redis_port: int | None = None
+) -> Iterator[EmbeddedStores]:
+    """Runs Redis (on ``redis_port``, else a free port) and PostgreSQL for the block."""
     data_dir = Path(data_dir)
-    redis = start_redis(data_dir / "redis")
+    redis = start_redis(data_dir / "redis", redis_port)
     try:
         postgres = start_postgres(data_dir, remove_on_stop=remove_on_stop)
         try:

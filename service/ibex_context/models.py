@@ -46,6 +46,8 @@ class Degradation(enum.IntEnum):
     HOT_ONLY = 2
     DIRECTIVE_ONLY = 3
     PASS_THROUGH = 4
+    COLD_ONLY = 16
+    PARTIAL = 17
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,7 +198,7 @@ def test_server_probes_are_native_grpc_and_liveness_never_depends_on_the_stores(
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert set(c[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {"grpc"}, probe
         assert c[probe]["grpc"]["port"] == grpc_port == 50051
-    # Readiness = overall health (Redis and PostgreSQL answer); liveness = the process answers.
+    # Readiness = overall health (the process accepts calls, stores or not); liveness = it answers.
     assert c["readinessProbe"]["grpc"]["service"] == ""
     assert c["livenessProbe"]["grpc"]["service"] == "liveness"
     assert c["startupProbe"]["grpc"]["service"] == "liveness"

@@ -27,6 +27,10 @@ from ibex_context.profiles.loader import parse_entry
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_operator.crd import CATEGORIES, CRD_FILE, apply_defaults, openapi_schema, render_crd_yaml
 
+# Selector ids are UUIDs, as requests carry them.
+A = "aaaaaaaa-0000-4000-8000-000000000000"
+ORG = "cccccccc-0000-4000-8000-000000000000"
+
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 
@@ -186,7 +190,7 @@ def test_the_examples_cover_default_agent_and_org_profiles() -> None:
     assert any(s.get("orgIds") for s in selectors)
 
 
-GOOD = {"selector": {"agentIds": ["a"]}}
+GOOD = {"selector": {"agentIds": [A]}}
 
 
 @pytest.mark.parametrize(
@@ -229,7 +233,10 @@ def test_cel_rules_reject_inconsistent_specs(spec: dict[str, Any], failing_path:
     "spec",
     [
         {"selector": {"default": True}},
-        {"selector": {"orgIds": ["o"]}, "autoscaling": {"minReplicas": 4, "maxReplicas": 4}},
+        {
+            "selector": {"orgIds": [ORG]},
+            "autoscaling": {"minReplicas": 4, "maxReplicas": 4},
+        },
         {**GOOD, "deadlines": {"assemblyMs": 45, "directiveMs": 44, "hotMs": 44, "coldMs": 44}},
         {
             **GOOD,
@@ -251,7 +258,10 @@ def test_cel_rules_accept_consistent_specs(spec: dict[str, Any]) -> None:
         lambda s: s["spec"]["scoring"]["weights"].update(relevance=1.5),
         lambda s: s["spec"]["scoring"].update(relevanceFloor=1.0),
         lambda s: s["spec"]["scoring"].update(halfLifeDays={"episodic": 0}),
-        lambda s: s["spec"]["selector"].update(agentIds=["a"] * 257),
+        lambda s: s["spec"]["selector"].update(agentIds=[A] * 257),
+        # Requests carry UUIDs: an agent's name or an org's slug could never match.
+        lambda s: s["spec"]["selector"].update(agentIds=["edge-summarizer"]),
+        lambda s: s["spec"]["selector"].update(orgIds=["acme"]),
         lambda s: s["spec"].update(service="Not_A_DNS_Label"),
         lambda s: s.pop("spec"),
     ],

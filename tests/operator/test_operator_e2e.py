@@ -12,6 +12,15 @@ from ibex_context.profiles.registry import ProfileRegistry
 from ibex_operator.crd import GROUP, KIND, VERSION
 from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
 
+# Selector ids are UUIDs, as requests carry them.
+A = "aaaaaaaa-0000-4000-8000-000000000000"
+B = "bbbbbbbb-0000-4000-8000-000000000000"
+X = "eeeeeeee-0000-4000-8000-000000000001"
+BOT_1 = "b0000000-0000-4000-8000-000000000001"
+BOT_2 = "b0000000-0000-4000-8000-000000000002"
+SUPPORT_BOT = "5b000000-0000-4000-8000-000000000000"
+ACME = "ac000000-0000-4000-8000-000000000000"
+
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator
 operator_config = kopf_harness.operator_config
@@ -69,7 +78,10 @@ async def test_a_new_profile_gets_a_configmap_an_hpa_and_a_ready_status(k8s: Any
     await create_profile(
         k8s,
         "support",
-        {"selector": {"agentIds": ["support-bot"]}, "autoscaling": {"minReplicas": 3, "maxReplicas": 8}},
+        {
+            "selector": {"agentIds": [SUPPORT_BOT]},
+            "autoscaling": {"minReplicas": 3, "maxReplicas": 8},
+        },
         created="2026-11-01T10:00:00Z",
     )
 
@@ -118,7 +130,10 @@ async def test_a_new_profile_gets_a_configmap_an_hpa_and_a_ready_status(k8s: Any
 
 async def test_a_spec_update_rerenders_and_moves_observed_generation(k8s: Any, operator: Any) -> None:
     await create_profile(
-        k8s, "support", {"selector": {"agentIds": ["support-bot"]}}, created="2026-11-01T10:00:00Z"
+        k8s,
+        "support",
+        {"selector": {"agentIds": [SUPPORT_BOT]}},
+        created="2026-11-01T10:00:00Z",
     )
     await eventually(lambda: live(k8s, CM, "ibex-context-profiles"))
 
@@ -149,7 +164,7 @@ async def test_profiles_of_one_service_share_one_configmap_and_an_aggregated_hpa
         k8s,
         "small",
         {
-            "selector": {"orgIds": ["acme"]},
+            "selector": {"orgIds": [ACME]},
             "autoscaling": {
                 "minReplicas": 2,
                 "maxReplicas": 6,
@@ -204,13 +219,16 @@ async def test_two_profiles_claiming_one_agent_both_show_conflict_and_the_oldest
     await create_profile(
         k8s,
         "newer",
-        {"selector": {"agentIds": ["bot-1", "bot-2"]}, "format": "json"},
+        {
+            "selector": {"agentIds": [BOT_1, BOT_2]},
+            "format": "json",
+        },
         created="2026-11-05T10:00:00Z",
     )
     await create_profile(
         k8s,
         "older",
-        {"selector": {"agentIds": ["bot-1"]}, "format": "markdown"},
+        {"selector": {"agentIds": [BOT_1]}, "format": "markdown"},
         created="2026-11-01T10:00:00Z",
     )
 
@@ -220,15 +238,15 @@ async def test_two_profiles_claiming_one_agent_both_show_conflict_and_the_oldest
             and condition(k8s, "older", "Conflict")["status"] == "True"
         )
     )
-    assert "agent:bot-1 is used from older" in condition(k8s, "newer", "Conflict")["message"]
+    assert f"agent:{BOT_1} is used from older" in condition(k8s, "newer", "Conflict")["message"]
     assert "this profile wins" in condition(k8s, "older", "Conflict")["message"]
     # The loser still serves bot-2, so it stays Ready.
     assert condition(k8s, "newer", "Ready")["status"] == "True"
 
     # The service resolves the conflict with the same rule.
     registry = ProfileRegistry(parse_profiles(json.dumps(profiles_file(k8s))).bindings)
-    assert registry.resolve("org", "bot-1").format == "markdown"
-    assert registry.resolve("org", "bot-2").format == "json"
+    assert registry.resolve("org", BOT_1).format == "markdown"
+    assert registry.resolve("org", BOT_2).format == "json"
     await eventually(
         lambda: (
             {
@@ -244,8 +262,18 @@ async def test_two_profiles_claiming_one_agent_both_show_conflict_and_the_oldest
 async def test_deleting_profiles_rerenders_and_the_last_deletion_removes_the_children(
     k8s: Any, operator: Any
 ) -> None:
-    await create_profile(k8s, "a", {"selector": {"agentIds": ["a"]}}, created="2026-11-01T10:00:00Z")
-    await create_profile(k8s, "b", {"selector": {"agentIds": ["b"]}}, created="2026-11-02T10:00:00Z")
+    await create_profile(
+        k8s,
+        "a",
+        {"selector": {"agentIds": [A]}},
+        created="2026-11-01T10:00:00Z",
+    )
+    await create_profile(
+        k8s,
+        "b",
+        {"selector": {"agentIds": [B]}},
+        created="2026-11-02T10:00:00Z",
+    )
     await eventually(lambda: [p["name"] for p in profiles_file(k8s)["profiles"]] == ["a", "b"])
 
     assert (await k8s.delete(f"{BASE}/a")).status == 200
@@ -261,7 +289,10 @@ async def test_deleting_profiles_rerenders_and_the_last_deletion_removes_the_chi
 
 async def test_the_drift_timer_restores_deleted_and_hand_edited_children(k8s: Any, operator: Any) -> None:
     await create_profile(
-        k8s, "support", {"selector": {"agentIds": ["support-bot"]}}, created="2026-11-01T10:00:00Z"
+        k8s,
+        "support",
+        {"selector": {"agentIds": [SUPPORT_BOT]}},
+        created="2026-11-01T10:00:00Z",
     )
     cm = await eventually(lambda: live(k8s, CM, "ibex-context-profiles"))
     original = cm["data"]["profiles.json"]
@@ -299,7 +330,7 @@ async def test_an_invalid_profile_is_left_out_and_reported_while_the_others_rend
     await create_profile(
         k8s,
         "bad",
-        {"selector": {"agentIds": ["x"]}, "deadlines": {"assemblyMs": 20}},
+        {"selector": {"agentIds": [X]}, "deadlines": {"assemblyMs": 20}},
         created="2026-11-02T10:00:00Z",
     )
 

@@ -19,6 +19,16 @@ from ibex_operator.reconcile import (
     status_patch,
 )
 
+# Selector ids are UUIDs, as requests carry them.
+A = "aaaaaaaa-0000-4000-8000-000000000000"
+B = "bbbbbbbb-0000-4000-8000-000000000000"
+X = "eeeeeeee-0000-4000-8000-000000000001"
+Y = "eeeeeeee-0000-4000-8000-000000000002"
+ORG = "cccccccc-0000-4000-8000-000000000000"
+ORG_1 = "cccccccc-0000-4000-8000-000000000001"
+BOT = "b0000000-0000-4000-8000-000000000000"
+ACME = "ac000000-0000-4000-8000-000000000000"
+
 NOW = "2026-11-22T04:00:00Z"
 
 
@@ -108,10 +118,20 @@ def test_output_is_byte_identical_for_every_input_order() -> None:
     views = [
         view(
             "c",
-            {"selector": {"agentIds": ["x"]}, "scoring": {"weights": {"recency": 0.9}}},
+            {
+                "selector": {"agentIds": [X]},
+                "scoring": {"weights": {"recency": 0.9}},
+            },
             "2026-11-03T00:00:00Z",
         ),
-        view("a", {"selector": {"orgIds": ["o"]}, "autoscaling": {"minReplicas": 3}}, "2026-11-01T00:00:00Z"),
+        view(
+            "a",
+            {
+                "selector": {"orgIds": [ORG]},
+                "autoscaling": {"minReplicas": 3},
+            },
+            "2026-11-01T00:00:00Z",
+        ),
         view("b", {"selector": {"default": True}, "format": "json"}, "2026-11-02T00:00:00Z"),
         view("d", {"selector": {"default": True}, "service": "other"}, "2026-11-02T00:00:00Z"),
     ]
@@ -127,8 +147,16 @@ def test_output_is_byte_identical_for_every_input_order() -> None:
 
 def test_the_profiles_file_is_sorted_stable_json_with_its_checksum_annotated() -> None:
     p = plan(
-        view("late", {"selector": {"agentIds": ["x"]}}, "2026-11-05T00:00:00Z"),
-        view("early", {"selector": {"agentIds": ["y"]}}, "2026-11-01T00:00:00Z"),
+        view(
+            "late",
+            {"selector": {"agentIds": [X]}},
+            "2026-11-05T00:00:00Z",
+        ),
+        view(
+            "early",
+            {"selector": {"agentIds": [Y]}},
+            "2026-11-01T00:00:00Z",
+        ),
     )
     cm = p.services[0].configmap
     text = cm["data"]["profiles.json"]
@@ -149,7 +177,7 @@ def test_the_service_loads_every_file_the_operator_renders() -> None:
         view(
             "a",
             {
-                "selector": {"agentIds": ["x"]},
+                "selector": {"agentIds": [X]},
                 "models": [
                     {
                         "name": "tiny",
@@ -167,26 +195,46 @@ def test_the_service_loads_every_file_the_operator_renders() -> None:
 
 def test_the_oldest_claim_wins_whatever_the_input_order() -> None:
     views = [
-        view("zeta", {"selector": {"agentIds": ["bot"]}}, "2026-11-01T00:00:00Z"),
-        view("alpha", {"selector": {"agentIds": ["bot"]}}, "2026-11-02T00:00:00Z"),
-        view("beta", {"selector": {"agentIds": ["bot"]}}, "2026-11-02T00:00:00Z"),  # tie: name decides
-        view("undated", {"selector": {"agentIds": ["bot"]}}, None),  # ranks last
+        view(
+            "zeta",
+            {"selector": {"agentIds": [BOT]}},
+            "2026-11-01T00:00:00Z",
+        ),
+        view(
+            "alpha",
+            {"selector": {"agentIds": [BOT]}},
+            "2026-11-02T00:00:00Z",
+        ),
+        view(
+            "beta",
+            {"selector": {"agentIds": [BOT]}},
+            "2026-11-02T00:00:00Z",
+        ),  # tie: name decides
+        view("undated", {"selector": {"agentIds": [BOT]}}, None),  # ranks last
     ]
     for order in itertools.permutations(views):
         statuses = plan(*order).statuses
         ready = {name: conditions(s)["Ready"]["status"] for name, s in statuses.items()}
         assert ready == {"zeta": "True", "alpha": "False", "beta": "False", "undated": "False"}
         assert all(conditions(s)["Conflict"]["status"] == "True" for s in statuses.values())
-        assert "agent:bot is used from zeta" in conditions(statuses["alpha"])["Conflict"]["message"]
+        assert f"agent:{BOT} is used from zeta" in conditions(statuses["alpha"])["Conflict"]["message"]
 
 
 def test_two_defaults_and_two_claims_on_one_org_are_conflicts_too() -> None:
     statuses = plan(
-        view("old", {"selector": {"default": True, "orgIds": ["acme"]}}, "2026-11-01T00:00:00Z"),
-        view("new", {"selector": {"default": True, "orgIds": ["acme"]}}, "2026-11-02T00:00:00Z"),
+        view(
+            "old",
+            {"selector": {"default": True, "orgIds": [ACME]}},
+            "2026-11-01T00:00:00Z",
+        ),
+        view(
+            "new",
+            {"selector": {"default": True, "orgIds": [ACME]}},
+            "2026-11-02T00:00:00Z",
+        ),
     ).statuses
     message = conditions(statuses["new"])["Conflict"]["message"]
-    assert "org:acme is used from old" in message and "default is used from old" in message
+    assert f"org:{ACME} is used from old" in message and "default is used from old" in message
     assert conditions(statuses["new"])["Ready"]["reason"] == "Overridden"
 
 
@@ -202,27 +250,44 @@ def test_the_operator_and_the_service_pick_the_same_winner() -> None:
     views = [
         view(
             "p1",
-            {"selector": {"agentIds": ["a", "b"], "orgIds": ["o1"]}, "format": "json"},
+            {
+                "selector": {
+                    "agentIds": [
+                        A,
+                        B,
+                    ],
+                    "orgIds": [ORG_1],
+                },
+                "format": "json",
+            },
             "2026-11-03T00:00:00Z",
         ),
         view(
             "p2",
-            {"selector": {"agentIds": ["b"], "default": True}, "format": "markdown"},
+            {
+                "selector": {"agentIds": [B], "default": True},
+                "format": "markdown",
+            },
             "2026-11-01T00:00:00Z",
         ),
         view(
-            "p3", {"selector": {"orgIds": ["o1"], "default": True}, "format": "xml"}, "2026-11-02T00:00:00Z"
+            "p3",
+            {
+                "selector": {"orgIds": [ORG_1], "default": True},
+                "format": "xml",
+            },
+            "2026-11-02T00:00:00Z",
         ),
     ]
     p = plan(*views)
     registry = ProfileRegistry(parse_profiles(p.services[0].configmap["data"]["profiles.json"]).bindings)
-    assert registry.resolve("o9", "a").name == "p1"
-    assert registry.resolve("o9", "b").name == "p2"  # older than p1
-    assert registry.resolve("o1", "zz").name == "p3"  # older than p1
+    assert registry.resolve("o9", A).name == "p1"
+    assert registry.resolve("o9", B).name == "p2"  # older than p1
+    assert registry.resolve(ORG_1, "zz").name == "p3"  # older than p1
     assert registry.resolve("o9", "zz").name == "p2"  # the oldest default
     messages = {n: conditions(s)["Conflict"]["message"] for n, s in p.statuses.items()}
-    assert "agent:b is used from p2" in messages["p1"]
-    assert "org:o1 is used from p3" in messages["p1"]
+    assert f"agent:{B} is used from p2" in messages["p1"]
+    assert f"org:{ORG_1} is used from p3" in messages["p1"]
     assert "default is used from p2" in messages["p3"]
 
 
@@ -232,7 +297,7 @@ def test_an_invalid_profile_is_left_out_with_a_reason_naming_the_field() -> None
         view(
             "bad",
             {
-                "selector": {"agentIds": ["x"]},
+                "selector": {"agentIds": [X]},
                 "scoring": {
                     "weights": {
                         "relevance": 0,
@@ -265,8 +330,17 @@ def test_min_replicas_above_max_is_rejected_without_the_api_servers_cel() -> Non
 def test_a_malformed_spec_is_reported_on_its_profile_and_does_not_stop_the_others() -> None:
     p = plan(
         view("ok", {"selector": {"default": True}}),
-        view("null-scaling", {"selector": {"agentIds": ["a"]}, "autoscaling": None}),
-        view("text-scaling", {"selector": {"agentIds": ["b"]}, "autoscaling": {"minReplicas": "2"}}),
+        view(
+            "null-scaling",
+            {"selector": {"agentIds": [A]}, "autoscaling": None},
+        ),
+        view(
+            "text-scaling",
+            {
+                "selector": {"agentIds": [B]},
+                "autoscaling": {"minReplicas": "2"},
+            },
+        ),
         view("list-selector", {"selector": ["x"]}),
     )
     rendered = json.loads(p.services[0].configmap["data"]["profiles.json"])
@@ -283,7 +357,7 @@ def test_without_spec_service_or_operator_default_the_profile_is_not_ready() -> 
 def test_a_deleting_profile_is_rendered_out() -> None:
     p = plan(
         view("a", {"selector": {"default": True}}),
-        view("b", {"selector": {"agentIds": ["x"]}}, deleting=True),
+        view("b", {"selector": {"agentIds": [X]}}, deleting=True),
     )
     assert [e["name"] for e in json.loads(p.services[0].configmap["data"]["profiles.json"])["profiles"]] == [
         "a"

@@ -8,9 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import load_profiles_file, parse_entry, parse_profiles
 from ibex_context.profiles.model import DEFAULT_HALF_LIVES_DAYS, DEFAULT_PROFILE, ModelSpec
+from ibex_context.profiles.registry import ProfileRegistry
+
+BOT_1 = "b0000000-0000-4000-8000-000000000001"
+BOT_2 = "b0000000-0000-4000-8000-000000000002"
+ACME = "ac000000-0000-4000-8000-000000000000"
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
 
 def document(*profiles: dict[str, Any]) -> str:
@@ -27,7 +34,7 @@ def document(*profiles: dict[str, Any]) -> str:
 FULL = {
     "name": "support",
     "createdAt": "2026-11-01T10:00:00Z",
-    "selector": {"agentIds": ["bot-2", "bot-1", "bot-1"], "orgIds": ["acme"], "default": False},
+    "selector": {"agentIds": [BOT_2, BOT_1, BOT_1.upper()], "orgIds": [ACME], "default": False},
     "budget": {
         "maxMemoryTokens": 900,
         "maxMemories": 7,
@@ -75,9 +82,35 @@ def test_a_full_entry_becomes_the_frozen_profile_values() -> None:
     assert p.scoring.weights.relevance == 0.5 and p.scoring.relevance_floor == 0.25
     assert (p.format, p.injection_mode) == ("markdown", "merge_system")
     assert p.models == {"tiny": ModelSpec("tiny", 8192, 1024, "cl100k_base", exact=False)}
-    assert binding.selector.agent_ids == ("bot-1", "bot-2")  # sorted, deduplicated
-    assert binding.selector.org_ids == ("acme",)
+    assert binding.selector.agent_ids == (BOT_1, BOT_2)  # sorted, deduplicated
+    assert binding.selector.org_ids == (ACME,)
     assert binding.created_at == "2026-11-01T10:00:00Z"
+
+
+def test_selector_ids_are_lower_cased_so_an_upper_case_uuid_matches_requests() -> None:
+    upper = "7D0C1E52-5B8A-4F3E-9C61-ED9E00000001"
+    (binding,) = parse_profiles(
+        document({"name": "shouting", "selector": {"agentIds": [upper], "orgIds": [ACME.upper()]}})
+    ).bindings
+    assert binding.selector.agent_ids == (upper.lower(),)
+    assert binding.selector.org_ids == (ACME,)
+    # Requests are lower-cased by validation (server/validation.py): they now match.
+    registry = ProfileRegistry([binding])
+    assert registry.resolve("00000000-0000-4000-8000-000000000000", upper.lower()).name == "shouting"
+    assert registry.resolve(ACME, "00000000-0000-4000-8000-000000000000").name == "shouting"
+
+
+@pytest.mark.parametrize("field", ["agentIds", "orgIds"])
+@pytest.mark.parametrize("value", ["edge-summarizer", "acme", "7d0c1e525b8a4f3e9c61ed9e00000001", ""])
+def test_a_selector_id_no_request_can_carry_is_rejected(field: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"'p': selector\.{field}\.0: Value error, must be a UUID"):
+        parse_profiles(document({"name": "p", "selector": {field: [value]}}))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_contextprofile_loads(path: Path) -> None:
+    resource = yaml.safe_load(path.read_text())
+    parse_entry({"name": resource["metadata"]["name"], **resource["spec"]})
 
 
 def test_half_lives_merge_over_the_built_in_ones() -> None:
@@ -150,7 +183,7 @@ def test_a_pasted_contextprofile_spec_loads_with_its_operator_only_parts_ignored
 def test_an_invalid_entry_is_rejected_naming_the_profile_and_the_field(
     change: dict[str, Any], expected: str
 ) -> None:
-    bad = {"name": "broken", "selector": {"agentIds": ["a"]}, **change}
+    bad = {"name": "broken", "selector": {"agentIds": ["aaaaaaaa-0000-4000-8000-000000000000"]}, **change}
     with pytest.raises(ConfigurationError) as caught:
         parse_profiles(document(FULL, bad))
     assert str(caught.value).startswith("profiles[1] 'broken': ")

@@ -16,6 +16,10 @@ from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 
 from .volumes import ConfigMapVolume
 
+# Selector ids are UUIDs, as requests carry them.
+A = "aaaaaaaa-0000-4000-8000-000000000000"
+ORG = "cccccccc-0000-4000-8000-000000000000"
+
 
 def profiles(*entries: dict[str, Any]) -> str:
     return json.dumps(
@@ -81,10 +85,15 @@ def test_a_kubelet_swap_is_picked_up_on_the_next_poll(h: Harness) -> None:
     assert h.watcher.poll() is None  # nothing changed
 
     h.now = 2000.0
-    h.volume.publish(profiles(weighted("v2", 0.9), {"name": "agent", "selector": {"agentIds": ["a"]}}))
+    h.volume.publish(
+        profiles(
+            weighted("v2", 0.9),
+            {"name": "agent", "selector": {"agentIds": [A]}},
+        )
+    )
     assert h.watcher.poll() is ReloadOutcome.OK
     assert h.relevance() == 0.9
-    assert h.store.resolve("org", "a").name == "agent"
+    assert h.store.resolve("org", A).name == "agent"
     status = h.watcher.status
     assert (status.profile_count, status.loaded_at) == (2, 2000.0)
     assert status.checksum != first.checksum
@@ -138,7 +147,12 @@ def test_an_in_place_edit_of_a_plain_file_is_picked_up_too(tmp_path: Path) -> No
     store = ProfileStore()
     watcher = ProfileWatcher(path, store)
     watcher.load_initial()
-    path.write_text(profiles(weighted("a", 0.35), weighted("b", 0.1) | {"selector": {"orgIds": ["o"]}}))
+    path.write_text(
+        profiles(
+            weighted("a", 0.35),
+            weighted("b", 0.1) | {"selector": {"orgIds": [ORG]}},
+        )
+    )
     assert watcher.poll() is ReloadOutcome.OK
     assert store.resolve("x", "y").scoring.weights.relevance == 0.35
 

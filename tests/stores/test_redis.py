@@ -41,12 +41,22 @@ async def test_a_newer_directive_version_replaces_an_older_one_never_the_reverse
     assert negative is not None and negative.content is None and negative.to_directive() is None
 
 
-async def test_a_missing_hot_set_is_told_apart_from_an_empty_one(
+async def test_a_hot_set_rebuilt_with_no_memories_writes_no_key(
     redis_cache: RedisContextCache, tenant: Tenant
 ) -> None:
     org, agent = tenant.org_id, tenant.agent_id
     assert await redis_cache.get_hot_memories(org, agent, 20) is None
     assert await redis_cache.replace_hot_set(org, agent, [], expected_generation=0)
+    assert await redis_cache.get_hot_memories(org, agent, 20) is None  # still missing: no marker
+    assert await redis_cache.hot_set_ttl(org, agent) == -2
+
+
+async def test_a_hot_set_whose_last_member_is_removed_stays_built_and_empty(
+    redis_cache: RedisContextCache, tenant: Tenant
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    assert await redis_cache.replace_hot_set(org, agent, [(record(1), 0.1)], expected_generation=0)
+    await redis_cache.remove_hot_memories(org, agent, [record(1).id])
     assert await redis_cache.get_hot_memories(org, agent, 20) == []
 
 

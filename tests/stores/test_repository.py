@@ -43,16 +43,18 @@ async def test_a_directive_miss_reads_postgres_and_fills_the_cache(
         await client.aclose()
 
 
-async def test_no_directive_is_cached_so_postgres_is_not_asked_again(
+async def test_a_cleared_directive_is_cached_so_postgres_is_not_asked_again(
     repository: ContextRepository, postgres_dsn: str, tenant: Tenant
 ) -> None:
+    await repository.set_directive(tenant.org_id, tenant.agent_id, "Be terse.", {})
+    await repository.clear_directive(tenant.org_id, tenant.agent_id)
     assert await repository.get_directive(tenant.org_id, tenant.agent_id) is None
     # Written behind the repository's back: the negative entry keeps answering until it expires
     # (the write side always goes through the repository, which writes the cache through).
     conn = await asyncpg.connect(postgres_dsn)
     try:
         await conn.execute(
-            "INSERT INTO directives (org_id, agent_id, content) VALUES ($1, $2, 'sneaky')",
+            "UPDATE directives SET content = 'sneaky' WHERE org_id = $1 AND agent_id = $2",
             uuid.UUID(tenant.org_id),
             uuid.UUID(tenant.agent_id),
         )
@@ -61,11 +63,47 @@ async def test_no_directive_is_cached_so_postgres_is_not_asked_again(
     assert await repository.get_directive(tenant.org_id, tenant.agent_id) is None
 
 
+async def test_unknown_agents_leave_no_key_in_redis(
+    repository: ContextRepository, redis_url: str, new_tenant: Callable[[], Tenant]
+) -> None:
+    # A caller cycling random ids: each pair cost a negative directive entry and an
+    # empty hot-set marker (TTL 300 s / 3600 s) and so filled Redis.
+    strangers = [new_tenant() for _ in range(20)]
+    for stranger in strangers:
+        assert await repository.get_directive(stranger.org_id, stranger.agent_id) is None
+        assert await repository.get_hot_memories(stranger.org_id, stranger.agent_id, 10) == []
+        # The rebuild the miss scheduled (or a fresh one once it is done) has run.
+        assert await repository.schedule_hot_set_rebuild(stranger.org_id, stranger.agent_id)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        left = [key for s in strangers for key in await client.keys(f"{{{s.org_id}}}:*")]
+    finally:
+        await client.aclose()
+    assert left == []
+
+
+async def test_an_agent_that_never_had_a_directive_sees_one_written_behind_the_cache(
+    repository: ContextRepository, postgres_dsn: str, tenant: Tenant
+) -> None:
+    assert await repository.get_directive(tenant.org_id, tenant.agent_id) is None
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO directives (org_id, agent_id, content) VALUES ($1, $2, 'new')",
+            uuid.UUID(tenant.org_id),
+            uuid.UUID(tenant.agent_id),
+        )
+    finally:
+        await conn.close()
+    directive = await repository.get_directive(tenant.org_id, tenant.agent_id)
+    assert directive is not None and directive.content == "new"
+
+
 async def test_setting_and_clearing_a_directive_writes_the_cache_through(
     repository: ContextRepository, tenant: Tenant
 ) -> None:
     org, agent = tenant.org_id, tenant.agent_id
-    assert await repository.get_directive(org, agent) is None  # caches "none"
+    assert await repository.get_directive(org, agent) is None
     assert await repository.set_directive(org, agent, "Be terse.", {}) == 1
     directive = await repository.get_directive(org, agent)
     assert directive is not None and directive.content == "Be terse."

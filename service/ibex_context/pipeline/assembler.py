@@ -4,11 +4,19 @@ under one deadline, degrading instead of failing.
 The degradation ladder (ADR-0002):
 
 * FULL            every source asked answered in time;
-* HOT_ONLY        part of memory retrieval failed (usually cold search): the memories
-                  that arrived in time are used;
+* HOT_ONLY        the cold search (or its embedding) failed: the hot set's memories
+                  are used;
+* COLD_ONLY       the hot set failed (Redis): the cold search's memories are used;
+* PARTIAL         memories of both kinds arrived, but a part failed (one half of
+                  the cold search, vector or lexical, or the directive): the
+                  reasons say which;
 * DIRECTIVE_ONLY  no memory source answered, or the call's deadline ran out: the
                   directive is injected if it was fetched;
 * PASS_THROUGH    nothing could be injected: the client's messages unchanged.
+
+The model's window, less the response reserve and the safety buffer, is a hard
+limit: when the client's messages leave no room (``messages_exceed_window``) or
+the directive would not fit (``directive_exceeds_window``), nothing is injected.
 
 Every reason is recorded, most severe first. An exception inside assembly
 degrades like a deadline; only invalid input (checked before this module) is
@@ -21,6 +29,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,6 +203,10 @@ class Assembler:
         call.encoding, call.messages_tokens, call.budget = encoding, messages_tokens, preliminary
         report.encoding, report.exact_tokens = encoding.name, exact
         report.add_stage("budget", t0, time.perf_counter_ns())
+        if preliminary.window_remaining < 0:
+            # Not even the response reserve fits beside the client's messages: anything
+            # injected would eat the model's answer. No store is asked.
+            return self._pass_through(call, ["messages_exceed_window"])
 
         plan = RetrievalPlan(
             org_id=request.org_id,
@@ -264,6 +277,10 @@ class Assembler:
             approximation_reason=budget.approximation_reason,
         )
         call.budget = budget
+        if directive is not None and budget.window_remaining < 0:
+            # The directive would push the prompt into the response reserve (or past
+            # the window): inject nothing rather than a prompt the model cannot answer.
+            return self._pass_through(call, ["directive_exceeds_window", *reasons])
         costs = memory_costs(scored, encoding, profile.format, counter=self._counter)
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
@@ -341,6 +358,8 @@ class Assembler:
                     nonce=self._nonce(call.request),
                 )
                 tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
+                if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
+                    return self._pass_through(call, [*reasons, "directive_exceeds_window"])
                 return self._finish(
                     call,
                     messages=formatted.messages,
@@ -368,6 +387,19 @@ class Assembler:
             reasons=reasons,
         )
 
+    def _pass_through(self, call: _Call, reasons: list[str]) -> Assembly:
+        return self._finish(
+            call,
+            messages=call.request.messages,
+            directive_injected=False,
+            memories=(),
+            tokens_injected=0,
+            memory_tokens=0,
+            was_truncated=False,
+            degradation=Degradation.PASS_THROUGH,
+            reasons=reasons,
+        )
+
     def _finish(
         self,
         call: _Call,
@@ -384,12 +416,15 @@ class Assembler:
         report, budget = call.report, call.budget
         window = budget.context_window if budget else 0
         used = call.messages_tokens + tokens_injected
-        window_used = round(100 * used / window) if window else 0
+        # Rounded up: above 100 means past the window, never hidden by rounding down.
+        window_used = math.ceil(100 * used / window) if window else 0
         report.degradation = degradation
         report.reasons = list(reasons)
         report.outcome = {
             Degradation.FULL: Outcome.FULL,
             Degradation.HOT_ONLY: Outcome.DEGRADED,
+            Degradation.COLD_ONLY: Outcome.DEGRADED,
+            Degradation.PARTIAL: Outcome.DEGRADED,
         }.get(degradation, Outcome.FALLBACK)
         if degradation is Degradation.FULL and reasons:
             report.outcome = Outcome.DEGRADED
@@ -465,6 +500,12 @@ def _search_limit(configured: int, profile: Profile) -> int:
     return min(max(configured, profile.budget.max_memories), MAX_SEARCH_LIMIT)
 
 
+def _exceeds_window(budget: TokenBudget, prompt_tokens: int) -> bool:
+    """Whether a prompt of ``prompt_tokens`` leaves less than the response reserve and
+    the safety buffer of the model's window."""
+    return prompt_tokens + budget.response_reserve + budget.safety_buffer > budget.context_window
+
+
 def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:
     """The last user message is the semantic query (its tail, when long)."""
     for message in reversed(messages):
@@ -502,8 +543,13 @@ def _degradation(state: RetrievalState, reasons: Sequence[str]) -> Degradation:
     hot_answered = "hot" not in failed
     vector_answered = not ({"embed", "cold"} & failed)
     lexical_answered = "lexical" not in failed
-    if hot_answered or vector_answered or lexical_answered:
+    cold_answered = vector_answered or lexical_answered
+    if hot_answered and cold_answered:
+        return Degradation.PARTIAL
+    if hot_answered:
         return Degradation.HOT_ONLY
+    if cold_answered:
+        return Degradation.COLD_ONLY
     if state.directive_done:
         return Degradation.DIRECTIVE_ONLY
     return Degradation.PASS_THROUGH

@@ -20,7 +20,10 @@ once in the notice (and on each xml category section) it still tells the model
 which block is the real one. ADR-0008: the id and nonce on every memory cost ~43
 tokens, more than the median memory; a handle costs one.
 
-The directive is the operator's trusted instruction and is not escaped.
+The directive is escaped the same way (xml: ``& < >``; markdown: its own fence,
+longer than any backtick run in it; json: ``json.dumps``): any caller of
+``SetDirective`` writes it, so it must not be able to close its section or forge a
+memory block.
 
 ``injection_mode``: ``system_first`` prepends the new system message;
 ``merge_system`` puts the text before the client's own first system message
@@ -196,10 +199,13 @@ def _section_close(fmt: Format) -> str:
 
 
 def _directive_section(directive: str, fmt: Format) -> str:
+    """The directive, escaped like a memory: any caller of SetDirective writes it, so
+    it must not be able to close its section or forge a memory block (issue #18)."""
     if fmt == "xml":
-        return f"<directive>\n{directive}\n</directive>"
+        return f"<directive>\n{_xml_text(directive)}\n</directive>"
     if fmt == "markdown":
-        return f"## Directive\n\n{directive}"
+        fence = _fence_for(directive)
+        return f"## Directive\n\n{fence}directive\n{directive}\n{fence}"
     return _json({"directive": directive})
 
 

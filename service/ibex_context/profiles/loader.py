@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from ibex_context.errors import ConfigurationError
@@ -52,6 +53,20 @@ _DEFAULT_DEADLINES = Deadlines()
 _DEFAULT_BUDGET = BudgetLimits()
 
 Identifier = Annotated[str, Field(min_length=1, max_length=253)]
+# Requests carry org and agent ids as UUIDs, lower-cased by validation: a selector id
+# that is not a UUID can never match, and an upper-case one did not either. The same
+# pattern is in the CRD (ibex_operator.crd.UUID_PATTERN); matched lower-cased.
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_UUID = re.compile(UUID_PATTERN)
+
+
+def _selector_id(value: str) -> str:
+    if not _UUID.match(value):
+        raise ValueError("must be a UUID like 7d0c1e52-5b8a-4f3e-9c61-ed9e00000001 (requests carry UUIDs)")
+    return value.lower()
+
+
+SelectorId = Annotated[str, AfterValidator(_selector_id)]
 Weight = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
@@ -60,8 +75,8 @@ class _Spec(BaseModel):
 
 
 class _Selector(_Spec):
-    agent_ids: list[Identifier] = Field(default_factory=list, max_length=256)
-    org_ids: list[Identifier] = Field(default_factory=list, max_length=256)
+    agent_ids: list[SelectorId] = Field(default_factory=list, max_length=256)
+    org_ids: list[SelectorId] = Field(default_factory=list, max_length=256)
     default: bool = False
 
     @model_validator(mode="after")

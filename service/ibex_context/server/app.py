@@ -192,9 +192,11 @@ class ContextService:
             inflight=self.inflight,
         )
         await _warm_up(assembler)
-        self.health = ServiceHealth([postgres, redis])
+        self.health = ServiceHealth([postgres, redis], store_up=self.metrics.record_store_up)
         services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
-        self.server = ServiceServer(services, codec=LimitedProtoCodec(s.max_request_bytes))
+        self.server = ServiceServer(
+            services, codec=LimitedProtoCodec(s.max_request_bytes), max_request_bytes=s.max_request_bytes
+        )
         instrument_server(
             self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
         )
@@ -208,12 +210,20 @@ class ContextService:
         )
         self.metrics_port = metrics_server.port
         self._closers.append(metrics_server.close)
+        # Keeps ibex_context_store_up current between probes and scrapes (alerts use it).
+        store_monitor = asyncio.get_running_loop().create_task(
+            _monitor_stores(self.health), name="ibex-store-monitor"
+        )
+        self._closers.append(store_monitor.cancel)
         log.info("serving gRPC on port %d, metrics on port %d", self.port, self.metrics_port)
 
     async def _health_detail(self) -> HealthStatus:
-        stores_ok = await self.health.stores_ok()
+        # Ready while this process can answer (degraded answers count: ADR-0007); the
+        # stores are reported, each probe bounded by the health check timeout.
+        stores = await self.health.check_stores()
         detail: dict[str, object] = {
             "stores": dict(self.health.last_details),
+            "stores_ok": all(stores.values()),
             "inflight": self.inflight.count,
         }
         if self.watcher is not None:
@@ -227,7 +237,7 @@ class ContextService:
                 "count": status.profile_count,
                 "checksum": status.checksum,
             }
-        return HealthStatus(ok=stores_ok and not self._stopping, detail=detail)
+        return HealthStatus(ok=not self._stopping, detail=detail)
 
     def _on_profile_reload(self, outcome: ReloadOutcome) -> None:
         ok = outcome is ReloadOutcome.OK
@@ -281,6 +291,15 @@ class ContextService:
         await stop.wait()
         log.info("signal received; draining")
         await self.stop()
+
+
+_STORE_MONITOR_INTERVAL_SECONDS = 5.0
+
+
+async def _monitor_stores(health: ServiceHealth) -> None:
+    while True:
+        await health.check_stores()
+        await asyncio.sleep(_STORE_MONITOR_INTERVAL_SECONDS)
 
 
 async def _warm_up(assembler: Assembler) -> None:

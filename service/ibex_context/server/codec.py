@@ -1,4 +1,4 @@
-"""A protobuf codec with a request size limit (grpclib has none: issue #195)."""
+"""A protobuf codec that turns a message it cannot parse into INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
+from ibex_context.server.request_size import oversized_request_error
+
 
 class LimitedProtoCodec(ProtoCodec):
     """Rejects messages larger than ``max_bytes`` before parsing them.
 
-    grpclib buffers a whole message before decoding it, so the bytes are in memory
-    already; the limit keeps them from being parsed, validated and processed.
+    The server refuses an oversized request from its length prefix, before the
+    body is read (server/request_size.py); this check is the second line, for a
+    codec used without that server.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -21,11 +24,7 @@ class LimitedProtoCodec(ProtoCodec):
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self._max_bytes:
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"request: {len(data)} bytes exceeds the limit of {self._max_bytes} bytes "
-                "(IBEX_MAX_REQUEST_BYTES)",
-            )
+            raise oversized_request_error(len(data), self._max_bytes)
         try:
             return super().decode(data, message_type)
         except Exception:

@@ -1,4 +1,5 @@
-"""grpclib's Server, plus closing idle client connections at shutdown.
+"""grpclib's Server, plus a request size limit that acts before a body is read
+(server/request_size.py), plus closing idle client connections at shutdown.
 
 grpclib (0.4.9) stops listening on ``close()`` but leaves accepted connections
 open, so ``wait_closed()`` waits for every client to hang up (grpclib#107, no
@@ -15,10 +16,13 @@ from typing import Any
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
+from ibex_context.server.request_size import limit_request_size
+
 
 class ServiceServer(Server):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_request_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._mapping = limit_request_size(self._mapping, max_request_bytes)
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:

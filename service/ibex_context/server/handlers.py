@@ -76,8 +76,8 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
             except InvalidRequest as exc:
                 self._report_sink(
                     AssemblyReport(
-                        request_id=message.request_id[:128],
-                        model=message.model[:200],
+                        request_id=validation.loggable(message.request_id, 128),
+                        model=validation.loggable(message.model.strip(), 200),
                         outcome=Outcome.INVALID,
                         invalid_field=exc.field,
                     )

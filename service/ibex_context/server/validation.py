@@ -211,6 +211,16 @@ def _metadata(item: pb.MemoryInput, field: str) -> Mapping[str, Any]:
     return value
 
 
+INVALID_VALUE = "<invalid>"
+
+
+def loggable(value: str, max_chars: int) -> str:
+    """``value`` when it is short and printable, else ``<invalid>``: what a refused
+    request's identifiers may put in logs and spans. A raw value could carry bidi
+    controls (U+202E) or line breaks that forge or hide log lines."""
+    return value if len(value) <= max_chars and value.isprintable() else INVALID_VALUE
+
+
 def _preview(value: str) -> str:
     # Identifiers only; never echo content fields back.
     return repr(value[:40] + ("…" if len(value) > 40 else ""))

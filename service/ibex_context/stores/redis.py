@@ -4,14 +4,16 @@ Keys are hash-tagged by the org (``{org_id}:...``) so one agent's keys live in o
 cluster slot and the Lua scripts below may touch them together:
 
 * ``{org}:directive:{agent}``        "<version>|<JSON>" — the directive, or a
-  negative entry ("<version>|-") meaning "this agent has no directive". Writes go
+  negative entry ("<version>|-") meaning "this agent's directive was cleared"
+  (never for an agent that never had one: see ``stores.repository``). Writes go
   through ``PUT_DIRECTIVE`` which refuses a version older than the cached one, so
   a slow reader filling the cache cannot overwrite a newer write.
 * ``{org}:hot_memories:{agent}``     ZSET memory id -> write-time score (top N).
 * ``{org}:hot_memory_data:{agent}``  HASH memory id -> encoded record
-  (``stores.hot_record``), plus the field ``~`` marking the hot set as built. An
-  agent with no memories has the marker and no ZSET, so "empty" and "missing"
-  (expired, evicted, never built) are told apart.
+  (``stores.hot_record``), plus the field ``~`` marking the hot set as built. A
+  rebuild that finds no memories writes no key: a caller cycling random agent
+  ids would otherwise fill Redis with markers. An agent whose last memory was
+  deleted keeps the marker and no ZSET ("empty", told apart from "missing").
 * ``{org}:hot_gen:{agent}``          counter bumped by every write to the hot set.
   A rebuild reads it before querying PostgreSQL and replaces the set only if it
   is unchanged, so a rebuild can never install a snapshot older than a write.
@@ -56,6 +58,7 @@ _REPLACE_HOT = """
 local gen = tonumber(redis.call('GET', KEYS[3]) or '0')
 if gen ~= tonumber(ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
+if #ARGV < 3 then return 1 end
 redis.call('HSET', KEYS[2], '~', '1')
 for i = 3, #ARGV, 3 do
   redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])

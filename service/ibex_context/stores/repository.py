@@ -11,8 +11,12 @@ Consistency model (details and reasons: docs/adr/0003-stores.md):
 * Reads never block on a rebuild: a missing hot set returns [] at once and
   schedules one rebuild per agent in the background. Writes do build a missing
   hot set (after their commit), so a write is visible to the reads that follow. A missing directive entry
-  is read from PostgreSQL and cached, including "no directive" (negative entry),
-  so agents without a directive do not query PostgreSQL on every request.
+  is read from PostgreSQL and cached, including "no directive" (negative entry) for
+  an agent whose directive was cleared. Unknown ids leave nothing in Redis: no
+  negative entry for an agent that never had a directive, no hot set for an agent
+  with no memories (each unknown (org, agent) pair cost two keys for up to an hour,
+  so a caller cycling random ids filled Redis). Such agents cost one PostgreSQL
+  primary-key read and one background hot-set query per call instead.
 * A Redis failure on the read path: the directive is read from PostgreSQL (still
   served); the hot set raises ``StoreUnavailable`` so the assembly reports the hot
   source as failed (the request itself never fails; the pipeline degrades).
@@ -87,6 +91,8 @@ class ContextRepository:
         if cached is not None:
             return cached.to_directive()
         state = await self._postgres.get_directive_state(org_id, agent_id)
+        if state.version == 0:
+            return None  # never had a directive: nothing to cache (see the module doc)
         try:
             await self._cache.put_directive(org_id, agent_id, state)
         except _CACHE_ERRORS as exc:

@@ -2,12 +2,18 @@
 
 Rules, applied to the batch in order (earlier items are visible to later ones):
 
+0. The id names a stored memory Y and the text is stored as another memory X: the
+   whole batch is refused (``InvalidRequest`` naming ``memories[i].id`` and both
+   ids), nothing is written. A text is stored once per agent, so Y cannot take X's
+   text; answering with X's id, ``unchanged``, silently dropped the change asked
+   of Y. Delete X first, or update X.
 1. The content hash is already stored for the agent: the same text. The row keeps
    its id. ``unchanged`` when category, confidence, usefulness and metadata are
    equal and the batch gives no other occurred-at time (confidence and usefulness
    compared as float32, as stored); otherwise those fields are updated: ``updated``.
-   Content identity wins over an explicit id: re-sending a known text under another
-   id does not create a duplicate.
+   Content identity wins over an id that is not stored: re-sending a known text
+   under a new id does not create a duplicate, and the result carries the stored
+   memory's id.
 2. Otherwise the id is already stored: its content is replaced (text, hash,
    embedding, token counts and the fields): ``updated``.
 3. Otherwise: ``created``.
@@ -20,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import PreparedMemory, UpsertResult
 
 
@@ -75,8 +82,14 @@ def plan_upsert(existing: Iterable[StoredMemory], batch: Sequence[PreparedMemory
     # id -> the write to make; an insert stays an insert when a later item changes it.
     writes: dict[str, tuple[bool, PreparedMemory]] = {}
     results: list[UpsertResult] = []
-    for memory in batch:
+    for index, memory in enumerate(batch):
         same_text = by_hash.get(memory.content_hash)
+        if same_text is not None and same_text.id != memory.id and memory.id in by_id:
+            raise InvalidRequest(
+                f"memories[{index}].id",
+                f"memory {memory.id} cannot take the text of memory {same_text.id} (a text is "
+                f"stored once per agent): delete {same_text.id} first, or update it; nothing was written",
+            )
         if same_text is not None:
             if _same_fields(same_text, memory):
                 results.append(UpsertResult(id=same_text.id, outcome="unchanged"))

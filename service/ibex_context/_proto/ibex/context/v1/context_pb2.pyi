@@ -18,6 +18,8 @@ class DegradationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEGRADATION_LEVEL_HOT_ONLY: _ClassVar[DegradationLevel]
     DEGRADATION_LEVEL_DIRECTIVE_ONLY: _ClassVar[DegradationLevel]
     DEGRADATION_LEVEL_PASS_THROUGH: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_COLD_ONLY: _ClassVar[DegradationLevel]
+    DEGRADATION_LEVEL_PARTIAL: _ClassVar[DegradationLevel]
 
 class MemorySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +54,8 @@ DEGRADATION_LEVEL_FULL: DegradationLevel
 DEGRADATION_LEVEL_HOT_ONLY: DegradationLevel
 DEGRADATION_LEVEL_DIRECTIVE_ONLY: DegradationLevel
 DEGRADATION_LEVEL_PASS_THROUGH: DegradationLevel
+DEGRADATION_LEVEL_COLD_ONLY: DegradationLevel
+DEGRADATION_LEVEL_PARTIAL: DegradationLevel
 MEMORY_SOURCE_UNSPECIFIED: MemorySource
 MEMORY_SOURCE_HOT: MemorySource
 MEMORY_SOURCE_COLD: MemorySource

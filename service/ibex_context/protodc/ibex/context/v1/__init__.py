@@ -70,8 +70,8 @@ class DegradationLevel(betterproto2.Enum):
 
     HOT_ONLY = 2
     """
-    Part of memory retrieval failed or timed out (normally the cold, semantic
-    search): the memories that arrived in time and the directive were used.
+    The cold, semantic search (or its embedding) failed or timed out: the hot
+    set's memories and the directive were used.
     """
 
     DIRECTIVE_ONLY = 3
@@ -85,6 +85,19 @@ class DegradationLevel(betterproto2.Enum):
     Nothing could be injected; the client's messages are returned unchanged.
     """
 
+    COLD_ONLY = 16
+    """
+    The hot set (Redis) failed or timed out: the cold search's memories and the
+    directive were used. (Numbered apart from the reference's 1-4.)
+    """
+
+    PARTIAL = 17
+    """
+    Memories of both kinds arrived, but a part of the retrieval failed: one half
+    of the cold search (vector or lexical) or the directive. degradation_reasons
+    say which.
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -93,6 +106,8 @@ class DegradationLevel(betterproto2.Enum):
             2: "DEGRADATION_LEVEL_HOT_ONLY",
             3: "DEGRADATION_LEVEL_DIRECTIVE_ONLY",
             4: "DEGRADATION_LEVEL_PASS_THROUGH",
+            16: "DEGRADATION_LEVEL_COLD_ONLY",
+            17: "DEGRADATION_LEVEL_PARTIAL",
         }
 
     @classmethod
@@ -103,6 +118,8 @@ class DegradationLevel(betterproto2.Enum):
             "DEGRADATION_LEVEL_HOT_ONLY": 2,
             "DEGRADATION_LEVEL_DIRECTIVE_ONLY": 3,
             "DEGRADATION_LEVEL_PASS_THROUGH": 4,
+            "DEGRADATION_LEVEL_COLD_ONLY": 16,
+            "DEGRADATION_LEVEL_PARTIAL": 17,
         }
 
 
@@ -392,7 +409,8 @@ class InjectionMetadata(betterproto2.Message):
 
     context_window_used: "int" = betterproto2.field(5, betterproto2.TYPE_INT32)
     """
-    Percent (0-100) of the model's context window used by the returned messages.
+    Percent of the model's context window used by the returned messages, rounded
+    up: above 100 only when the client's own messages overflow the window.
     """
 
     was_truncated: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
@@ -769,7 +787,9 @@ class MemoryServiceStub(betterproto2_grpclib.ServiceStub):
         """
         UpsertMemories inserts or updates memories. Re-upserting the same content
         for the same agent is idempotent (content hash). The content is embedded
-        by the service unless an embedding is given.
+        by the service unless an embedding is given. An id naming a stored memory,
+        given the content of another stored memory, is INVALID_ARGUMENT naming
+        both ids, and nothing in the batch is written.
         """
 
         return await self._unary_unary(
@@ -913,7 +933,9 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         """
         UpsertMemories inserts or updates memories. Re-upserting the same content
         for the same agent is idempotent (content hash). The content is embedded
-        by the service unless an embedding is given.
+        by the service unless an embedding is given. An id naming a stored memory,
+        given the content of another stored memory, is INVALID_ARGUMENT naming
+        both ids, and nothing in the batch is written.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
