@@ -84,3 +84,37 @@ async def test_agent_statistics_follow_inserts_updates_and_deletes(
     assert await _stats(postgres_dsn, tenant) == (2, 4)
     await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [second.id])
     assert await _stats(postgres_dsn, tenant) == (1, 2)
+
+
+async def _postings(dsn: str, tenant: Tenant) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM memory_terms WHERE org_id = $1 AND agent_id = $2",
+                tenant.org_id,
+                tenant.agent_id,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_postings_follow_new_content_feedback_and_deletes(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    memory = make_memory("the alpine lodge")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    assert await _postings(postgres_dsn, tenant) == 2  # "alpin", "lodg"
+    await pg_store.upsert_memories(
+        tenant.org_id, tenant.agent_id, [make_memory("a desert camp by the river", id=memory.id)]
+    )
+    assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "alpine", 5) == []
+    [found] = await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "rivers", 5)
+    assert found.id == memory.id
+    # Feedback rewrites the row but not its words: the postings stay as they are.
+    await pg_store.record_feedback(tenant.org_id, tenant.agent_id, None, [(memory.id, "positive")])
+    assert await _postings(postgres_dsn, tenant) == 3  # "desert", "camp", "river"
+    await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [memory.id])
+    assert await _postings(postgres_dsn, tenant) == 0
+    assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "river", 5) == []

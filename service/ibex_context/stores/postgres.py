@@ -109,46 +109,39 @@ _HOT_SET_SQL = f"""
 """
 
 
-# BM25 (Okapi, k1 = BM25_K1, b = BM25_B) over the agent's memories that share a lexeme
-# with the query ($3, text), best $4 first. The query's lexemes are OR-ed (plainto_tsquery
-# ANDs them; its text form quotes every lexeme, so swapping the operator is safe); a
-# query of stop words only has no lexeme and matches nothing. Document frequencies are
-# counted over the matched memories (a memory holds a lexeme exactly when it matches
-# it; a window count, so no second pass), the collection size and average length come
-# from ``memory_stats``; a document's length is its number of distinct lexemes, as
-# ``length(tsvector)`` counts it. Only the query's lexemes of a memory are unnested
-# (marked with weight A, then filtered: two C calls instead of a row per lexeme and an
-# array test on each, -40 % of the statement). The winners' rows are then read by primary key, one
-# LATERAL look-up each: the planner, which cannot estimate the BM25 CTEs, had joined
-# them by scanning the agent's rows once per winner (14k buffers for 50 rows of a
-# 419-memory agent). Rows come with their embedding: scoring computes their semantic
-# relevance as for hot memories.
+# BM25 (Okapi, k1 = BM25_K1, b = BM25_B) of the agent's memories that hold any of the
+# query's lexemes ($3, text, normalised as the stored ones: 'english'), best $4 first,
+# from the agent's postings (``memory_terms``, migration 0005): only the postings of the
+# query's lexemes are read, by primary-key range. Document frequency is the number of
+# the agent's postings of a lexeme (a window count), the collection size and average
+# length come from ``memory_stats``; a document's length is its number of distinct
+# lexemes. A query of stop words only has no lexeme and matches nothing. The winners'
+# rows are then read by primary key, one LATERAL look-up each (the planner cannot
+# estimate the BM25 CTEs; it had joined them by scanning the agent's rows once per
+# winner). Rows come with their embedding: scoring computes their semantic relevance
+# as for hot memories.
 BM25_K1 = 1.2
 BM25_B = 0.75
 _LEXICAL_SQL = f"""
-    WITH query AS (
-        SELECT replace(plainto_tsquery('english', $3)::text, ' & ', ' | ')::tsquery AS tsq,
-               ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', $3))) AS terms
-    ), matched AS (
-        SELECT m.id, m.lexemes FROM memories AS m, query
-        WHERE m.org_id = $1 AND m.agent_id = $2 AND numnode(query.tsq) > 0 AND m.lexemes @@ query.tsq
-    ), hits AS (
-        SELECT matched.id, greatest(cardinality(t.positions), 1)::float8 AS tf,
-               length(matched.lexemes)::float8 AS dl,
-               count(*) OVER (PARTITION BY t.lexeme)::float8 AS df
-        FROM matched, query
-        CROSS JOIN LATERAL unnest(ts_filter(setweight(matched.lexemes, 'A', query.terms), '{{a}}')) AS t
+    WITH terms AS (
+        SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', $3))
+    ), postings AS (
+        SELECT p.memory_id, p.tf::float8 AS tf, p.dl::float8 AS dl,
+               count(*) OVER (PARTITION BY p.lexeme)::float8 AS df
+        FROM terms
+        JOIN memory_terms AS p ON p.org_id = $1 AND p.agent_id = $2 AND p.lexeme = terms.lexeme
     ), stats AS (
         SELECT greatest(memories, 1)::float8 AS n,
                greatest(lexemes::float8 / greatest(memories, 1), 1.0) AS avgdl
         FROM memory_stats WHERE org_id = $1 AND agent_id = $2
     ), top AS (
-        SELECT hits.id,
-               sum(ln(1 + (stats.n - hits.df + 0.5) / (hits.df + 0.5)) * hits.tf * {BM25_K1 + 1!r}
-                   / (hits.tf + {BM25_K1!r} * ({1 - BM25_B!r} + {BM25_B!r} * hits.dl / stats.avgdl))) AS bm25
-        FROM hits CROSS JOIN stats
-        GROUP BY hits.id
-        ORDER BY bm25 DESC, hits.id
+        SELECT postings.memory_id AS id,
+               sum(ln(1 + (stats.n - postings.df + 0.5) / (postings.df + 0.5)) * postings.tf * {BM25_K1 + 1!r}
+                   / (postings.tf + {BM25_K1!r} * ({1 - BM25_B!r} + {BM25_B!r} * postings.dl / stats.avgdl)))
+                   AS bm25
+        FROM postings CROSS JOIN stats
+        GROUP BY postings.memory_id
+        ORDER BY bm25 DESC, postings.memory_id
         LIMIT $4
     )
     SELECT {_MEMORY_COLUMNS}, m.embedding, top.bm25

@@ -1,18 +1,35 @@
 -- Lexical retrieval beside the vector search (ADR-0008): a full-text vector of each
--- memory, a GIN index over it, and per-agent statistics for BM25's IDF and length
--- normalisation.
+-- memory, an inverted index of its lexemes per agent (memory_terms), and per-agent
+-- statistics for BM25's IDF and length normalisation.
 --
 -- 'english' stems words and drops stop words ("went" -> "went", "groups" -> "group"):
 -- on the LoCoMo dev set stemming added 3-6 points of evidence recall to BM25 over
 -- plain lower-cased words (benchmarks/results/quality-*.md).
 --
 -- Adding a STORED generated column rewrites the table and its indexes under an
--- ACCESS EXCLUSIVE lock: plan a maintenance window on a large installation (see
--- docs/operations.md: 1M rows took minutes here, most of it the HNSW rebuild).
+-- ACCESS EXCLUSIVE lock, and every memory's postings are written: plan a maintenance
+-- window on a large installation (most of it the HNSW rebuild of the rewrite).
 ALTER TABLE memories
     ADD COLUMN IF NOT EXISTS lexemes tsvector GENERATED ALWAYS AS (to_tsvector('english', content)) STORED;
 
-CREATE INDEX IF NOT EXISTS memories_lexemes_gin ON memories USING gin (lexemes);
+-- The postings of each agent: one row per (lexeme, memory), keyed by the agent first.
+-- A search reads only the postings of the query's lexemes, by primary-key range: its
+-- cost follows how many of the agent's memories hold those words, not how many
+-- memories the table or the agent has, and no memory row is read or decompressed to
+-- rank. (A GIN index over memories.lexemes spans every tenant: for a common word it
+-- collected 59k row ids of other agents to find 581 of this one's, 13 ms; scanning
+-- the agent's rows and matching each tsvector cost 11-13 ms at 1k memories; this
+-- ~1-2 ms. ADR-0008.) tf: the lexeme's positions in the memory; dl: the memory's
+-- distinct lexemes, BM25's document length.
+CREATE TABLE IF NOT EXISTS memory_terms (
+    org_id    uuid     NOT NULL,
+    agent_id  uuid     NOT NULL,
+    lexeme    text     NOT NULL,
+    memory_id uuid     NOT NULL,
+    tf        smallint NOT NULL,
+    dl        smallint NOT NULL,
+    PRIMARY KEY (org_id, agent_id, lexeme, memory_id)
+);
 
 -- How many memories an agent has and how many distinct lexemes they hold in all:
 -- BM25 needs the collection size (IDF) and the average document length. Kept by
@@ -28,6 +45,34 @@ CREATE TABLE IF NOT EXISTS memory_stats (
 
 CREATE OR REPLACE FUNCTION ibex_memory_stats_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- Postings follow the memories' lexemes: removed for the old rows, added for the
+    -- new (an UPDATE that leaves the content alone, e.g. feedback, touches none).
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM memory_terms AS p
+        USING (SELECT o.org_id, o.agent_id, t.lexeme, o.id FROM old_rows AS o, unnest(o.lexemes) AS t) AS d
+        WHERE p.org_id = d.org_id AND p.agent_id = d.agent_id AND p.lexeme = d.lexeme AND p.memory_id = d.id;
+    ELSIF TG_OP = 'UPDATE' THEN
+        DELETE FROM memory_terms AS p
+        USING (SELECT o.org_id, o.agent_id, t.lexeme, o.id
+               FROM old_rows AS o JOIN new_rows AS n
+                 ON n.org_id = o.org_id AND n.agent_id = o.agent_id AND n.id = o.id
+               CROSS JOIN LATERAL unnest(o.lexemes) AS t
+               WHERE n.lexemes IS DISTINCT FROM o.lexemes) AS d
+        WHERE p.org_id = d.org_id AND p.agent_id = d.agent_id AND p.lexeme = d.lexeme AND p.memory_id = d.id;
+        INSERT INTO memory_terms (org_id, agent_id, lexeme, memory_id, tf, dl)
+        SELECT n.org_id, n.agent_id, t.lexeme, n.id,
+               least(greatest(cardinality(t.positions), 1), 32767), least(length(n.lexemes), 32767)
+        FROM new_rows AS n JOIN old_rows AS o ON o.org_id = n.org_id AND o.agent_id = n.agent_id AND o.id = n.id
+        CROSS JOIN LATERAL unnest(n.lexemes) AS t
+        WHERE n.lexemes IS DISTINCT FROM o.lexemes
+        ON CONFLICT DO NOTHING;
+    ELSE
+        INSERT INTO memory_terms (org_id, agent_id, lexeme, memory_id, tf, dl)
+        SELECT n.org_id, n.agent_id, t.lexeme, n.id,
+               least(greatest(cardinality(t.positions), 1), 32767), least(length(n.lexemes), 32767)
+        FROM new_rows AS n CROSS JOIN LATERAL unnest(n.lexemes) AS t
+        ON CONFLICT DO NOTHING;
+    END IF;
     -- Rows are aggregated per agent and applied in key order, so concurrent
     -- statements lock the stats rows in the same order and cannot deadlock.
     IF TG_OP = 'INSERT' THEN
@@ -64,6 +109,12 @@ DROP TRIGGER IF EXISTS memory_stats_update ON memories;
 CREATE TRIGGER memory_stats_update AFTER UPDATE ON memories
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION ibex_memory_stats_apply();
+
+INSERT INTO memory_terms (org_id, agent_id, lexeme, memory_id, tf, dl)
+SELECT m.org_id, m.agent_id, t.lexeme, m.id,
+       least(greatest(cardinality(t.positions), 1), 32767), least(length(m.lexemes), 32767)
+FROM memories AS m CROSS JOIN LATERAL unnest(m.lexemes) AS t
+ON CONFLICT DO NOTHING;
 
 INSERT INTO memory_stats (org_id, agent_id, memories, lexemes)
 SELECT org_id, agent_id, count(*), coalesce(sum(length(lexemes)), 0)
