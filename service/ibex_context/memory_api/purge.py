@@ -5,7 +5,8 @@ every key of the agent and leaves two content-free tombstones for a minute
 (``stores.redis.PURGE_TOMBSTONE_SECONDS``) that refuse the cache fills of readers
 that read PostgreSQL before its purge; without them a hot-set rebuild or a
 directive fill in flight could write purged content back. A call that runs out
-of its time budget, or finds rows a racing writer left, says ``complete=False``;
+of its time budget, or finds rows a racing writer committed before its final
+count, says ``complete=False``;
 calling again resumes (every step is idempotent). A Redis failure fails the call
 (UNAVAILABLE): retrying it finds PostgreSQL already clean and redoes Redis.
 """
@@ -72,7 +73,9 @@ class TenantPurge:
             # Also after an incomplete PostgreSQL step: the cache must not keep serving
             # what is already deleted there.
             keys += await self._redis(self._cache.purge_agent(org_id, agent_id))
-            if not outcome.complete:
+            # Counted last: a write that committed before this count was either deleted
+            # or is found here (the caller retries); one after it is a new memory.
+            if not outcome.complete or await self._data.count_agent_rows(org_id, agent_id):
                 complete = False
                 break
         return PurgeReport(memories, directives, purged, keys, complete)

@@ -265,10 +265,10 @@ class TenantData:
         Each batch runs under the agent's writer lock (the one upserts take), so no
         upsert is half-way through while it deletes. The last batch, which finds
         fewer rows than a batch, deletes the directive too and commits with nothing
-        of the agent left: every write committed before it is gone. ``complete`` is
-        then re-checked outside the lock, because injection counters are recorded
-        without that lock (a recorder that read the memory before it was deleted can
-        still add its counter row): the caller retries while it is False.
+        of the agent left: every write committed before it is gone. ``complete``
+        says that last batch ran; the caller still counts what is left afterwards
+        (``count_agent_rows``), because a write can commit right after it, and
+        injection counters are recorded without the lock.
         """
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         memories = directives = 0
@@ -324,8 +324,7 @@ class TenantData:
                 break
             if time.monotonic() >= deadline:
                 return PurgeOutcome(memories, directives, (agent_id,), complete=False)
-        remaining = await self.count_agent_rows(org_id, agent_id)
-        return PurgeOutcome(memories, directives, (agent_id,), complete=remaining == 0)
+        return PurgeOutcome(memories, directives, (agent_id,), complete=True)
 
     @_store_errors
     async def count_agent_rows(self, org_id: str, agent_id: str) -> int:
