@@ -66,7 +66,9 @@ class TenantPurge:
             if purged and self._clock() >= deadline:
                 complete = False
                 break
-            outcome = await self._data.purge_agent(org_id, agent_id, deadline=deadline)
+            outcome = await self._data.purge_agent(
+                org_id, agent_id, out_of_time=lambda: self._clock() >= deadline
+            )
             memories += outcome.memories_deleted
             directives += outcome.directives_deleted
             purged += 1

@@ -3,6 +3,8 @@ export and purge (issue 16). A subclass, so the write side's module stays as it 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +24,12 @@ def _stamp(target: Any, value: datetime) -> None:
     target.FromDatetime(value)
 
 
+def _stamp_micros(target: Any, micros: int) -> None:
+    seconds, rest = divmod(micros, 1_000_000)
+    target.seconds = seconds
+    target.nanos = rest * 1000
+
+
 def stored_memory(row: StoredRow) -> pb.StoredMemory:
     message = pb.StoredMemory(
         id=row.id,
@@ -34,14 +42,28 @@ def stored_memory(row: StoredRow) -> pb.StoredMemory:
     )
     if row.metadata:
         message.metadata.update(row.metadata)
-    _stamp(message.occurred_at, row.occurred_at)
-    _stamp(message.created_at, row.created_at)
-    _stamp(message.updated_at, row.updated_at)
+    _stamp_micros(message.occurred_at, row.occurred_at)
+    _stamp_micros(message.created_at, row.created_at)
+    _stamp_micros(message.updated_at, row.updated_at)
     if row.last_injected_at is not None:
-        _stamp(message.last_injected_at, row.last_injected_at)
+        _stamp_micros(message.last_injected_at, row.last_injected_at)
     if row.embedding is not None:
         message.embedding.extend(row.embedding.tolist())
     return message
+
+
+# Rows converted between two yields to the event loop: a 1000-row page converted in
+# one go would hold the loop for milliseconds that assemblies on it are waiting for.
+CONVERT_CHUNK = 100
+
+
+async def _converted(rows: Sequence[StoredRow]) -> list[pb.StoredMemory]:
+    messages: list[pb.StoredMemory] = []
+    for start in range(0, len(rows), CONVERT_CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        messages.extend(stored_memory(r) for r in rows[start : start + CONVERT_CHUNK])
+    return messages
 
 
 def _purge_fields(report: PurgeReport) -> dict[str, Any]:
@@ -84,9 +106,7 @@ class MemoryServiceHandler(MemoryHandler):
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             page = await self._reads.list_page(org_id, agent_id, read_validation.list_query(message))
             await stream.send_message(
-                pb.ListMemoriesResponse(
-                    memories=[stored_memory(r) for r in page.rows], next_page_token=page.next_token
-                )
+                pb.ListMemoriesResponse(memories=await _converted(page.rows), next_page_token=page.next_token)
             )
 
     async def SearchMemories(
@@ -143,7 +163,7 @@ class MemoryServiceHandler(MemoryHandler):
             )
             await stream.send_message(
                 pb.ExportMemoriesResponse(
-                    memories=[stored_memory(r) for r in page.rows], next_page_token=page.next_token
+                    memories=await _converted(page.rows), next_page_token=page.next_token
                 )
             )
 

@@ -16,9 +16,8 @@ cursor is seen again or not at all, which is what a consistent keyset gives.
 from __future__ import annotations
 
 import enum
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -73,11 +72,12 @@ class StoredRow:
     confidence: float
     usefulness: float
     metadata: dict[str, Any]
-    occurred_at: datetime
-    created_at: datetime
-    updated_at: datetime
+    # Times in microseconds since the epoch.
+    occurred_at: int
+    created_at: int
+    updated_at: int
     retrieval_count: int
-    last_injected_at: datetime | None
+    last_injected_at: int | None
     embedding: FloatVector | None
     # The value of the listing's sort key (for its next page token).
     sort_key: datetime | None = None
@@ -99,13 +99,21 @@ class PurgeOutcome:
     complete: bool = False
 
 
+def _micros(column: str) -> str:
+    # Exact (extract returns numeric); an int is ~7x cheaper to put on the wire than
+    # a datetime (Timestamp.FromDatetime), which matters at export rates.
+    return f"(extract(epoch FROM {column}) * 1000000)::int8"
+
+
 def _columns(with_embedding: bool) -> str:
     embedding = "m.embedding" if with_embedding else "NULL::vector AS embedding"
     return (
         "m.agent_id, m.id, m.content, m.category, m.confidence, m.usefulness, m.metadata,"
-        " coalesce(m.occurred_at, m.created_at) AS occurred_at, m.created_at, m.updated_at,"
-        " coalesce(u.retrieval_count, 0) AS retrieval_count, u.last_injected_at, "
-        f"{embedding}"
+        f" {_micros('coalesce(m.occurred_at, m.created_at)')} AS occurred_at,"
+        f" {_micros('m.created_at')} AS created_at, {_micros('m.updated_at')} AS updated_at,"
+        " coalesce(u.retrieval_count, 0) AS retrieval_count,"
+        f" {_micros('u.last_injected_at')} AS last_injected_at,"
+        f" {embedding}"
     )
 
 
@@ -138,8 +146,9 @@ class TenantData:
     """The read-side statements and the purge over the service's asyncpg pool (whose
     connections have the vector and jsonb codecs of ``stores.postgres``)."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, purge_batch: int = PURGE_BATCH) -> None:
         self._pool = pool
+        self._purge_batch = purge_batch
 
     # ---------------------------------------------------------------- reads
 
@@ -258,9 +267,11 @@ class TenantData:
         return sorted(str(r["agent_id"]) for r in rows)
 
     @_store_errors
-    async def purge_agent(self, org_id: str, agent_id: str, *, deadline: float) -> PurgeOutcome:
-        """Deletes the agent's rows in batches until none is left or ``deadline``
-        (``time.monotonic()``) passes; safe to call again (it resumes).
+    async def purge_agent(
+        self, org_id: str, agent_id: str, *, out_of_time: Callable[[], bool]
+    ) -> PurgeOutcome:
+        """Deletes the agent's rows in batches until none is left or ``out_of_time()``
+        says so after a batch; safe to call again (it resumes).
 
         Each batch runs under the agent's writer lock (the one upserts take), so no
         upsert is half-way through while it deletes. The last batch, which finds
@@ -286,7 +297,7 @@ class TenantData:
                         "SELECT id FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT $3",
                         org,
                         agent,
-                        PURGE_BATCH,
+                        self._purge_batch,
                     )
                 ]
                 if ids:
@@ -297,7 +308,7 @@ class TenantData:
                         ids,
                     )
                     memories += int(status.split()[-1])
-                last = len(ids) < PURGE_BATCH
+                last = len(ids) < self._purge_batch
                 if last:
                     # Counters and feedback of every memory (also of memories deleted
                     # earlier whose rows a racing recorder left behind).
@@ -322,7 +333,7 @@ class TenantData:
                         )
             if last:
                 break
-            if time.monotonic() >= deadline:
+            if out_of_time():
                 return PurgeOutcome(memories, directives, (agent_id,), complete=False)
         return PurgeOutcome(memories, directives, (agent_id,), complete=True)
 
