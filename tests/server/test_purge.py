@@ -160,6 +160,8 @@ async def test_purge_org_leaves_nothing_of_any_of_its_agents(
     # An agent that was only ever assembled for: cache entries, no rows.
     await assembly.AssembleContext(request(only_read.org_id, only_read.agent_id, user("hello")))
     assert await _keys(cache, f"{{{only_read.org_id}}}:*:{only_read.agent_id}")
+    # An org-wide key of a kind the service may add later: "any derived key" goes too.
+    await cache.set(f"{{{tenant.org_id}}}:org_summary", b"derived")
     bystander_rows = await _rows(pg, bystander.org_id)
     bystander_keys = await _keys(cache, f"{{{bystander.org_id}}}:*")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from redis.exceptions import RedisError
@@ -57,7 +57,11 @@ class TenantPurge:
         deadline = self._clock() + self._call_seconds
         agents = set(await self._data.agents_of_org(org_id))
         agents |= await self._redis(self._cache.agents_with_keys(org_id))
-        return await self._purge(org_id, sorted(agents), deadline)
+        report = await self._purge(org_id, sorted(agents), deadline)
+        if not report.complete:
+            return report
+        stray = await self._redis(self._cache.purge_org_keys(org_id, sorted(agents)))
+        return replace(report, cache_keys_deleted=report.cache_keys_deleted + stray)
 
     async def _purge(self, org_id: str, agents: list[str], deadline: float) -> PurgeReport:
         memories = directives = keys = purged = 0

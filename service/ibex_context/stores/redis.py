@@ -23,7 +23,9 @@ the periodic reconciliation with PostgreSQL (recency decays, trims drop members)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
@@ -410,8 +412,25 @@ class RedisContextCache:
         agents: set[str] = set()
         async for key in self._client.scan_iter(match=f"{{{org_id}}}:*", count=1000):
             name = key.decode() if isinstance(key, bytes) else str(key)
-            agents.add(name.rpartition(":")[2])
+            suffix = name.rpartition(":")[2]
+            # Every per-agent key ends with the agent's id; anything else is no agent.
+            with contextlib.suppress(ValueError):
+                agents.add(str(uuid.UUID(suffix)))
         return agents
+
+    async def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> int:
+        """Deletes the org's keys that belong to none of ``purged_agents`` (whose keys
+        ``purge_agent`` handled, tombstones included): org-wide keys of any kind."""
+        agents = set(purged_agents)
+        stray = [
+            name
+            async for key in self._client.scan_iter(match=f"{{{org_id}}}:*", count=1000)
+            if (name := key.decode() if isinstance(key, bytes) else str(key)).rpartition(":")[2] not in agents
+        ]
+        deleted = 0
+        for start in range(0, len(stray), 500):
+            deleted += int(await self._client.unlink(*stray[start : start + 500]))
+        return deleted
 
     async def purge_agent(self, org_id: str, agent_id: str) -> int:
         """Deletes every key of the agent and leaves the tombstones (see
