@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
+from ibex_context.memory_api.reads import time_of_position
 from ibex_context.memory_api.throttle import RowRateLimit
 
 
@@ -62,3 +63,10 @@ def test_a_token_round_trips_and_is_bound_to_its_query() -> None:
     for garbage in ("", "!!!", "eyJ4IjoxfQ", page_tokens.encode(mine, ["only-one"])):
         with pytest.raises(InvalidRequest):
             page_tokens.decode(garbage, mine, 2)
+
+
+async def test_a_forged_position_is_invalid_not_an_internal_error() -> None:
+    for position in ("9" * 30, "-" + "9" * 30, "12x"):
+        with pytest.raises(InvalidRequest) as caught:
+            time_of_position(position)
+        assert caught.value.field == "page_token"

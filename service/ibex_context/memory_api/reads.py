@@ -74,13 +74,13 @@ def _micros(value: datetime) -> str:
     return str((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
 
 
-def _from_micros(text: str) -> datetime:
+def time_of_position(text: str) -> datetime:
     try:
-        micros = int(text)
-    except ValueError:
+        seconds, rest = divmod(int(text), 1_000_000)
+        # A forged position far outside datetime's range must not become an INTERNAL error.
+        return datetime.fromtimestamp(seconds, tz=UTC).replace(microsecond=rest)
+    except (ValueError, OverflowError, OSError):
         raise InvalidRequest(page_tokens.FIELD, "is not a token this service issued") from None
-    seconds, rest = divmod(micros, 1_000_000)
-    return datetime.fromtimestamp(seconds, tz=UTC).replace(microsecond=rest)
 
 
 def _checked_uuid(text: str) -> str:
@@ -126,7 +126,7 @@ class MemoryReads:
         after = None
         if query.page_token:
             key, last_id = page_tokens.decode(query.page_token, digest, 2)
-            after = (_from_micros(key), _checked_uuid(last_id))
+            after = (time_of_position(key), _checked_uuid(last_id))
         # One row more than the page tells whether another page follows.
         rows = await self._data.list_memories(
             org_id,
