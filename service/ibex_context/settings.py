@@ -69,7 +69,7 @@ class Settings(BaseSettings):
 
     # --- memory API: reads, export, purge ----------------------------------------------
     export_rows_per_second: int = _f(
-        2000,
+        500,
         "Most memories ExportMemories returns per second, all callers of a process together"
         " (keeps an export from starving assemblies).",
         ge=1,
