@@ -11,13 +11,17 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.embedded import RedisProcess
 from ibex_context.stores.redis import PURGE_DIRECTIVE_VERSION, PURGE_TOMBSTONE_SECONDS
 
 from tests.conftest import Tenant
 
-from .conftest import request, user
+from .conftest import StartService, request, user
 
 Stub = context_grpc.MemoryServiceStub
 TABLES = ("memories", "directives", "memory_usage", "memory_feedback")
@@ -240,3 +244,35 @@ async def test_writes_racing_a_purge_leave_no_memory_from_before_it(
         m.decode() for m in await cache.zrange(f"{{{tenant.org_id}}}:hot_memories:{tenant.agent_id}", 0, -1)
     }
     assert members <= stored
+
+
+async def test_a_purge_with_redis_down_fails_unavailable_and_a_retry_finishes_it(
+    start_service: StartService, throwaway_redis: RedisProcess, pg: asyncpg.Connection, tenant: Tenant
+) -> None:
+    service = await start_service(redis_url=throwaway_redis.url)
+    async with Channel("127.0.0.1", service.port) as channel:
+        stub = Stub(channel)
+        await stub.UpsertMemories(
+            pb.UpsertMemoriesRequest(
+                org_id=tenant.org_id,
+                agent_id=tenant.agent_id,
+                memories=[pb.MemoryInput(content=f"fault fact {i}", category="factual") for i in range(4)],
+            )
+        )
+        throwaway_redis.stop()
+        with pytest.raises(GRPCError) as caught:
+            await stub.PurgeAgent(pb.PurgeAgentRequest(org_id=tenant.org_id, agent_id=tenant.agent_id))
+        assert caught.value.status == Status.UNAVAILABLE
+        # PostgreSQL, the truth, was purged first; Redis is what the retry is for.
+        assert await _rows(pg, tenant.org_id, tenant.agent_id) == dict.fromkeys(TABLES, 0)
+
+        throwaway_redis.start()
+        reply = await stub.PurgeAgent(pb.PurgeAgentRequest(org_id=tenant.org_id, agent_id=tenant.agent_id))
+
+    assert reply.complete and reply.memories_deleted == 0
+    restarted = aioredis.Redis.from_url(throwaway_redis.url)
+    try:
+        await _assert_only_tombstones(restarted, f"{{{tenant.org_id}}}:*")
+        assert await _keys(restarted, f"{{{tenant.org_id}}}:*")  # the tombstones were written
+    finally:
+        await restarted.aclose()
