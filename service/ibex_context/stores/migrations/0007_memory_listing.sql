@@ -6,3 +6,7 @@ CREATE INDEX IF NOT EXISTS memories_tenant_created
     ON memories (org_id, agent_id, created_at, id);
 CREATE INDEX IF NOT EXISTS memories_tenant_occurred
     ON memories (org_id, agent_id, (coalesce(occurred_at, created_at)), id);
+-- Built inside the migration's transaction (CONCURRENTLY is not allowed there), so
+-- writes to memories wait while they build: seconds for 100k rows, longer for
+-- millions. On a large install, create them beforehand with CREATE INDEX
+-- CONCURRENTLY under the same names; IF NOT EXISTS then skips them here.
