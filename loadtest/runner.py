@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from loadtest import promdelta  # noqa: E402
+from loadtest.side_export import SideExport, orgs_of  # noqa: E402
 
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
@@ -637,6 +638,15 @@ def _run_with_stores(
         with locust_log.open("wb") as locust_out:
             locust = subprocess.Popen(locust_cmd, stdout=locust_out, stderr=subprocess.STDOUT, cwd=ROOT)
             time.sleep(args.warmup)
+            side_export = None
+            if args.export_during:
+                side_export = SideExport(
+                    [*taskset(args.locust_cpus), str(BIN / "ibex-context")],
+                    f"127.0.0.1:{grpc_port}",
+                    orgs_of(agents_file),
+                    prefix.parent,
+                )
+                side_export.start()
             before = [scrape(p) for p in metrics_ports]
             cpu0, lcpu0, t0 = cpu_seconds(server.pid), cpu_seconds(locust.pid), time.monotonic()
             wait0, load0 = runqueue_wait_seconds(server.pid), os.getloadavg()[0]
@@ -653,6 +663,9 @@ def _run_with_stores(
             steal1 = stolen_seconds()
             stores1 = sum(cpu_seconds(pid) for pid in store_pids)
             sampler.stop()
+            if side_export is not None:
+                # Finishing after the window is reported, not waited out indefinitely.
+                side_export.join(timeout=600)
             try:
                 locust_rc = locust.wait(timeout=args.duration + args.warmup + 60)
             except subprocess.TimeoutExpired:
@@ -719,6 +732,7 @@ def _run_with_stores(
                 "locust_cmd": " ".join(locust_cmd),
                 "elapsed_total_s": time.monotonic() - started,
                 "server_log": str(server_log),
+                "export": side_export.summary() if side_export is not None else None,
             },
             profile_summary=profile_summary,
         )
@@ -987,11 +1001,24 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         "call, every question unique (no embedding-cache hits), scenario weights "
         f"`{args.scenario_weights or 'new_session=5,long_conversation=3,constrained_model=1,large_agent=1'}`.",
         f"- Locust command: `{result.setup['locust_cmd']}`",
+        *_export_lines(result.setup.get("export")),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         f"- Total wall time of the run including start-up and seeding: {result.setup['elapsed_total_s']:.0f} s.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _export_lines(export: object) -> list[str]:
+    if not isinstance(export, dict):
+        return []
+    return [
+        f"- Export beside the load (`--export-during`, `ibex-context export` per org from the start of "
+        f"the measured window, on CPU of locust): {export['memories']:,} memories in {export['seconds']} s "
+        f"= {export['memories_per_second']} memories/s, finished: {export['finished']}"
+        + (f", errors: {export['errors']}" if export["errors"] else "")
+        + "."
+    ]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -1051,6 +1078,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-results", action="store_true", help="do not write loadtest/results/*.md")
     p.add_argument("--start-timeout", type=float, default=60.0)
     p.add_argument("--server-log-level", default="WARNING")
+    p.add_argument(
+        "--export-during",
+        action="store_true",
+        help="export every seeded memory (ibex-context export, per org) during the measured window",
+    )
     args = p.parse_args(raw)
     preset = SCENARIOS[args.scenario]
     for name in (

@@ -19,6 +19,8 @@ from grpclib.exceptions import GRPCError
 
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.cli_memory import directive_get, export, memories, purge
+from ibex_context.client.memory_views import EXPORT_ONLY_FIELDS
 from ibex_context.settings import Settings
 
 if TYPE_CHECKING:
@@ -172,7 +174,8 @@ def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
 @click.option("--batch", default=200, show_default=True)
 def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: int) -> None:
     """Import memories from JSONL: {"content", "category", ["org_id", "agent_id", "id", "confidence",
-    "usefulness", "metadata", "occurred_at" (RFC 3339, e.g. "2023-05-08T13:56:00Z")]} per line."""
+    "usefulness", "metadata", "occurred_at" (RFC 3339, e.g. "2023-05-08T13:56:00Z"), "embedding"]}
+    per line; `ibex-context export` writes this format."""
     host, port = _target(target)
 
     async def run() -> int:
@@ -186,6 +189,8 @@ def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: 
                 except json.JSONDecodeError as exc:
                     raise click.ClickException(f"{path}:{n}: not JSON: {exc.msg}") from None
                 key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
+                for name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
+                    row.pop(name, None)
                 if not all(key):
                     raise click.ClickException(f"{path}:{n}: no org_id/agent_id (give --org/--agent)")
                 item = pb.MemoryInput()
@@ -311,7 +316,7 @@ def render_response(response: pb.AssembleContextResponse) -> str:
 
 @main.group()
 def directive() -> None:
-    """Set or clear an agent's directive."""
+    """Set, clear or get an agent's directive."""
 
 
 @directive.command("set")
@@ -385,6 +390,12 @@ def health(target: str, service: str, timeout: float) -> None:
     click.echo(name)
     if name != "SERVING":
         raise SystemExit(1)
+
+
+main.add_command(memories)
+main.add_command(export)
+main.add_command(purge)
+directive.add_command(directive_get)
 
 
 if __name__ == "__main__":

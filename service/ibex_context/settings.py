@@ -73,6 +73,17 @@ class Settings(BaseSettings):
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
     max_upsert_batch: int = _f(1000, "Most memories in one UpsertMemories call.", ge=1)
 
+    # --- memory API: reads, export, purge ----------------------------------------------
+    export_rows_per_second: int = _f(
+        500,
+        "Most memories ExportMemories returns per second, all callers of a process together"
+        " (keeps an export from starving assemblies).",
+        ge=1,
+    )
+    purge_call_seconds: float = _f(
+        20.0, "Time one PurgeAgent/PurgeOrg call works before it returns complete=false.", gt=0
+    )
+
     # --- embeddings -------------------------------------------------------------------
     embedder: Literal["hashing", "minilm", "openai"] = _f(
         "hashing", "hashing (lexical, deterministic), minilm (all-MiniLM-L6-v2, offline) or openai (HTTP)."

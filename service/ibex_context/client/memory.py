@@ -11,8 +11,9 @@ import enum
 import math
 import re
 import ssl as ssl_module
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from grpclib.const import Status
@@ -21,16 +22,30 @@ from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client.channels import SingleChannel
 from ibex_context.client.context import classify_failure
+from ibex_context.client.memory_views import (
+    ORDERS,
+    DirectiveView,
+    MemoryPage,
+    PurgeResult,
+    SearchHit,
+    StoredMemory,
+    timestamp,
+)
 from ibex_context.client.target import Target, parse_target
 from ibex_context.errors import IbexError
 from ibex_context.models import NewMemory
 
 __all__ = [
+    "DirectiveView",
     "FeedbackKind",
     "MemoryClient",
     "MemoryClientError",
+    "MemoryPage",
     "MemoryRequestInvalid",
+    "PurgeResult",
     "ScoreUpdate",
+    "SearchHit",
+    "StoredMemory",
     "UpsertResult",
 ]
 
@@ -213,6 +228,130 @@ class MemoryClient:
         )
         reply = await self._call("RecordFeedback", request, pb.RecordFeedbackResponse)
         return [ScoreUpdate(u.memory_id, u.previous_usefulness, u.new_usefulness) for u in reply.updates]
+
+    # ---------------------------------------------------------------- read side, export, purge
+
+    async def get_memories(
+        self, org_id: str, agent_id: str, ids: Sequence[str], *, include_embedding: bool = False
+    ) -> list[StoredMemory]:
+        """The agent's memories among ``ids`` (at most 1000), in that order; unknown ids left out."""
+        request = pb.GetMemoriesRequest(
+            org_id=org_id, agent_id=agent_id, ids=list(ids), include_embedding=include_embedding
+        )
+        reply = await self._call("GetMemories", request, pb.GetMemoriesResponse)
+        return [StoredMemory.from_wire(m) for m in reply.memories]
+
+    async def list_memories(
+        self,
+        org_id: str,
+        agent_id: str,
+        *,
+        page_size: int = 100,
+        page_token: str = "",
+        categories: Sequence[str] = (),
+        created_after: float | datetime | None = None,
+        created_before: float | datetime | None = None,
+        occurred_after: float | datetime | None = None,
+        occurred_before: float | datetime | None = None,
+        order: str = "created_desc",
+        include_embedding: bool = False,
+    ) -> MemoryPage:
+        """One page; pass its ``next_page_token`` (with the same filters) for the next."""
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {sorted(ORDERS)}")
+        request = pb.ListMemoriesRequest(
+            org_id=org_id,
+            agent_id=agent_id,
+            page_size=page_size,
+            page_token=page_token,
+            categories=list(categories),
+            order=ORDERS[order],  # type: ignore[arg-type]
+            include_embedding=include_embedding,
+        )
+        bounds = {
+            "created_after": created_after,
+            "created_before": created_before,
+            "occurred_after": occurred_after,
+            "occurred_before": occurred_before,
+        }
+        for name, value in bounds.items():
+            if value is not None:
+                getattr(request, name).CopyFrom(timestamp(value))
+        reply = await self._call("ListMemories", request, pb.ListMemoriesResponse)
+        return MemoryPage([StoredMemory.from_wire(m) for m in reply.memories], reply.next_page_token)
+
+    async def search_memories(
+        self,
+        org_id: str,
+        agent_id: str,
+        query: str = "",
+        *,
+        embedding: Sequence[float] = (),
+        top_k: int = 10,
+    ) -> list[SearchHit]:
+        """What the cold retrieval finds for ``query`` (or ``embedding``), best first."""
+        request = pb.SearchMemoriesRequest(
+            org_id=org_id, agent_id=agent_id, query=query, query_embedding=list(embedding), top_k=top_k
+        )
+        reply = await self._call("SearchMemories", request, pb.SearchMemoriesResponse)
+        return [
+            SearchHit(StoredMemory.from_wire(h.memory), h.similarity, h.lexical_score, h.relevance)
+            for h in reply.hits
+        ]
+
+    async def get_directive(self, org_id: str, agent_id: str) -> DirectiveView:
+        request = pb.GetDirectiveRequest(org_id=org_id, agent_id=agent_id)
+        reply = await self._call("GetDirective", request, pb.GetDirectiveResponse)
+        updated = (
+            reply.updated_at.seconds + reply.updated_at.nanos / 1e9 if reply.HasField("updated_at") else None
+        )
+        return DirectiveView(reply.exists, reply.content, int(reply.version), updated)
+
+    async def export_pages(
+        self, org_id: str, agent_id: str = "", *, include_embedding: bool = False, page_size: int = 500
+    ) -> AsyncIterator[list[pb.StoredMemory]]:
+        """Every memory of the org (or one agent), page by page, at the rate the service allows."""
+        token = ""
+        while True:
+            request = pb.ExportMemoriesRequest(
+                org_id=org_id,
+                agent_id=agent_id,
+                page_size=page_size,
+                page_token=token,
+                include_embedding=include_embedding,
+            )
+            reply = await self._call("ExportMemories", request, pb.ExportMemoriesResponse)
+            yield list(reply.memories)
+            token = reply.next_page_token
+            if not token:
+                return
+
+    async def purge_agent(self, org_id: str, agent_id: str, *, max_calls: int = 100) -> PurgeResult:
+        """Deletes everything of the agent in both stores, calling again until complete."""
+        request = pb.PurgeAgentRequest(org_id=org_id, agent_id=agent_id)
+        return await self._purge("PurgeAgent", request, pb.PurgeAgentResponse, max_calls)
+
+    async def purge_org(self, org_id: str, *, max_calls: int = 1000) -> PurgeResult:
+        """Deletes everything of every agent of the org, calling again until complete."""
+        request = pb.PurgeOrgRequest(org_id=org_id)
+        return await self._purge("PurgeOrg", request, pb.PurgeOrgResponse, max_calls)
+
+    async def _purge(self, method: str, request: Any, reply_type: type[Any], max_calls: int) -> PurgeResult:
+        totals = [0, 0, 0, 0]
+        for call in range(1, max_calls + 1):
+            reply = await self._call(method, request, reply_type)
+            for i, value in enumerate(
+                (
+                    reply.memories_deleted,
+                    reply.directives_deleted,
+                    reply.agents_purged,
+                    reply.cache_keys_deleted,
+                )
+            ):
+                totals[i] += int(value)
+            if reply.complete:
+                return PurgeResult(totals[0], totals[1], totals[2], totals[3], calls=call)
+        raise MemoryClientError(method, "incomplete", f"not complete after {max_calls} calls; call again")
 
     async def _call(self, method: str, request: Any, reply_type: type[Any]) -> Any:
         await self._channels.start()

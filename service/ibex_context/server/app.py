@@ -23,6 +23,9 @@ from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
 from ibex_context.errors import ConfigurationError
+from ibex_context.memory_api.purge import TenantPurge
+from ibex_context.memory_api.reads import MemoryReads, hybrid_search
+from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.memory_writes import STORED_ENCODINGS, MemoryWrites
 from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import current_call, instrument_server
@@ -38,16 +41,18 @@ from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.codec import LimitedProtoCodec
 from ibex_context.server.grpc_server import ServiceServer
-from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy, MemoryHandler
+from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
+from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.redis import RedisContextCache
 from ibex_context.stores.repository import ContextRepository
+from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -186,8 +191,16 @@ class ContextService:
             report_sink=_attach_report,
             limit=AssemblyLimit(s.max_concurrent_assemblies),
         )
-        memory = MemoryHandler(
+        tenant_data = TenantData(postgres.pool)
+        memory = MemoryServiceHandler(
             writes=MemoryWrites(writer=repository, embedder=embedder, encodings=encodings),
+            reads=MemoryReads(
+                data=tenant_data,
+                search=hybrid_search(repository),
+                embedder=query_embedder,
+                export_limit=RowRateLimit(s.export_rows_per_second),
+            ),
+            purge=TenantPurge(data=tenant_data, cache=redis, call_seconds=s.purge_call_seconds),
             limits=limits,
             inflight=self.inflight,
         )

@@ -404,6 +404,11 @@ class PostgresMemoryStore:
     async def aclose(self) -> None:
         await self._pool.close()
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool, for the memory API's statements (``stores.tenant_data``)."""
+        return self._pool
+
     @_store_errors
     async def warm_up(self) -> None:
         """Runs the read statements once on every idle pooled connection for a tenant that

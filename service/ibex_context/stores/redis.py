@@ -25,7 +25,9 @@ the periodic reconciliation with PostgreSQL (recency decays, trims drop members)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
@@ -143,6 +145,29 @@ return 1
 """
 
 
+# A purge leaves, per agent, two content-free tombstones for this long: a directive
+# entry "no directive" with a version no reader can have read (so a cache fill that
+# read PostgreSQL before the purge is refused by ``PUT_DIRECTIVE``) and a bumped
+# hot-set generation (so a rebuild that read before the purge is refused by
+# ``REPLACE_HOT``). Both expire well after any such reader (PostgreSQL's
+# statement_timeout is 30 s); nothing of the tenant is left after that.
+PURGE_TOMBSTONE_SECONDS = 60
+PURGE_DIRECTIVE_VERSION = 2**53
+
+# KEYS: directive, hot set, hot data, generation, then any other key of the agent.
+# ARGV: tombstone seconds, tombstone version. Returns the keys that held data.
+_PURGE_AGENT = """
+local deleted = redis.call('DEL', KEYS[2], KEYS[3])
+for i = 5, #KEYS do deleted = deleted + redis.call('DEL', KEYS[i]) end
+local directive = redis.call('GET', KEYS[1])
+if directive and not string.match(directive, '^' .. ARGV[2] .. '|') then deleted = deleted + 1 end
+redis.call('SET', KEYS[1], ARGV[2] .. '|-', 'EX', ARGV[1])
+redis.call('INCR', KEYS[4])
+redis.call('EXPIRE', KEYS[4], ARGV[1])
+return deleted
+"""
+
+
 def create_redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
     """A client for the request path: one immediate retry, no backoff.
 
@@ -224,6 +249,7 @@ class RedisContextCache:
         self._remove_hot = client.register_script(_REMOVE_HOT)
         self._patch_counters = client.register_script(_PATCH_COUNTERS)
         self._put_directive = client.register_script(_PUT_DIRECTIVE)
+        self._purge_agent = client.register_script(_PURGE_AGENT)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisContextCache:
@@ -380,6 +406,49 @@ class RedisContextCache:
         """Seconds left before the hot set expires (-2 when missing)."""
         ttl: int = await self._client.ttl(hot_data_key(org_id, agent_id))
         return ttl
+
+    # ---------------------------------------------------------------- purge
+
+    async def agents_with_keys(self, org_id: str) -> set[str]:
+        """Agent ids named by any key of the org (SCAN over its hash-tagged prefix):
+        also agents that were only ever read, whose keys hold empty cache entries."""
+        agents: set[str] = set()
+        async for key in self._client.scan_iter(match=f"{{{org_id}}}:*", count=1000):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            suffix = name.rpartition(":")[2]
+            # Every per-agent key ends with the agent's id; anything else is no agent.
+            with contextlib.suppress(ValueError):
+                agents.add(str(uuid.UUID(suffix)))
+        return agents
+
+    async def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> int:
+        """Deletes the org's keys that belong to none of ``purged_agents`` (whose keys
+        ``purge_agent`` handled, tombstones included): org-wide keys of any kind."""
+        agents = set(purged_agents)
+        stray = [
+            name
+            async for key in self._client.scan_iter(match=f"{{{org_id}}}:*", count=1000)
+            if (name := key.decode() if isinstance(key, bytes) else str(key)).rpartition(":")[2] not in agents
+        ]
+        deleted = 0
+        for start in range(0, len(stray), 500):
+            deleted += int(await self._client.unlink(*stray[start : start + 500]))
+        return deleted
+
+    async def purge_agent(self, org_id: str, agent_id: str) -> int:
+        """Deletes every key of the agent and leaves the tombstones (see
+        ``PURGE_TOMBSTONE_SECONDS``) in one atomic script; returns how many keys
+        held data. Keys of kinds this module does not name (found by SCAN) go too."""
+        known = [directive_key(org_id, agent_id), *self._hot_keys(org_id, agent_id)]
+        others = [
+            name
+            async for key in self._client.scan_iter(match=f"{{{org_id}}}:*:{agent_id}", count=1000)
+            if (name := key.decode() if isinstance(key, bytes) else str(key)) not in known
+        ]
+        deleted = await self._purge_agent(
+            keys=[*known, *others], args=[PURGE_TOMBSTONE_SECONDS, PURGE_DIRECTIVE_VERSION]
+        )
+        return int(deleted)
 
     # ---------------------------------------------------------------- health
 

@@ -65,6 +65,34 @@ class MemoryServiceBase(abc.ABC):
     async def RecordFeedback(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.RecordFeedbackRequest, ibex.context.v1.context_pb2.RecordFeedbackResponse]') -> None:
         pass
 
+    @abc.abstractmethod
+    async def GetMemories(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.GetMemoriesRequest, ibex.context.v1.context_pb2.GetMemoriesResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def ListMemories(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.ListMemoriesRequest, ibex.context.v1.context_pb2.ListMemoriesResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def SearchMemories(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.SearchMemoriesRequest, ibex.context.v1.context_pb2.SearchMemoriesResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GetDirective(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.GetDirectiveRequest, ibex.context.v1.context_pb2.GetDirectiveResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def ExportMemories(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.ExportMemoriesRequest, ibex.context.v1.context_pb2.ExportMemoriesResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def PurgeAgent(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.PurgeAgentRequest, ibex.context.v1.context_pb2.PurgeAgentResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def PurgeOrg(self, stream: 'grpclib.server.Stream[ibex.context.v1.context_pb2.PurgeOrgRequest, ibex.context.v1.context_pb2.PurgeOrgResponse]') -> None:
+        pass
+
     def __mapping__(self) -> typing.Dict[str, grpclib.const.Handler]:
         return {
             '/ibex.context.v1.MemoryService/UpsertMemories': grpclib.const.Handler(
@@ -96,6 +124,48 @@ class MemoryServiceBase(abc.ABC):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ibex.context.v1.context_pb2.RecordFeedbackRequest,
                 ibex.context.v1.context_pb2.RecordFeedbackResponse,
+            ),
+            '/ibex.context.v1.MemoryService/GetMemories': grpclib.const.Handler(
+                self.GetMemories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.GetMemoriesRequest,
+                ibex.context.v1.context_pb2.GetMemoriesResponse,
+            ),
+            '/ibex.context.v1.MemoryService/ListMemories': grpclib.const.Handler(
+                self.ListMemories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.ListMemoriesRequest,
+                ibex.context.v1.context_pb2.ListMemoriesResponse,
+            ),
+            '/ibex.context.v1.MemoryService/SearchMemories': grpclib.const.Handler(
+                self.SearchMemories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.SearchMemoriesRequest,
+                ibex.context.v1.context_pb2.SearchMemoriesResponse,
+            ),
+            '/ibex.context.v1.MemoryService/GetDirective': grpclib.const.Handler(
+                self.GetDirective,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.GetDirectiveRequest,
+                ibex.context.v1.context_pb2.GetDirectiveResponse,
+            ),
+            '/ibex.context.v1.MemoryService/ExportMemories': grpclib.const.Handler(
+                self.ExportMemories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.ExportMemoriesRequest,
+                ibex.context.v1.context_pb2.ExportMemoriesResponse,
+            ),
+            '/ibex.context.v1.MemoryService/PurgeAgent': grpclib.const.Handler(
+                self.PurgeAgent,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.PurgeAgentRequest,
+                ibex.context.v1.context_pb2.PurgeAgentResponse,
+            ),
+            '/ibex.context.v1.MemoryService/PurgeOrg': grpclib.const.Handler(
+                self.PurgeOrg,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ibex.context.v1.context_pb2.PurgeOrgRequest,
+                ibex.context.v1.context_pb2.PurgeOrgResponse,
             ),
         }
 
@@ -132,4 +202,46 @@ class MemoryServiceStub:
             '/ibex.context.v1.MemoryService/RecordFeedback',
             ibex.context.v1.context_pb2.RecordFeedbackRequest,
             ibex.context.v1.context_pb2.RecordFeedbackResponse,
+        )
+        self.GetMemories = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/GetMemories',
+            ibex.context.v1.context_pb2.GetMemoriesRequest,
+            ibex.context.v1.context_pb2.GetMemoriesResponse,
+        )
+        self.ListMemories = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/ListMemories',
+            ibex.context.v1.context_pb2.ListMemoriesRequest,
+            ibex.context.v1.context_pb2.ListMemoriesResponse,
+        )
+        self.SearchMemories = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/SearchMemories',
+            ibex.context.v1.context_pb2.SearchMemoriesRequest,
+            ibex.context.v1.context_pb2.SearchMemoriesResponse,
+        )
+        self.GetDirective = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/GetDirective',
+            ibex.context.v1.context_pb2.GetDirectiveRequest,
+            ibex.context.v1.context_pb2.GetDirectiveResponse,
+        )
+        self.ExportMemories = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/ExportMemories',
+            ibex.context.v1.context_pb2.ExportMemoriesRequest,
+            ibex.context.v1.context_pb2.ExportMemoriesResponse,
+        )
+        self.PurgeAgent = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/PurgeAgent',
+            ibex.context.v1.context_pb2.PurgeAgentRequest,
+            ibex.context.v1.context_pb2.PurgeAgentResponse,
+        )
+        self.PurgeOrg = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/ibex.context.v1.MemoryService/PurgeOrg',
+            ibex.context.v1.context_pb2.PurgeOrgRequest,
+            ibex.context.v1.context_pb2.PurgeOrgResponse,
         )

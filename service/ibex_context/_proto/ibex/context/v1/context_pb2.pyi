@@ -49,6 +49,14 @@ class Feedback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FEEDBACK_POSITIVE: _ClassVar[Feedback]
     FEEDBACK_NEGATIVE: _ClassVar[Feedback]
     FEEDBACK_NEUTRAL: _ClassVar[Feedback]
+
+class MemoryOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_ORDER_UNSPECIFIED: _ClassVar[MemoryOrder]
+    MEMORY_ORDER_CREATED_DESC: _ClassVar[MemoryOrder]
+    MEMORY_ORDER_CREATED_ASC: _ClassVar[MemoryOrder]
+    MEMORY_ORDER_OCCURRED_DESC: _ClassVar[MemoryOrder]
+    MEMORY_ORDER_OCCURRED_ASC: _ClassVar[MemoryOrder]
 DEGRADATION_LEVEL_UNSPECIFIED: DegradationLevel
 DEGRADATION_LEVEL_FULL: DegradationLevel
 DEGRADATION_LEVEL_HOT_ONLY: DegradationLevel
@@ -73,6 +81,11 @@ FEEDBACK_UNSPECIFIED: Feedback
 FEEDBACK_POSITIVE: Feedback
 FEEDBACK_NEGATIVE: Feedback
 FEEDBACK_NEUTRAL: Feedback
+MEMORY_ORDER_UNSPECIFIED: MemoryOrder
+MEMORY_ORDER_CREATED_DESC: MemoryOrder
+MEMORY_ORDER_CREATED_ASC: MemoryOrder
+MEMORY_ORDER_OCCURRED_DESC: MemoryOrder
+MEMORY_ORDER_OCCURRED_ASC: MemoryOrder
 
 class AssembleContextRequest(_message.Message):
     __slots__ = ("org_id", "agent_id", "session_id", "model", "request_id", "messages")
@@ -363,3 +376,201 @@ class RecordFeedbackResponse(_message.Message):
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     updates: _containers.RepeatedCompositeFieldContainer[MemoryScoreUpdate]
     def __init__(self, updates: _Optional[_Iterable[_Union[MemoryScoreUpdate, _Mapping]]] = ...) -> None: ...
+
+class StoredMemory(_message.Message):
+    __slots__ = ("id", "content", "category", "confidence", "usefulness", "metadata", "occurred_at", "created_at", "updated_at", "retrieval_count", "last_injected_at", "embedding", "agent_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    USEFULNESS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_INJECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    content: str
+    category: str
+    confidence: float
+    usefulness: float
+    metadata: _struct_pb2.Struct
+    occurred_at: _timestamp_pb2.Timestamp
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    retrieval_count: int
+    last_injected_at: _timestamp_pb2.Timestamp
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    agent_id: str
+    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., usefulness: _Optional[float] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retrieval_count: _Optional[int] = ..., last_injected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedding: _Optional[_Iterable[float]] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class GetMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "ids", "include_embedding")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    include_embedding: bool
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., include_embedding: _Optional[bool] = ...) -> None: ...
+
+class GetMemoriesResponse(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[StoredMemory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[StoredMemory, _Mapping]]] = ...) -> None: ...
+
+class ListMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "page_size", "page_token", "categories", "created_after", "created_before", "occurred_after", "occurred_before", "order", "include_embedding")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    page_size: int
+    page_token: str
+    categories: _containers.RepeatedScalarFieldContainer[str]
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    occurred_after: _timestamp_pb2.Timestamp
+    occurred_before: _timestamp_pb2.Timestamp
+    order: MemoryOrder
+    include_embedding: bool
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., categories: _Optional[_Iterable[str]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., order: _Optional[_Union[MemoryOrder, str]] = ..., include_embedding: _Optional[bool] = ...) -> None: ...
+
+class ListMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "next_page_token")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[StoredMemory]
+    next_page_token: str
+    def __init__(self, memories: _Optional[_Iterable[_Union[StoredMemory, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SearchMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "query", "query_embedding", "top_k")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    QUERY_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    query: str
+    query_embedding: _containers.RepeatedScalarFieldContainer[float]
+    top_k: int
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., query: _Optional[str] = ..., query_embedding: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ...) -> None: ...
+
+class SearchHit(_message.Message):
+    __slots__ = ("memory", "similarity", "lexical_score", "relevance")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_SCORE_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    memory: StoredMemory
+    similarity: float
+    lexical_score: float
+    relevance: float
+    def __init__(self, memory: _Optional[_Union[StoredMemory, _Mapping]] = ..., similarity: _Optional[float] = ..., lexical_score: _Optional[float] = ..., relevance: _Optional[float] = ...) -> None: ...
+
+class SearchMemoriesResponse(_message.Message):
+    __slots__ = ("hits",)
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ...) -> None: ...
+
+class GetDirectiveRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class GetDirectiveResponse(_message.Message):
+    __slots__ = ("exists", "content", "version", "updated_at")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    content: str
+    version: int
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, exists: _Optional[bool] = ..., content: _Optional[str] = ..., version: _Optional[int] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ExportMemoriesRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id", "page_size", "page_token", "include_embedding")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    page_size: int
+    page_token: str
+    include_embedding: bool
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_embedding: _Optional[bool] = ...) -> None: ...
+
+class ExportMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "next_page_token")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[StoredMemory]
+    next_page_token: str
+    def __init__(self, memories: _Optional[_Iterable[_Union[StoredMemory, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PurgeAgentRequest(_message.Message):
+    __slots__ = ("org_id", "agent_id")
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    agent_id: str
+    def __init__(self, org_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class PurgeOrgRequest(_message.Message):
+    __slots__ = ("org_id",)
+    ORG_ID_FIELD_NUMBER: _ClassVar[int]
+    org_id: str
+    def __init__(self, org_id: _Optional[str] = ...) -> None: ...
+
+class PurgeAgentResponse(_message.Message):
+    __slots__ = ("memories_deleted", "directives_deleted", "agents_purged", "cache_keys_deleted", "complete")
+    MEMORIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_PURGED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KEYS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    memories_deleted: int
+    directives_deleted: int
+    agents_purged: int
+    cache_keys_deleted: int
+    complete: bool
+    def __init__(self, memories_deleted: _Optional[int] = ..., directives_deleted: _Optional[int] = ..., agents_purged: _Optional[int] = ..., cache_keys_deleted: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class PurgeOrgResponse(_message.Message):
+    __slots__ = ("memories_deleted", "directives_deleted", "agents_purged", "cache_keys_deleted", "complete")
+    MEMORIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_PURGED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KEYS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    memories_deleted: int
+    directives_deleted: int
+    agents_purged: int
+    cache_keys_deleted: int
+    complete: bool
+    def __init__(self, memories_deleted: _Optional[int] = ..., directives_deleted: _Optional[int] = ..., agents_purged: _Optional[int] = ..., cache_keys_deleted: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...

@@ -13,23 +13,40 @@ __all__ = (
     "DegradationLevel",
     "DeleteMemoriesRequest",
     "DeleteMemoriesResponse",
+    "ExportMemoriesRequest",
+    "ExportMemoriesResponse",
     "Feedback",
+    "GetDirectiveRequest",
+    "GetDirectiveResponse",
+    "GetMemoriesRequest",
+    "GetMemoriesResponse",
     "InjectedMemory",
     "InjectionMetadata",
+    "ListMemoriesRequest",
+    "ListMemoriesResponse",
     "MemoryFeedback",
     "MemoryInput",
+    "MemoryOrder",
     "MemoryScoreUpdate",
     "MemoryServiceBase",
     "MemoryServiceStub",
     "MemorySource",
     "Message",
+    "PurgeAgentRequest",
+    "PurgeAgentResponse",
+    "PurgeOrgRequest",
+    "PurgeOrgResponse",
     "RecordFeedbackRequest",
     "RecordFeedbackResponse",
+    "SearchHit",
+    "SearchMemoriesRequest",
+    "SearchMemoriesResponse",
     "SetDirectiveRequest",
     "SetDirectiveResponse",
     "SourceOutcome",
     "SourceStatus",
     "StageTimings",
+    "StoredMemory",
     "TokenAccounting",
     "UpsertMemoriesRequest",
     "UpsertMemoriesResponse",
@@ -152,6 +169,45 @@ class Feedback(betterproto2.Enum):
             "FEEDBACK_POSITIVE": 1,
             "FEEDBACK_NEGATIVE": 2,
             "FEEDBACK_NEUTRAL": 3,
+        }
+
+
+class MemoryOrder(betterproto2.Enum):
+    """
+    MemoryOrder is the order of ListMemories; ties are broken by id.
+    """
+
+    UNSPECIFIED = 0
+    """
+    Newest first (created_at descending).
+    """
+
+    CREATED_DESC = 1
+
+    CREATED_ASC = 2
+
+    OCCURRED_DESC = 3
+
+    OCCURRED_ASC = 4
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "MEMORY_ORDER_UNSPECIFIED",
+            1: "MEMORY_ORDER_CREATED_DESC",
+            2: "MEMORY_ORDER_CREATED_ASC",
+            3: "MEMORY_ORDER_OCCURRED_DESC",
+            4: "MEMORY_ORDER_OCCURRED_ASC",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "MEMORY_ORDER_UNSPECIFIED": 0,
+            "MEMORY_ORDER_CREATED_DESC": 1,
+            "MEMORY_ORDER_CREATED_ASC": 2,
+            "MEMORY_ORDER_OCCURRED_DESC": 3,
+            "MEMORY_ORDER_OCCURRED_ASC": 4,
         }
 
 
@@ -345,6 +401,104 @@ default_message_pool.register_message("ibex.context.v1", "DeleteMemoriesResponse
 
 
 @dataclass(eq=False, repr=False)
+class ExportMemoriesRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty: every agent of the org.
+    """
+
+    page_size: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    1..1000; 500 when 0.
+    """
+
+    page_token: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+    include_embedding: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ibex.context.v1", "ExportMemoriesRequest", ExportMemoriesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ExportMemoriesResponse(betterproto2.Message):
+    memories: "list[StoredMemory]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Ordered by agent_id, then id; each carries its agent_id.
+    """
+
+    next_page_token: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty on the last page.
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "ExportMemoriesResponse", ExportMemoriesResponse)
+
+
+@dataclass(eq=False, repr=False)
+class GetDirectiveRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ibex.context.v1", "GetDirectiveRequest", GetDirectiveRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetDirectiveResponse(betterproto2.Message):
+    exists: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    False when the agent has no directive (never set, or cleared).
+    """
+
+    content: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    version: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+    """
+    Grows on every change, clears included; 0 when never set.
+    """
+
+    updated_at: "datetime.datetime | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+
+default_message_pool.register_message("ibex.context.v1", "GetDirectiveResponse", GetDirectiveResponse)
+
+
+@dataclass(eq=False, repr=False)
+class GetMemoriesRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    ids: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    At most 1000 ids.
+    """
+
+    include_embedding: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ibex.context.v1", "GetMemoriesRequest", GetMemoriesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetMemoriesResponse(betterproto2.Message):
+    memories: "list[StoredMemory]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    The memories found, in the order of ids.
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "GetMemoriesResponse", GetMemoriesResponse)
+
+
+@dataclass(eq=False, repr=False)
 class InjectedMemory(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -469,6 +623,70 @@ default_message_pool.register_message("ibex.context.v1", "InjectionMetadata", In
 
 
 @dataclass(eq=False, repr=False)
+class ListMemoriesRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    page_size: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    1..1000; 100 when 0.
+    """
+
+    page_token: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    next_page_token of the previous page; empty for the first. A token is only
+    valid with the same tenant, filters and order.
+    """
+
+    categories: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Only these categories (all when empty).
+    """
+
+    created_after: "datetime.datetime | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Half-open ranges [after, before); unset bounds are open.
+    """
+
+    created_before: "datetime.datetime | None" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    occurred_after: "datetime.datetime | None" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    occurred_before: "datetime.datetime | None" = betterproto2.field(
+        9, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    order: "MemoryOrder" = betterproto2.field(
+        10, betterproto2.TYPE_ENUM, default_factory=lambda: MemoryOrder(0)
+    )
+
+    include_embedding: "bool" = betterproto2.field(11, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ibex.context.v1", "ListMemoriesRequest", ListMemoriesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ListMemoriesResponse(betterproto2.Message):
+    memories: "list[StoredMemory]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    next_page_token: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty on the last page.
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "ListMemoriesResponse", ListMemoriesResponse)
+
+
+@dataclass(eq=False, repr=False)
 class MemoryFeedback(betterproto2.Message):
     memory_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -552,6 +770,74 @@ default_message_pool.register_message("ibex.context.v1", "Message", Message)
 
 
 @dataclass(eq=False, repr=False)
+class PurgeAgentRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ibex.context.v1", "PurgeAgentRequest", PurgeAgentRequest)
+
+
+@dataclass(eq=False, repr=False)
+class PurgeAgentResponse(betterproto2.Message):
+    memories_deleted: "int" = betterproto2.field(1, betterproto2.TYPE_INT64)
+    """
+    Rows deleted by this call.
+    """
+
+    directives_deleted: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
+
+    agents_purged: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    Agents whose rows this call visited.
+    """
+
+    cache_keys_deleted: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+    """
+    Redis keys deleted by this call.
+    """
+
+    complete: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    True when nothing of the tenant written before the purge remains in
+    PostgreSQL. False when the call ran out of its time (a large tenant) or a
+    write raced it: call again with the same request (it resumes).
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "PurgeAgentResponse", PurgeAgentResponse)
+
+
+@dataclass(eq=False, repr=False)
+class PurgeOrgRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ibex.context.v1", "PurgeOrgRequest", PurgeOrgRequest)
+
+
+@dataclass(eq=False, repr=False)
+class PurgeOrgResponse(betterproto2.Message):
+    """
+    PurgeOrgResponse has the fields of PurgeAgentResponse, for every agent of the org.
+    """
+
+    memories_deleted: "int" = betterproto2.field(1, betterproto2.TYPE_INT64)
+
+    directives_deleted: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
+
+    agents_purged: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+
+    cache_keys_deleted: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+
+    complete: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ibex.context.v1", "PurgeOrgResponse", PurgeOrgResponse)
+
+
+@dataclass(eq=False, repr=False)
 class RecordFeedbackRequest(betterproto2.Message):
     org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -571,6 +857,67 @@ class RecordFeedbackResponse(betterproto2.Message):
 
 
 default_message_pool.register_message("ibex.context.v1", "RecordFeedbackResponse", RecordFeedbackResponse)
+
+
+@dataclass(eq=False, repr=False)
+class SearchHit(betterproto2.Message):
+    """
+    SearchHit is one memory found by the cold retrieval, with its relevance components.
+    """
+
+    memory: "StoredMemory | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    similarity: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    Cosine similarity of the memory's embedding to the query's.
+    """
+
+    lexical_score: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    Full-text (lexical) score when the retrieval has a lexical component; 0 otherwise.
+    """
+
+    relevance: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    The relevance retrieval ranks by (the similarity while there is no lexical component).
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "SearchHit", SearchHit)
+
+
+@dataclass(eq=False, repr=False)
+class SearchMemoriesRequest(betterproto2.Message):
+    org_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    agent_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    query: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    The query: text (embedded by the service) or a vector of the configured
+    dimension; exactly one.
+    """
+
+    query_embedding: "list[float]" = betterproto2.field(4, betterproto2.TYPE_FLOAT, repeated=True)
+
+    top_k: "int" = betterproto2.field(5, betterproto2.TYPE_INT32)
+    """
+    1..200; 10 when 0.
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "SearchMemoriesRequest", SearchMemoriesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class SearchMemoriesResponse(betterproto2.Message):
+    hits: "list[SearchHit]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Best first.
+    """
+
+
+default_message_pool.register_message("ibex.context.v1", "SearchMemoriesResponse", SearchMemoriesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -656,6 +1003,62 @@ class StageTimings(betterproto2.Message):
 
 
 default_message_pool.register_message("ibex.context.v1", "StageTimings", StageTimings)
+
+
+@dataclass(eq=False, repr=False)
+class StoredMemory(betterproto2.Message):
+    """
+    StoredMemory is a memory as stored, for the read side and export.
+    """
+
+    id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    content: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    category: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    confidence: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+
+    usefulness: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
+
+    metadata: "___google__protobuf__.Struct | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    occurred_at: "datetime.datetime | None" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+    """
+    When the information came to be (the first write's time unless the writer
+    gave one); recency counts from it.
+    """
+
+    created_at: "datetime.datetime | None" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    updated_at: "datetime.datetime | None" = betterproto2.field(
+        9, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    retrieval_count: "int" = betterproto2.field(10, betterproto2.TYPE_INT32)
+    """
+    Times injected, and the last time (unset when never injected).
+    """
+
+    last_injected_at: "datetime.datetime | None" = betterproto2.field(
+        11, betterproto2.TYPE_MESSAGE, unwrap=lambda: ___google__protobuf__.Timestamp, optional=True
+    )
+
+    embedding: "list[float]" = betterproto2.field(12, betterproto2.TYPE_FLOAT, repeated=True)
+    """
+    Only when the request asked for embeddings.
+    """
+
+    agent_id: "str" = betterproto2.field(13, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ibex.context.v1", "StoredMemory", StoredMemory)
 
 
 @dataclass(eq=False, repr=False)
@@ -885,6 +1288,162 @@ class MemoryServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_memories(
+        self,
+        message: "GetMemoriesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetMemoriesResponse":
+        """
+        The read side and tenant offboarding (issue 16). Every call is scoped by
+        org_id and agent_id (ExportMemories and PurgeOrg by org_id, agent optional /
+        absent): another tenant's ids, page tokens or filters return nothing of it.
+
+        GetMemories returns the agent's memories among ids (unknown ids are left out).
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/GetMemories",
+            message,
+            GetMemoriesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_memories(
+        self,
+        message: "ListMemoriesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListMemoriesResponse":
+        """
+        ListMemories pages through the agent's memories, filtered and ordered.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/ListMemories",
+            message,
+            ListMemoriesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def search_memories(
+        self,
+        message: "SearchMemoriesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SearchMemoriesResponse":
+        """
+        SearchMemories runs the cold retrieval without assembling and returns the
+        memories found with their relevance components: what retrieval sees.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/SearchMemories",
+            message,
+            SearchMemoriesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_directive(
+        self,
+        message: "GetDirectiveRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetDirectiveResponse":
+        """
+        GetDirective returns the agent's directive with its version.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/GetDirective",
+            message,
+            GetDirectiveResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def export_memories(
+        self,
+        message: "ExportMemoriesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ExportMemoriesResponse":
+        """
+        ExportMemories pages through an org's (or one agent's) memories with all
+        that is needed to restore them; its rate is bounded by the server.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/ExportMemories",
+            message,
+            ExportMemoriesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def purge_agent(
+        self,
+        message: "PurgeAgentRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "PurgeAgentResponse":
+        """
+        PurgeAgent deletes every memory, the directive, the feedback and the counters
+        of one agent, in PostgreSQL and Redis. Idempotent: call again while
+        complete is false.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/PurgeAgent",
+            message,
+            PurgeAgentResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def purge_org(
+        self,
+        message: "PurgeOrgRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "PurgeOrgResponse":
+        """
+        PurgeOrg does what PurgeAgent does for every agent of an org, and removes
+        every Redis key of the org.
+        """
+
+        return await self._unary_unary(
+            "/ibex.context.v1.MemoryService/PurgeOrg",
+            message,
+            PurgeOrgResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 from ....google import protobuf as ___google__protobuf__
 
@@ -968,6 +1527,64 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def get_memories(self, message: "GetMemoriesRequest") -> "GetMemoriesResponse":
+        """
+        The read side and tenant offboarding (issue 16). Every call is scoped by
+        org_id and agent_id (ExportMemories and PurgeOrg by org_id, agent optional /
+        absent): another tenant's ids, page tokens or filters return nothing of it.
+
+        GetMemories returns the agent's memories among ids (unknown ids are left out).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_memories(self, message: "ListMemoriesRequest") -> "ListMemoriesResponse":
+        """
+        ListMemories pages through the agent's memories, filtered and ordered.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def search_memories(self, message: "SearchMemoriesRequest") -> "SearchMemoriesResponse":
+        """
+        SearchMemories runs the cold retrieval without assembling and returns the
+        memories found with their relevance components: what retrieval sees.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_directive(self, message: "GetDirectiveRequest") -> "GetDirectiveResponse":
+        """
+        GetDirective returns the agent's directive with its version.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def export_memories(self, message: "ExportMemoriesRequest") -> "ExportMemoriesResponse":
+        """
+        ExportMemories pages through an org's (or one agent's) memories with all
+        that is needed to restore them; its rate is bounded by the server.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def purge_agent(self, message: "PurgeAgentRequest") -> "PurgeAgentResponse":
+        """
+        PurgeAgent deletes every memory, the directive, the feedback and the counters
+        of one agent, in PostgreSQL and Redis. Idempotent: call again while
+        complete is false.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def purge_org(self, message: "PurgeOrgRequest") -> "PurgeOrgResponse":
+        """
+        PurgeOrg does what PurgeAgent does for every agent of an org, and removes
+        every Redis key of the org.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_upsert_memories(
         self, stream: "grpclib.server.Stream[UpsertMemoriesRequest, UpsertMemoriesResponse]"
     ) -> None:
@@ -1008,6 +1625,62 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.record_feedback(request)
         await stream.send_message(response)
 
+    async def __rpc_get_memories(
+        self, stream: "grpclib.server.Stream[GetMemoriesRequest, GetMemoriesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_memories(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_memories(
+        self, stream: "grpclib.server.Stream[ListMemoriesRequest, ListMemoriesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_memories(request)
+        await stream.send_message(response)
+
+    async def __rpc_search_memories(
+        self, stream: "grpclib.server.Stream[SearchMemoriesRequest, SearchMemoriesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.search_memories(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_directive(
+        self, stream: "grpclib.server.Stream[GetDirectiveRequest, GetDirectiveResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_directive(request)
+        await stream.send_message(response)
+
+    async def __rpc_export_memories(
+        self, stream: "grpclib.server.Stream[ExportMemoriesRequest, ExportMemoriesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.export_memories(request)
+        await stream.send_message(response)
+
+    async def __rpc_purge_agent(
+        self, stream: "grpclib.server.Stream[PurgeAgentRequest, PurgeAgentResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.purge_agent(request)
+        await stream.send_message(response)
+
+    async def __rpc_purge_org(
+        self, stream: "grpclib.server.Stream[PurgeOrgRequest, PurgeOrgResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.purge_org(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/ibex.context.v1.MemoryService/UpsertMemories": grpclib.const.Handler(
@@ -1039,5 +1712,47 @@ class MemoryServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 RecordFeedbackRequest,
                 RecordFeedbackResponse,
+            ),
+            "/ibex.context.v1.MemoryService/GetMemories": grpclib.const.Handler(
+                self.__rpc_get_memories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetMemoriesRequest,
+                GetMemoriesResponse,
+            ),
+            "/ibex.context.v1.MemoryService/ListMemories": grpclib.const.Handler(
+                self.__rpc_list_memories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListMemoriesRequest,
+                ListMemoriesResponse,
+            ),
+            "/ibex.context.v1.MemoryService/SearchMemories": grpclib.const.Handler(
+                self.__rpc_search_memories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SearchMemoriesRequest,
+                SearchMemoriesResponse,
+            ),
+            "/ibex.context.v1.MemoryService/GetDirective": grpclib.const.Handler(
+                self.__rpc_get_directive,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetDirectiveRequest,
+                GetDirectiveResponse,
+            ),
+            "/ibex.context.v1.MemoryService/ExportMemories": grpclib.const.Handler(
+                self.__rpc_export_memories,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ExportMemoriesRequest,
+                ExportMemoriesResponse,
+            ),
+            "/ibex.context.v1.MemoryService/PurgeAgent": grpclib.const.Handler(
+                self.__rpc_purge_agent,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PurgeAgentRequest,
+                PurgeAgentResponse,
+            ),
+            "/ibex.context.v1.MemoryService/PurgeOrg": grpclib.const.Handler(
+                self.__rpc_purge_org,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PurgeOrgRequest,
+                PurgeOrgResponse,
             ),
         }
