@@ -109,46 +109,19 @@ _HOT_SET_SQL = f"""
 """
 
 
-# BM25 (Okapi, k1 = BM25_K1, b = BM25_B) of the agent's memories that hold any of the
-# query's lexemes ($3, text, normalised as the stored ones: 'english'), best $4 first,
-# from the agent's postings (``memory_terms``, migration 0005): only the postings of the
-# query's lexemes are read, by primary-key range. Document frequency is the number of
-# the agent's postings of a lexeme (a window count), the collection size and average
-# length come from ``memory_stats``; a document's length is its number of distinct
-# lexemes. A query of stop words only has no lexeme and matches nothing. The winners'
-# rows are then read by primary key, one LATERAL look-up each (the planner cannot
-# estimate the BM25 CTEs; it had joined them by scanning the agent's rows once per
-# winner). Rows come with their embedding: scoring computes their semantic relevance
-# as for hot memories.
-BM25_K1 = 1.2
-BM25_B = 0.75
+# The lexical search: ``ibex_bm25`` (migration 0005) ranks the agent's memories that
+# hold any of the query's lexemes by BM25 from the agent's postings (``memory_terms``:
+# only the query's lexemes are read, by index-only range scans), then the winners'
+# rows are read by primary key, one LATERAL look-up each (the planner cannot estimate
+# the function; it had joined winners by scanning the agent's rows once per winner).
+# Rows come with their embedding: scoring computes their semantic relevance as for hot
+# memories.
 _LEXICAL_SQL = f"""
-    WITH terms AS (
-        SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', $3))
-    ), postings AS (
-        SELECT p.memory_id, p.tf::float8 AS tf, p.dl::float8 AS dl,
-               count(*) OVER (PARTITION BY p.lexeme)::float8 AS df
-        FROM terms
-        JOIN memory_terms AS p ON p.org_id = $1 AND p.agent_id = $2 AND p.lexeme = terms.lexeme
-    ), stats AS (
-        SELECT greatest(memories, 1)::float8 AS n,
-               greatest(lexemes::float8 / greatest(memories, 1), 1.0) AS avgdl
-        FROM memory_stats WHERE org_id = $1 AND agent_id = $2
-    ), top AS (
-        SELECT postings.memory_id AS id,
-               sum(ln(1 + (stats.n - postings.df + 0.5) / (postings.df + 0.5)) * postings.tf * {BM25_K1 + 1!r}
-                   / (postings.tf + {BM25_K1!r} * ({1 - BM25_B!r} + {BM25_B!r} * postings.dl / stats.avgdl)))
-                   AS bm25
-        FROM postings CROSS JOIN stats
-        GROUP BY postings.memory_id
-        ORDER BY bm25 DESC, postings.memory_id
-        LIMIT $4
-    )
     SELECT {_MEMORY_COLUMNS}, m.embedding, top.bm25
-    FROM top
+    FROM ibex_bm25($1, $2, $3, $4) AS top
     CROSS JOIN LATERAL (
         SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts, embedding
-        FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = top.id
+        FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = top.memory_id
         LIMIT 1
     ) AS m
     LEFT JOIN LATERAL (

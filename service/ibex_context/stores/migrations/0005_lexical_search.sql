@@ -28,8 +28,18 @@ CREATE TABLE IF NOT EXISTS memory_terms (
     memory_id uuid     NOT NULL,
     tf        smallint NOT NULL,
     dl        smallint NOT NULL,
-    PRIMARY KEY (org_id, agent_id, lexeme, memory_id)
+    -- tf and dl ride in the index: a search is an index-only range scan per query
+    -- lexeme (a lexeme's postings lie on as many heap pages as it has memories; the
+    -- heap fetches made it 4x slower).
+    PRIMARY KEY (org_id, agent_id, lexeme, memory_id) INCLUDE (tf, dl)
 );
+-- An index-only scan skips the heap only on pages the visibility map marks all-visible,
+-- which autovacuum sets; by default an insert-only table waits for 20 % more rows (1M
+-- at 5M postings) before it is vacuumed. Measured on a 419-memory agent: 0.6 ms for
+-- the BM25 function on vacuumed pages, 5-8 ms on fresh ones.
+ALTER TABLE memory_terms SET (autovacuum_vacuum_insert_scale_factor = 0.01,
+                              autovacuum_vacuum_insert_threshold = 10000);
+
 
 -- How many memories an agent has and how many distinct lexemes they hold in all:
 -- BM25 needs the collection size (IDF) and the average document length. Kept by
@@ -121,3 +131,35 @@ SELECT org_id, agent_id, count(*), coalesce(sum(length(lexemes)), 0)
 FROM memories GROUP BY org_id, agent_id
 ON CONFLICT (org_id, agent_id) DO UPDATE
     SET memories = EXCLUDED.memories, lexemes = EXCLUDED.lexemes;
+
+-- BM25 of the agent's memories that hold any of the query's lexemes, best first. A
+-- function so that its plan is made once per connection (force_generic_plan: the
+-- plan does not depend on the tenant; the service's sessions replan every statement,
+-- which cost ~2 ms here). k1 = 1.2, b = 0.75 (Okapi). Document frequency is the
+-- number of the agent's postings of a lexeme, the collection size and average length
+-- come from memory_stats; a query of stop words only has no lexeme and matches nothing.
+CREATE OR REPLACE FUNCTION ibex_bm25(p_org uuid, p_agent uuid, p_query text, p_limit integer)
+RETURNS TABLE (memory_id uuid, bm25 double precision)
+LANGUAGE sql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+    WITH terms AS (
+        SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', p_query))
+    ), postings AS (
+        SELECT p.memory_id, p.tf::float8 AS tf, p.dl::float8 AS dl,
+               count(*) OVER (PARTITION BY p.lexeme)::float8 AS df
+        FROM terms
+        JOIN memory_terms AS p ON p.org_id = p_org AND p.agent_id = p_agent AND p.lexeme = terms.lexeme
+    ), stats AS (
+        SELECT greatest(s.memories, 1)::float8 AS n,
+               greatest(s.lexemes::float8 / greatest(s.memories, 1), 1.0) AS avgdl
+        FROM memory_stats AS s WHERE s.org_id = p_org AND s.agent_id = p_agent
+    )
+    SELECT postings.memory_id,
+           sum(ln(1 + (stats.n - postings.df + 0.5) / (postings.df + 0.5)) * postings.tf * 2.2
+               / (postings.tf + 1.2 * (0.25 + 0.75 * postings.dl / stats.avgdl))) AS bm25
+    FROM postings CROSS JOIN stats
+    GROUP BY postings.memory_id
+    ORDER BY bm25 DESC, postings.memory_id
+    LIMIT p_limit
+$$;
