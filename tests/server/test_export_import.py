@@ -150,7 +150,9 @@ async def test_client_read_export_and_purge_calls(shared_service: ContextService
         assert [m.id for m in rest.memories] == [ids[2]] and not rest.next_page_token
 
         hits = await client.search_memories(tenant.org_id, tenant.agent_id, "ferry 11:15", top_k=2)
-        assert hits[0].memory.id == ids[4] and hits[0].relevance == hits[0].similarity
+        assert hits[0].memory.id == ids[4]
+        # Relevance as the assembly computes it: the semantic and lexical halves, 0.5 each.
+        assert hits[0].relevance == pytest.approx(0.5 * hits[0].similarity + 0.5 * hits[0].lexical_score)
 
         assert not (await client.get_directive(tenant.org_id, tenant.agent_id)).exists
         pages = [p async for p in client.export_pages(tenant.org_id, tenant.agent_id, page_size=4)]

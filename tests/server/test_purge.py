@@ -161,9 +161,12 @@ async def test_purge_org_leaves_nothing_of_any_of_its_agents(
     bystander = Tenant(str(uuid.uuid4()), tenant.agent_id)
     for t in (tenant, sibling, bystander):
         await _populate(memories, assembly, pg, t)
-    # An agent that was only ever assembled for: cache entries, no rows.
+    # An agent with cache entries and no rows (the service no longer caches unknown
+    # agents, issue 18, but an older version did): assembling leaves nothing, and a
+    # key left behind is found by the org scan.
     await assembly.AssembleContext(request(only_read.org_id, only_read.agent_id, user("hello")))
-    assert await _keys(cache, f"{{{only_read.org_id}}}:*:{only_read.agent_id}")
+    assert not await _keys(cache, f"{{{only_read.org_id}}}:*:{only_read.agent_id}")
+    await cache.set(f"{{{only_read.org_id}}}:directive:{only_read.agent_id}", b"left by an older version")
     # An org-wide key of a kind the service may add later: "any derived key" goes too.
     await cache.set(f"{{{tenant.org_id}}}:org_summary", b"derived")
     bystander_rows = await _rows(pg, bystander.org_id)
