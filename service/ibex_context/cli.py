@@ -302,14 +302,16 @@ def render_response(response: pb.AssembleContextResponse) -> str:
     )
     for mem in md.memories:
         lines.append(
-            f"  {mem.id} {mem.category:<10} score={mem.score:.3f} rel={mem.relevance:.3f} "
+            f"  #{mem.handle:<3} {mem.id} {mem.category:<10} score={mem.score:.3f} "
+            f"rel={mem.relevance:.3f} (semantic={mem.semantic:.3f} lexical={mem.lexical:.3f}) "
             f"rec={mem.recency:.3f} use={mem.usefulness:.2f} conf={mem.confidence:.2f} "
             f"freq={mem.frequency:.2f} tokens={mem.tokens}"
         )
     tm = md.timings
     lines.append(
         f"timings µs: total={tm.total_us} budget={tm.budget_us} directive={tm.directive_us} hot={tm.hot_us} "
-        f"embed={tm.embed_us} cold={tm.cold_us} score={tm.score_us} pack={tm.pack_us} format={tm.format_us}"
+        f"embed={tm.embed_us} cold={tm.cold_us} lexical={tm.lexical_us} score={tm.score_us} "
+        f"pack={tm.pack_us} format={tm.format_us}"
     )
     return "\n".join(lines)
 
