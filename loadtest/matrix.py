@@ -17,8 +17,8 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
 7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
    HNSW build take tens of minutes here; see the estimate printed).
 
-Each step writes ``loadtest/results/<date>-<label>.md`` (committed when ``--commit``),
-and the matrix writes ``loadtest/results/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
+Each step writes ``benchmarks/results/loadtest/<date>-<label>.md`` (committed when ``--commit``),
+and the matrix writes ``benchmarks/results/loadtest/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
 subset) with every figure and the
 targets met or missed. ``--only`` runs a subset (comma-separated step names:
 rates, max, profile, workers, minilm, large, big).
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A subset of the steps gets its own summary, so it does not replace the full one.
     default = [s for s in STEPS if s != "big"]
     suffix = "" if chosen == default else "-" + "-".join(chosen)
-    out = ROOT / "loadtest" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
+    out = ROOT / "benchmarks" / "results" / "loadtest" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
     for name in STEPS:
         if name in chosen:
             actions[name]()

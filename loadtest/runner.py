@@ -12,7 +12,7 @@ reused; Redis and PostgreSQL pinned to the load generator's CPU), start
 CPU 1 at a constant arrival rate, scrape the service's own
 ``/metrics`` after the warm-up and at the end (per-stage histogram deltas -> mean and
 approximate p99), read the server's CPU time from ``/proc``, gate on p99 and fallback
-rate, and write ``loadtest/results/<date>-<scenario>.md``. The exit code is locust's
+rate, and write ``benchmarks/results/loadtest/<date>-<scenario>.md``. The exit code is locust's
 gate (0: passed).
 """
 
@@ -1047,8 +1047,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--reseed", action="store_true")
     p.add_argument("--out-dir", default=str(ROOT / "loadtest" / "out"))
-    p.add_argument("--results-dir", default=str(ROOT / "loadtest" / "results"))
-    p.add_argument("--no-results", action="store_true", help="do not write loadtest/results/*.md")
+    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results" / "loadtest"))
+    p.add_argument("--no-results", action="store_true", help="do not write a results file")
     p.add_argument("--start-timeout", type=float, default=60.0)
     p.add_argument("--server-log-level", default="WARNING")
     args = p.parse_args(raw)
@@ -1115,7 +1115,7 @@ def preflight(args: argparse.Namespace) -> None:
 
 
 def run_and_report(args: argparse.Namespace) -> tuple[RunResult | None, Path | None]:
-    """One run; writes ``loadtest/results/<date>-<label>.md`` unless --no-results."""
+    """One run; writes ``benchmarks/results/loadtest/<date>-<label>.md`` unless --no-results."""
     if not args.seed_only:
         preflight(args)
     result = run(args, log)
