@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.runner import stores  # noqa: E402
+from loadtest.datastores import stores  # noqa: E402
 from loadtest.workload import (  # noqa: E402
     DEFAULT_WEIGHTS,
     SCENARIOS,

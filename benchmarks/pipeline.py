@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory, Source
+from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory, Source
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.formatting import count_injected, format_context, memory_cost, section_overhead
 from ibex_context.pipeline.packing import pack_costed
@@ -57,7 +57,6 @@ from ibex_context.tokens.encodings import EncodingRegistry
 HOT = 20
 COLD = 50
 DIM = 384
-CATEGORIES = ("procedural", "factual", "preference", "behavioral", "episodic")
 WORDS = (  # noqa: SIM905
     "the agent should always prefer concise answers when user asks about billing invoices deploy "
     "kubernetes cluster namespace pod restart policy memory limit config map secret rotation "
@@ -123,7 +122,7 @@ def make_workload(seed: int, o200k: tiktoken.Encoding, cl100k: tiktoken.Encoding
             MemoryRecord(
                 id=f"mem-{seed}-{i:03d}-{hashlib.sha1(content.encode()).hexdigest()[:8]}",
                 content=content,
-                category=rng.choice(CATEGORIES),
+                category=rng.choice(CATEGORY_ORDER),
                 confidence=rng.uniform(0.3, 1.0),
                 usefulness=rng.uniform(0.0, 1.0),
                 retrieval_count=rng.randint(0, 80),

@@ -18,6 +18,11 @@ iterations of several rounds, with the per-round p50 range to show the noise.
 
     .venv/bin/python benchmarks/serialization.py                # writes benchmarks/results/serialization.md
     taskset -c 1 .venv/bin/python benchmarks/serialization.py --rounds 5 --iterations 2000
+
+betterproto2 is not a dependency of the service: the ``benchmark`` extra
+(``pip install -e '.[benchmark]'``, part of ``dev``) brings it and its compiler, and
+this script generates the dataclasses from ``proto/`` into a temporary directory
+for the run.
 """
 
 from __future__ import annotations
@@ -30,20 +35,22 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
+from importlib import import_module
+from importlib.metadata import version
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import betterproto2
 import google.protobuf
 from google.protobuf.internal import api_implementation
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.models import ChatMessage
-from ibex_context.protodc.ibex.context import v1 as dc
+from ibex_context.models import CATEGORY_ORDER, ChatMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_US = 500.0
@@ -119,7 +126,7 @@ class ResponseValues:
     sources: tuple[tuple[str, int, int, int, str], ...]
 
 
-_CATEGORIES = ("procedural", "factual", "preference", "behavioral", "episodic")
+_CATEGORIES = CATEGORY_ORDER
 _TIMING_FIELDS = (
     "budget_us",
     "directive_us",
@@ -333,22 +340,41 @@ class UpbListsCodec(UpbCodec):
         return data
 
 
+def generate_betterproto_messages(out: Path) -> ModuleType:
+    """betterproto2 dataclasses of proto/, generated into ``out`` for this run (not shipped)."""
+    protos = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto"))
+    package = out / "bench_protodc"
+    package.mkdir(parents=True)
+    plugin_dir = str(Path(sys.executable).parent)
+    protoc = [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}"]
+    subprocess.run(
+        [*protoc, f"--python_betterproto2_out={package}", *protos],
+        check=True,
+        env={**os.environ, "PATH": plugin_dir + os.pathsep + os.environ.get("PATH", "")},
+    )
+    sys.path.insert(0, str(out))
+    return import_module("bench_protodc.ibex.context.v1")
+
+
 class BetterprotoCodec:
-    name = f"betterproto2 {betterproto2.__version__} dataclasses"
+    name = f"betterproto2 {version('betterproto2')} dataclasses"
     response_only = False
 
+    def __init__(self, messages: ModuleType) -> None:
+        self.dc = messages
+
     def encode_request(self, messages: Sequence[ChatMessage]) -> bytes:
-        req = dc.AssembleContextRequest(
-            **REQUEST_IDS, messages=[dc.Message(role=m.role, content=m.content) for m in messages]
+        req = self.dc.AssembleContextRequest(
+            **REQUEST_IDS, messages=[self.dc.Message(role=m.role, content=m.content) for m in messages]
         )
         return bytes(req)
 
     def decode_request(self, data: bytes) -> tuple[ChatMessage, ...]:
-        req = dc.AssembleContextRequest.parse(data)
+        req = self.dc.AssembleContextRequest.parse(data)
         return tuple(ChatMessage(m.role, m.content) for m in req.messages)
 
     def encode_response(self, v: ResponseValues) -> bytes:
-        meta = dc.InjectionMetadata(
+        meta = self.dc.InjectionMetadata(
             directive_injected=True,
             memories_injected=len(v.memories),
             memories_available=len(v.memories) + 30,
@@ -356,10 +382,10 @@ class BetterprotoCodec:
             context_window_used=6,
             was_truncated=True,
             memory_ids=[m.id for m in v.memories],
-            degradation_level=dc.DegradationLevel.FULL,
-            timings=dc.StageTimings(**dict(zip(_TIMING_FIELDS, v.timings, strict=True))),
+            degradation_level=self.dc.DegradationLevel.FULL,
+            timings=self.dc.StageTimings(**dict(zip(_TIMING_FIELDS, v.timings, strict=True))),
             memories=[
-                dc.InjectedMemory(
+                self.dc.InjectedMemory(
                     id=m.id,
                     category=m.category,
                     tokens=m.tokens,
@@ -369,11 +395,11 @@ class BetterprotoCodec:
                     usefulness=m.usefulness,
                     confidence=m.confidence,
                     frequency=m.frequency,
-                    source=dc.MemorySource(m.source),
+                    source=self.dc.MemorySource(m.source),
                 )
                 for m in v.memories
             ],
-            tokens=dc.TokenAccounting(
+            tokens=self.dc.TokenAccounting(
                 encoding="o200k_base",
                 exact=True,
                 context_window=128_000,
@@ -386,20 +412,22 @@ class BetterprotoCodec:
                 constrained=False,
             ),
             sources=[
-                dc.SourceOutcome(source=s, status=dc.SourceStatus(st), duration_us=d, count=c, detail=det)
+                self.dc.SourceOutcome(
+                    source=s, status=self.dc.SourceStatus(st), duration_us=d, count=c, detail=det
+                )
                 for s, st, d, c, det in v.sources
             ],
             degradation_reasons=[],
             profile="default",
             request_id="req-0001",
         )
-        resp = dc.AssembleContextResponse(
-            messages=[dc.Message(role=m.role, content=m.content) for m in v.messages], metadata=meta
+        resp = self.dc.AssembleContextResponse(
+            messages=[self.dc.Message(role=m.role, content=m.content) for m in v.messages], metadata=meta
         )
         return bytes(resp)
 
     def decode_response(self, data: bytes) -> Any:
-        return dc.AssembleContextResponse.parse(data)
+        return self.dc.AssembleContextResponse.parse(data)
 
 
 # --------------------------------------------------------------------------- timing
@@ -491,7 +519,9 @@ def run(iterations_upb: int, iterations_bp: int, rounds: int) -> str:
     client = make_request_values(rng)
     resp20 = make_response_values(rng, client, 20)
     resp50 = make_response_values(rng, client, 50)
-    upb, upb_lists, bp = UpbCodec(), UpbListsCodec(), BetterprotoCodec()
+    generated = tempfile.TemporaryDirectory(prefix="bench-protodc-")
+    upb, upb_lists = UpbCodec(), UpbListsCodec()
+    bp = BetterprotoCodec(generate_betterproto_messages(Path(generated.name)))
     codecs: list[tuple[Any, int]] = [(upb, iterations_upb), (upb_lists, iterations_upb), (bp, iterations_bp)]
 
     # Every codec must produce the same message: cross-parse before timing.
@@ -584,7 +614,8 @@ def render(
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}; CPU affinity of the benchmark {affinity}.",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), protobuf "
         f"{google.protobuf.__version__} (backend `{api_implementation.Type()}`), betterproto2 "
-        f"{betterproto2.__version__} (compiler 0.10.1); code generated by `scripts/codegen.py`.",
+        f"{version('betterproto2')} (compiler {version('betterproto2-compiler')}); upb code from "
+        "`scripts/codegen.py`, betterproto2 code generated by this script.",
         f"- Request: 20 messages of 800 chars ({tokens['client messages']} cl100k tokens each), "
         f"{sizes['request']:,} B on the wire. Response: one injected system message "
         f"({tokens['system message (20 memories)']:,} cl100k tokens with 20 memories of 800 chars; "

@@ -14,7 +14,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-CATEGORIES: tuple[str, ...] = ("procedural", "factual", "preference", "behavioral", "episodic")
+from ibex_context.models import CATEGORY_ORDER
+
+# The service's categories, in its order (the weights below follow it).
+CATEGORIES: tuple[str, ...] = CATEGORY_ORDER
 # Rough share of each category in an agent's memories.
 CATEGORY_WEIGHTS: tuple[float, ...] = (0.2, 0.3, 0.2, 0.1, 0.2)
 

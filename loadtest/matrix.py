@@ -17,8 +17,8 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
 7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
    HNSW build take tens of minutes here; see the estimate printed).
 
-Each step writes ``loadtest/results/<date>-<label>.md`` (committed when ``--commit``),
-and the matrix writes ``loadtest/results/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
+Each step writes ``benchmarks/results/loadtest/<date>-<label>.md`` (committed when ``--commit``),
+and the matrix writes ``benchmarks/results/loadtest/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
 subset) with every figure and the
 targets met or missed. ``--only`` runs a subset (comma-separated step names:
 rates, max, profile, workers, minilm, large, big).
@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from loadtest import runner  # noqa: E402
+from loadtest import options, runner  # noqa: E402
+from loadtest.machine import git_commit  # noqa: E402
+from loadtest.measure import RunResult  # noqa: E402
 
 STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big")
 
@@ -51,7 +53,7 @@ class Row:
     data: str
     config: str
     offered: float
-    result: runner.RunResult | None
+    result: RunResult | None
     path: Path | None
     note: str = ""
 
@@ -100,7 +102,7 @@ class Matrix:
 
     def step(self, label: str, data: str, config: str, argv: list[str], offered: float) -> Row:
         common = ["--duration", str(self.opts.duration), "--warmup", str(self.opts.warmup), "--label", label]
-        args = runner.parse_args([*argv, *common])
+        args = options.parse_args([*argv, *common])
         runner.log(f"=== matrix step {label}: loadtest/run {' '.join(args.argv)}")
         try:
             result, path = runner.run_and_report(args)
@@ -221,7 +223,7 @@ class Matrix:
         lines = [
             "# Benchmark matrix",
             "",
-            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {runner.git_commit()}. Command: `loadtest/matrix {' '.join(self.opts.argv)}`.",
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}. Command: `loadtest/matrix {' '.join(self.opts.argv)}`.",
             "",
             f"Every step: server pinned to CPU 0 (unless stated), locust and the stores (Redis, PostgreSQL) to CPU 1, {self.opts.warmup:g} s warm-up + "
             f"{self.opts.duration:g} s measured, 45 ms gRPC deadline, unique questions. Details, stage breakdowns and "
@@ -347,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A subset of the steps gets its own summary, so it does not replace the full one.
     default = [s for s in STEPS if s != "big"]
     suffix = "" if chosen == default else "-" + "-".join(chosen)
-    out = ROOT / "loadtest" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
+    out = ROOT / "benchmarks" / "results" / "loadtest" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
     for name in STEPS:
         if name in chosen:
             actions[name]()

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibex_context.profiles.loader import MAX_ASSEMBLY_MS
 from ibex_context.profiles.model import BudgetLimits
+from ibex_context.profiles.schema import MAX_ASSEMBLY_MS
 
 _DEFAULT = BudgetLimits()
 # Each source must answer strictly before the assembly deadline.

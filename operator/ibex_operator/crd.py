@@ -1,237 +1,91 @@
-"""The ContextProfile CRD, built in code so the spec schema is written once.
+"""The ContextProfile CRD, generated from the profile schema.
 
-``status.effective`` repeats the spec's schema (without defaults and CEL rules),
-which hand-written YAML would have to duplicate. The canonical YAML file
-(``crds/contextprofiles.context.ibex.dev.yaml``, copied by the Helm chart) is
-generated from here: ``python -m ibex_operator.crd > <file>``; a test checks the
-committed file matches. The operator also reads its defaults from this schema,
-because kopf sees objects as stored and a test API server may not default them.
+The spec's fields, bounds, defaults, descriptions and CEL rules are declared once, in
+``ibex_context.profiles.schema`` (pydantic models); this module turns their JSON
+schema into a Kubernetes structural schema and wraps it in the CRD. The operator
+imports the service's ``profiles`` package (schema and loader: pydantic, no server,
+no stores) on purpose: both ship in one distribution and one image, and the operator
+validates every spec with the loader the service runs, so a profile the service
+would reject never reaches its file.
+
+``status.effective`` repeats the spec's schema (without defaults and CEL rules).
+The YAML the Helm chart installs (``charts/ibex-context/crds/``) is written by
+``scripts/codegen.py``, whose ``--check`` (CI) fails when it is stale. The operator
+also reads its defaults from this schema, because kopf sees objects as stored and a
+test API server may not default them.
 """
 
 from __future__ import annotations
 
 import copy
-import sys
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ibex_context.profiles.schema import UUID_PATTERN, ContextProfileSpec
 
 GROUP = "context.ibex.dev"
 VERSION = "v1alpha1"
 PLURAL = "contextprofiles"
 KIND = "ContextProfile"
 CRD_NAME = f"{PLURAL}.{GROUP}"
-CRD_FILE = Path(__file__).parent / "crds" / f"{CRD_NAME}.yaml"
+# Where scripts/codegen.py writes the CRD: the chart installs it from crds/.
+CRD_FILE = Path(__file__).resolve().parents[2] / "charts" / "ibex-context" / "crds" / f"{CRD_NAME}.yaml"
 
 Schema = dict[str, Any]
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Requests carry org and agent ids as UUIDs (lower-cased by the service): any other
-# selector id could never match. The service's loader has the same pattern.
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-_ID = {"type": "string", "maxLength": 36, "pattern": UUID_PATTERN}
-# ibex_context.models.Category, in its order (the operator does not import the service).
-CATEGORIES = ("procedural", "factual", "preference", "behavioral", "episodic")
+# JSON-schema keys that have no place in a structural schema, or say nothing to the API server.
+_DROPPED = {"title", "$defs", "propertyNames"}
 
 
-def _int(minimum: int, maximum: int, default: int | None = None, description: str = "") -> Schema:
-    s: Schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
-    if default is not None:
-        s["default"] = default
-    if description:
-        s["description"] = description
-    return s
-
-
-def _num(
-    minimum: float,
-    maximum: float,
-    default: float | None = None,
-    description: str = "",
-    exclusive_maximum: bool = False,
-) -> Schema:
-    s: Schema = {"type": "number", "minimum": minimum, "maximum": maximum}
-    if exclusive_maximum:
-        s["exclusiveMaximum"] = True
-    if default is not None:
-        s["default"] = default
-    if description:
-        s["description"] = description
-    return s
-
-
-def _id_list(description: str) -> Schema:
-    return {
-        "type": "array",
-        "maxItems": 256,
-        "x-kubernetes-list-type": "set",
-        "items": dict(_ID),
-        "description": description,
-    }
+def structural(node: Any, defs: Schema) -> Any:
+    """A pydantic JSON schema (draft 2020-12) as a Kubernetes structural schema (OpenAPI 3.0)."""
+    if isinstance(node, list):
+        return [structural(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        # Keys beside the reference (a field's description, default) win over the model's.
+        node = {**defs[node.pop("$ref").rsplit("/", 1)[-1]], **node}
+    if "anyOf" in node:
+        # ``X | None``: the field is optional; absent is how a structural schema says null.
+        (only,) = [n for n in node.pop("anyOf") if n.get("type") != "null"]
+        node = {**only, **node}
+    if node.get("default", ...) is None:
+        del node["default"]
+    out: Schema = {}
+    for key, value in node.items():
+        if key in _DROPPED or (key == "additionalProperties" and value is False):
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum"):
+            # Draft 2020-12 gives the bound; OpenAPI 3.0 a flag beside minimum/maximum.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "properties":
+            out[key] = {k: structural(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = structural(value, defs)
+        elif key == "x-kubernetes-validations":
+            out[key] = [{k: rule[k] for k in ("rule", "message", "fieldPath") if k in rule} for rule in value]
+        else:
+            out[key] = value
+    names = node.get("propertyNames", {}).get("enum")
+    if names and "additionalProperties" in out:
+        # A map with enumerated keys (categories): one property per key.
+        value_schema = out.pop("additionalProperties")
+        out.pop("maxProperties", None)
+        out["properties"] = {name: copy.deepcopy(value_schema) for name in names}
+    # pydantic sorts keys; type and description first read better in the YAML.
+    first = [k for k in ("type", "description") if k in out]
+    return {k: out[k] for k in [*first, *(k for k in out if k not in first)]}
 
 
 def spec_properties() -> Schema:
-    weight = {"type": "number", "minimum": 0, "maximum": 1}
-    return {
-        "selector": {
-            "type": "object",
-            "description": "Which requests use this profile. Precedence: agentIds > orgIds > default.",
-            "properties": {
-                "agentIds": _id_list("Agent ids this profile applies to."),
-                "orgIds": _id_list("Org ids this profile applies to (agents without their own profile)."),
-                "default": {
-                    "type": "boolean",
-                    "default": False,
-                    "description": "Use for requests no agent or org profile matches.",
-                },
-            },
-            "x-kubernetes-validations": [
-                {
-                    "rule": "(has(self.agentIds) && size(self.agentIds) > 0) || "
-                    "(has(self.orgIds) && size(self.orgIds) > 0) || (has(self.default) && self.default)",
-                    "message": "selector must name at least one agentId or orgId, or set default: true",
-                }
-            ],
-        },
-        "service": {
-            "type": "string",
-            "maxLength": 63,
-            "pattern": _DNS_LABEL,
-            "description": "Name of the context-service Deployment this profile configures. "
-            "Defaults to the operator's IBEX_OPERATOR_DEFAULT_SERVICE.",
-        },
-        "budget": {
-            "type": "object",
-            "default": {},
-            "properties": {
-                "maxMemoryTokens": _int(0, 1_000_000, 4000, "Most tokens the injected memories may take."),
-                "maxMemories": _int(0, 1000, 20, "Most memories injected."),
-                "responseReserveTokens": _int(
-                    0, 1_000_000, None, "Tokens kept free for the answer (default: the model's)."
-                ),
-                "safetyBufferRatio": _num(
-                    0, 0.5, None, "Share of the window kept free (default: the model's)."
-                ),
-            },
-        },
-        "deadlines": {
-            "type": "object",
-            "default": {},
-            "description": "Milliseconds. Each source deadline must be less than assemblyMs.",
-            "properties": {
-                "assemblyMs": _int(1, 45, 40, "Bound of the whole assembly (the proxy gives up at 45 ms)."),
-                "directiveMs": _int(1, 45, 10),
-                "hotMs": _int(1, 45, 15),
-                "coldMs": _int(1, 45, 35),
-            },
-            "x-kubernetes-validations": [
-                {
-                    "rule": f"self.{f} < self.assemblyMs",
-                    "message": f"{f} must be less than assemblyMs",
-                    "fieldPath": f".{f}",
-                }
-                for f in ("directiveMs", "hotMs", "coldMs")
-            ],
-        },
-        "scoring": {
-            "type": "object",
-            "default": {},
-            "properties": {
-                "weights": {
-                    "type": "object",
-                    "default": {},
-                    "properties": {
-                        "relevance": {**weight, "default": 0.80},
-                        "recency": {**weight, "default": 0.08},
-                        "usefulness": {**weight, "default": 0.08},
-                        "confidence": {**weight, "default": 0.04},
-                        "frequency": {**weight, "default": 0.0},
-                    },
-                    "x-kubernetes-validations": [
-                        {
-                            "rule": "self.relevance + self.recency + self.usefulness + self.confidence"
-                            " + self.frequency > 0.0",
-                            "message": "at least one weight must be greater than 0",
-                        }
-                    ],
-                },
-                "halfLifeDays": {
-                    "type": "object",
-                    "description": "Recency half-life (days) per memory category, over the built-in ones.",
-                    "properties": {
-                        c: {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 36500}
-                        for c in CATEGORIES
-                    },
-                },
-                "relevanceFloor": _num(
-                    0, 1, 0.15, "Candidates less relevant than this are dropped.", exclusive_maximum=True
-                ),
-                "lexicalWeight": _num(
-                    0, 1, 0.5, "Share of relevance from the lexical (BM25) match; the rest is semantic."
-                ),
-            },
-        },
-        "format": {"type": "string", "enum": ["xml", "markdown", "json"], "default": "xml"},
-        "injectionMode": {
-            "type": "string",
-            "enum": ["system_first", "merge_system"],
-            "default": "system_first",
-        },
-        "models": {
-            "type": "array",
-            "maxItems": 32,
-            "description": "Models added to or overriding the built-in catalogue.",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            "items": {
-                "type": "object",
-                "required": ["name", "contextWindow", "maxOutputTokens", "encoding"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1, "maxLength": 128},
-                    "contextWindow": _int(1, 10_000_000),
-                    "maxOutputTokens": _int(1, 10_000_000),
-                    "encoding": {
-                        "type": "string",
-                        "minLength": 1,
-                        "maxLength": 64,
-                        "pattern": "^[a-z0-9_]+$",
-                        "description": "tiktoken encoding, e.g. o200k_base.",
-                    },
-                    "exact": {
-                        "type": "boolean",
-                        "default": True,
-                        "description": "False when the encoding only approximates the tokenizer.",
-                    },
-                },
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "self.maxOutputTokens < self.contextWindow",
-                        "message": "maxOutputTokens must be less than contextWindow",
-                    }
-                ],
-            },
-        },
-        "autoscaling": {
-            "type": "object",
-            "default": {},
-            "description": "Contributes to the service's HPA: max of minReplicas and maxReplicas, "
-            "min of the targets over every profile of the service.",
-            "properties": {
-                "minReplicas": _int(1, 100, 2),
-                "maxReplicas": _int(1, 1000, 10),
-                "targetInflightPerPod": _int(1, 10_000, 16, "Average in-flight calls per pod to aim for."),
-                "targetCPUUtilizationPercentage": _int(1, 100, 70),
-            },
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.minReplicas <= self.maxReplicas",
-                    "message": "minReplicas must be less than or equal to maxReplicas",
-                    "fieldPath": ".minReplicas",
-                }
-            ],
-        },
-    }
+    generated = ContextProfileSpec.model_json_schema(by_alias=True)
+    properties: Schema = structural(generated, generated.get("$defs", {}))["properties"]
+    return properties
 
 
 def _strip(schema: Any) -> Any:
@@ -366,8 +220,66 @@ def build_crd() -> Schema:
 
 
 def render_crd_yaml() -> str:
-    header = "# Generated by `python -m ibex_operator.crd`; do not edit by hand.\n"
+    header = "# Generated by scripts/codegen.py from ibex_context/profiles/schema.py; do not edit by hand.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+
+
+def _bounds(node: Schema) -> str:
+    parts = []
+    if "minimum" in node:
+        parts.append(f"{'>' if node.get('exclusiveMinimum') else '≥'} {node['minimum']}")
+    if "maximum" in node:
+        parts.append(f"{'<' if node.get('exclusiveMaximum') else '≤'} {node['maximum']}")
+    if "enum" in node:
+        parts.append(" \\| ".join(f"`{v}`" for v in node["enum"]))
+    if "maxItems" in node:
+        parts.append(f"≤ {node['maxItems']} items")
+    if node.get("pattern") == UUID_PATTERN:
+        parts.append("UUID")
+    elif node.get("pattern"):
+        parts.append(f"`{node['pattern']}`")
+    elif "maxLength" in node:
+        parts.append(f"≤ {node['maxLength']} chars")
+    return ", ".join(parts)
+
+
+def _rows(properties: Schema, prefix: str) -> list[str]:
+    rows = []
+    for key, node in properties.items():
+        path = f"{prefix}{key}"
+        items = node.get("items", {})
+        kind = node["type"] + (f" of {items['type']}" if node["type"] == "array" else "")
+        if node["type"] == "array" and items.get("pattern") == UUID_PATTERN:
+            kind += " (UUIDs)"
+        default = node.get("default")
+        # A section's default is {}: its fields' defaults say more.
+        shown = "" if default is None or default == {} else f"`{json.dumps(default)}`"
+        description = (node.get("description") or "").replace("\n", " ")
+        rows.append(f"| `{path}` | {kind} | {shown} | {_bounds(node)} | {description} |")
+        if node["type"] == "object" and "properties" in node:
+            rows.extend(_rows(node["properties"], f"{path}."))
+        if node["type"] == "array" and "properties" in node["items"]:
+            rows.extend(_rows(node["items"]["properties"], f"{path}[]."))
+    return rows
+
+
+def _rules(properties: Schema, prefix: str) -> list[str]:
+    lines = []
+    for key, node in properties.items():
+        path = f"{prefix}{key}"
+        lines += [f"- `{path}`: {r['message']}" for r in node.get("x-kubernetes-validations", [])]
+        lines += _rules(node.get("properties", {}), f"{path}.")
+        if "items" in node:
+            lines += _rules({"[]": node["items"]}, path)
+    return lines
+
+
+def docs_table() -> str:
+    """The field table of docs/profiles.md: every spec field with type, default, bounds, meaning,
+    then the rules across fields (CEL in the CRD, the same checks in the service's loader)."""
+    header = ["| field | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+    rules = ["", "Rules across fields:", "", *_rules(spec_properties(), "")]
+    return "\n".join(header + _rows(spec_properties(), "") + rules) + "\n"
 
 
 def openapi_schema() -> Schema:
@@ -393,7 +305,3 @@ def default_spec(spec: dict[str, Any]) -> dict[str, Any]:
     spec_schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaulted: dict[str, Any] = apply_defaults(spec_schema, spec)
     return defaulted
-
-
-if __name__ == "__main__":
-    sys.stdout.write(render_crd_yaml())

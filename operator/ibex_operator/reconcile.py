@@ -18,7 +18,7 @@ from typing import Any
 from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import API_VERSION as FILE_API_VERSION
 from ibex_context.profiles.loader import FILE_KIND, parse_entry
-from ibex_context.profiles.model import DEFAULT_HALF_LIVES_DAYS
+from ibex_context.profiles.schema import DEFAULT_HALF_LIVES_DAYS, OPERATOR_ONLY_FIELDS
 
 from ibex_operator.crd import GROUP, KIND, VERSION, default_spec
 
@@ -125,9 +125,7 @@ def file_entry(name: str, created_at: str | None, spec: Mapping[str, Any]) -> Ob
     entry: Obj = {"name": name}
     if created_at:
         entry["createdAt"] = created_at
-    for key in ("selector", "budget", "deadlines", "scoring", "format", "injectionMode", "models"):
-        if key in spec:
-            entry[key] = spec[key]
+    entry.update((k, v) for k, v in spec.items() if k not in OPERATOR_ONLY_FIELDS)
     return entry
 
 
@@ -249,31 +247,17 @@ def _validate(view: ProfileView, default_service: str | None) -> _Valid | tuple[
         return ("NoService", "spec.service is empty and the operator has no IBEX_OPERATOR_DEFAULT_SERVICE")
     entry = file_entry(view.name, view.created_at, spec)
     try:
-        # The service's own validator: a profile it would reject never reaches the file.
-        parse_entry(entry, label="spec")
+        # The service's own validator, over the whole spec (the operator-only parts too: the API
+        # server's schema and CEL normally guarantee them, a test server or an old CRD may not):
+        # a profile the service would reject never reaches the file.
+        parse_entry({**entry, **{k: spec[k] for k in OPERATOR_ONLY_FIELDS if k in spec}}, label="spec")
     except ConfigurationError as exc:
         return ("InvalidSpec", str(exc))
-    problem = _autoscaling_problem(spec.get("autoscaling"))
-    if problem:
-        return ("InvalidSpec", f"spec: autoscaling: {problem}")
     effective = dict(spec, service=service)
     scoring = dict(effective["scoring"])
     scoring["halfLifeDays"] = {**DEFAULT_HALF_LIVES_DAYS, **(scoring.get("halfLifeDays") or {})}
     effective["scoring"] = scoring
     return _Valid(view=view, service=service, spec=effective, entry=entry)
-
-
-def _autoscaling_problem(scaling: Any) -> str | None:
-    # The API server's schema and CEL normally guarantee this; a test server or an old CRD may not.
-    if not isinstance(scaling, dict):
-        return "must be an object"
-    for key in ("minReplicas", "maxReplicas", "targetInflightPerPod", "targetCPUUtilizationPercentage"):
-        value = scaling.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return f"{key} must be a positive integer"
-    if scaling["minReplicas"] > scaling["maxReplicas"]:
-        return "minReplicas must be less than or equal to maxReplicas"
-    return None
 
 
 def _condition(type_: str, status: bool, reason: str, message: str, view: ProfileView, now: str) -> Obj:

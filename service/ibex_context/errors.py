@@ -2,11 +2,13 @@
 
 IbexError
 ├── InvalidRequest            bad input; becomes gRPC INVALID_ARGUMENT naming the field
-│   └── RequestTooLarge       becomes RESOURCE_EXHAUSTED
 ├── ConfigurationError        bad settings or profiles, found at start-up or reload
 ├── StoreError                Redis or PostgreSQL failed
 │   └── StoreUnavailable      the store cannot be reached at all
 └── EmbeddingError            the embedder failed
+
+An oversized request never becomes an exception here: server/request_size.py refuses it
+from its length prefix, before its body is read, also with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -23,10 +25,6 @@ class InvalidRequest(IbexError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
-
-
-class RequestTooLarge(InvalidRequest):
-    """The request exceeds a size limit."""
 
 
 class ConfigurationError(IbexError):

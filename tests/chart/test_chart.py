@@ -30,7 +30,6 @@ from tests.chart.conftest import (
     IMAGE_REPOSITORY_SET,
     MINIMUM_KUBERNETES_VERSION,
     NAMESPACE,
-    REPO,
     VALIDATED_KUBERNETES_VERSION,
     VALUES_SETS,
     Rendered,
@@ -38,7 +37,6 @@ from tests.chart.conftest import (
     template_args,
 )
 
-CANONICAL_CRD = REPO / "operator" / "ibex_operator" / "crds" / "contextprofiles.context.ibex.dev.yaml"
 CHART_CRD = CHART / "crds" / "contextprofiles.context.ibex.dev.yaml"
 CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor"}
 SERVER_LABELS = {
@@ -566,14 +564,7 @@ def test_operator_is_absent_when_disabled(render: Callable[..., Rendered]) -> No
     assert not r.of_kind("Role") and not r.of_kind("ContextProfile")
 
 
-# --- the CRD and the default ContextProfile --------------------------------------------------------
-
-
-def test_chart_crd_is_byte_identical_to_the_operators_canonical_crd() -> None:
-    assert CANONICAL_CRD.is_file(), f"{CANONICAL_CRD} is missing"
-    assert CHART_CRD.read_bytes() == CANONICAL_CRD.read_bytes(), (
-        f"copy {CANONICAL_CRD.relative_to(REPO)} into {CHART_CRD.parent.relative_to(REPO)}/"
-    )
+# --- the CRD (generated from the profile schema: tests/operator/test_crd.py) and the default profile -
 
 
 def test_crd_is_shipped_in_crds_and_validates(render: Callable[..., Rendered]) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from loadtest.runner import SCENARIOS, parse_args, stolen_seconds
+from loadtest.machine import stolen_seconds
+from loadtest.options import SCENARIOS, parse_args
 
 
 def test_the_stores_share_the_load_generators_cpus_unless_told_otherwise() -> None:

@@ -4,7 +4,7 @@
 and gates on p99 < 50 ms and fallback and failure rates < 0.1 % through its exit code.
 This test checks that the whole chain works and reports its figures; whether the gate
 passes is a measurement of the machine it runs on, recorded in the results file (and in
-``loadtest/results/``), not an assertion of a unit test.
+``benchmarks/results/loadtest/``), not an assertion of a unit test.
 """
 
 from __future__ import annotations

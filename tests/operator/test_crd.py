@@ -22,10 +22,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from ibex_context.errors import ConfigurationError
 from ibex_context.models import CATEGORY_ORDER
 from ibex_context.profiles.loader import parse_entry
 from ibex_context.profiles.model import DEFAULT_PROFILE
-from ibex_operator.crd import CATEGORIES, CRD_FILE, apply_defaults, openapi_schema, render_crd_yaml
+from ibex_operator.crd import CRD_FILE, apply_defaults, docs_table, openapi_schema, render_crd_yaml
 
 # Selector ids are UUIDs, as requests carry them.
 A = "aaaaaaaa-0000-4000-8000-000000000000"
@@ -89,9 +90,28 @@ def failing_rules(spec: dict[str, Any]) -> list[str]:
 
 
 def test_the_committed_crd_file_is_the_generated_one() -> None:
-    assert CRD_FILE.read_text() == render_crd_yaml(), "regenerate: python -m ibex_operator.crd > " + str(
-        CRD_FILE
-    )
+    assert CRD_FILE.read_text() == render_crd_yaml(), "regenerate: python scripts/codegen.py"
+
+
+def test_the_docs_field_table_is_the_generated_one() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "profiles.md").read_text()
+    assert docs_table() in doc, "regenerate: python scripts/codegen.py"
+
+
+def test_a_rule_of_the_schema_is_both_a_cel_rule_and_a_loader_check() -> None:
+    # One declaration (profiles.schema.Rule): the CRD's CEL and the loader's message agree.
+    deadlines = spec_schema()["properties"]["deadlines"]
+    cold = next(r for r in deadlines["x-kubernetes-validations"] if r.get("fieldPath") == ".coldMs")
+    assert cold == {
+        "rule": "self.coldMs < self.assemblyMs",
+        "message": "coldMs must be less than assemblyMs",
+        "fieldPath": ".coldMs",
+    }
+    with pytest.raises(ConfigurationError, match=cold["message"]):
+        parse_entry({"name": "x", "selector": {"default": True}, "deadlines": {"assemblyMs": 20}})
+    assert failing_rules({"selector": {"default": True}, "deadlines": {"assemblyMs": 20}}) == [
+        "spec.deadlines"
+    ]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -163,7 +183,8 @@ def test_crd_defaults_are_the_services_built_in_defaults() -> None:
         DEFAULT_PROFILE.format,
         DEFAULT_PROFILE.injection_mode,
     )
-    assert set(CATEGORIES) == set(CATEGORY_ORDER)
+    half_lives = spec_schema()["properties"]["scoring"]["properties"]["halfLifeDays"]["properties"]
+    assert list(half_lives) == list(CATEGORY_ORDER)
 
 
 def test_every_default_passes_its_own_schema() -> None:

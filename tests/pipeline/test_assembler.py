@@ -111,7 +111,9 @@ async def test_searches_ask_for_at_least_as_many_memories_as_the_profile_may_inj
 
 async def test_an_exception_inside_assembly_degrades_to_the_fetched_directive() -> None:
     # All-zero weights cannot be scored: the kind of bug that must not fail the LLM call.
-    broken = Profile(scoring=Scoring(weights=ScoringWeights(0, 0, 0, 0, 0)))
+    # (Validation makes them impossible to build; model_construct skips it, as a bug would.)
+    zero = ScoringWeights.model_construct(relevance=0, recency=0, usefulness=0, confidence=0, frequency=0)
+    broken = Profile(scoring=Scoring.model_construct(weights=zero))
     assembly = await (await _assembler()).assemble(REQUEST, broken, deadline=1.0)
     assert assembly.reasons[0] == "assembly_error"
     assert assembly.degradation is Degradation.DIRECTIVE_ONLY
@@ -129,7 +131,10 @@ async def test_no_time_at_all_passes_the_messages_through() -> None:
 
 # Deadlines of 50 ms for the hot set, 400 ms for the cold search: wide enough apart
 # that a loaded test machine cannot blur which one came first.
-SPREAD = Profile(deadlines=Deadlines(assembly_ms=900, directive_ms=50, hot_ms=50, cold_ms=400))
+# Beyond the bounds a profile may set (45 ms): built without validation, for the test only.
+SPREAD = Profile(
+    deadlines=Deadlines.model_construct(assembly_ms=900, directive_ms=50, hot_ms=50, cold_ms=400)
+)
 
 
 async def test_a_hot_set_answering_after_its_timeout_is_used_while_the_cold_search_runs() -> None:

@@ -5,7 +5,8 @@ from ibex_context.pipeline.budget import IS_CONSTRAINED_BELOW, compute_budget
 from ibex_context.profiles.model import BudgetLimits
 from ibex_context.tokens.catalogue import resolve_model
 
-UNCAPPED = BudgetLimits(max_memory_tokens=10**9)
+# Above the bound a profile may set (1,000,000): built without validation, for the test only.
+UNCAPPED = BudgetLimits.model_construct(max_memory_tokens=10**9)
 
 
 def test_gpt_4o_reserves_4096_for_the_answer_and_2_percent_safety_when_exact() -> None:
@@ -88,7 +89,10 @@ def test_reserve_has_a_floor_of_500() -> None:
         ).response_reserve
         == 615
     )
-    tiny = type(model)(name="t", context_window=2000, max_output_tokens=2000, encoding="cl100k_base")
+    # As catalogue entries are built (output may fill the window): without the profile rules.
+    tiny = type(model).model_construct(
+        name="t", context_window=2000, max_output_tokens=2000, encoding="cl100k_base"
+    )
     assert (
         compute_budget(
             tiny, messages_tokens=0, directive_tokens=0, limits=UNCAPPED, exact=True
@@ -98,7 +102,9 @@ def test_reserve_has_a_floor_of_500() -> None:
 
 
 def test_limits_override_reserve_and_safety_ratio() -> None:
-    limits = BudgetLimits(max_memory_tokens=10**9, response_reserve_tokens=1000, safety_buffer_ratio=0.05)
+    limits = BudgetLimits.model_construct(
+        max_memory_tokens=10**9, response_reserve_tokens=1000, safety_buffer_ratio=0.05
+    )
     budget = compute_budget(
         resolve_model("gpt-4o", {}), messages_tokens=0, directive_tokens=0, limits=limits, exact=True
     )

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.packing import pack, pack_costed
+from ibex_context.pipeline.packing import PackResult, pack_costed
 
 
 def item(id: str, tokens: int, score: float) -> ScoredMemory:
@@ -20,6 +20,11 @@ def item(id: str, tokens: int, score: float) -> ScoredMemory:
         frequency=0.0,
         tokens=tokens,
     )
+
+
+def pack(candidates: list[ScoredMemory], budget: int, *, max_items: int) -> PackResult:
+    """Each candidate costing its ``tokens``: the tests state costs on the items."""
+    return pack_costed(candidates, [c.tokens for c in candidates], budget, max_items=max_items)
 
 
 items_strategy = st.lists(

@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 import pytest
-from ibex_context.errors import ConfigurationError
 from ibex_context.models import MemoryRecord
-from ibex_context.pipeline.scoring import score_candidates, validate_scoring
+from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Scoring, ScoringWeights
+from pydantic import ValidationError
 
 NOW = 1_800_000_000.0
 DAY = 86_400.0
@@ -41,7 +41,9 @@ def test_no_adjustment_lifts_a_memory_by_more_than_the_share_of_the_other_weight
     worst_otherwise = memory(
         "b", similarity=0.5, usefulness=0.0, confidence=0.0, occurred_at=NOW - 10_000 * DAY
     )
-    everything = Scoring(weights=ScoringWeights(0.8, 0.05, 0.05, 0.05, 0.05))
+    everything = Scoring(
+        weights=ScoringWeights(relevance=0.8, recency=0.05, usefulness=0.05, confidence=0.05, frequency=0.05)
+    )
     high, low = score_candidates([best_otherwise, worst_otherwise], None, everything, NOW)
     assert high.score == pytest.approx(0.5)
     assert low.score == pytest.approx(0.5 * 0.8, rel=1e-3)
@@ -160,23 +162,11 @@ def test_embedding_of_another_dimension_is_treated_as_unknown() -> None:
 
 
 def test_weights_are_normalised_by_their_sum() -> None:
-    default = ScoringWeights()
-    doubled = Scoring(
-        weights=ScoringWeights(
-            *(
-                2 * w
-                for w in (default.relevance, default.recency, default.usefulness, default.confidence, 0.05)
-            )
-        )
-    )
+    default = ScoringWeights(frequency=0.05)
+    halved = Scoring(weights=ScoringWeights(**{k: v / 2 for k, v in default.model_dump().items()}))
     record = memory(similarity=0.7, usefulness=0.3, confidence=0.6, retrieval_count=10)
-    single = Scoring(
-        weights=ScoringWeights(
-            default.relevance, default.recency, default.usefulness, default.confidence, 0.05
-        )
-    )
-    (a,) = score_candidates([record], None, single, NOW)
-    (b,) = score_candidates([record], None, doubled, NOW)
+    (a,) = score_candidates([record], None, Scoring(weights=default), NOW)
+    (b,) = score_candidates([record], None, halved, NOW)
     assert a.score == pytest.approx(b.score)
 
 
@@ -195,16 +185,18 @@ def test_no_candidates_give_no_scores() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scoring", "field"),
+    ("build", "field"),
     [
-        (Scoring(weights=ScoringWeights(0, 0, 0, 0, 0)), "scoring.weights"),
-        (Scoring(weights=ScoringWeights(relevance=-0.1)), "scoring.weights.relevance"),
-        (Scoring(weights=ScoringWeights(recency=math.nan)), "scoring.weights.recency"),
-        (Scoring(half_lives_days={"factual": 0.0}), "scoring.half_lives_days.factual"),
-        (Scoring(relevance_floor=1.0), "scoring.relevance_floor"),
-        (Scoring(lexical_weight=1.5), "scoring.lexical_weight"),
+        (lambda: ScoringWeights(relevance=0, recency=0, usefulness=0, confidence=0, frequency=0), "weights"),
+        (lambda: ScoringWeights(relevance=-0.1), "relevance"),
+        (lambda: ScoringWeights(recency=math.nan), "recency"),
+        (lambda: Scoring(half_lives_days={"factual": 0.0}), "half_lives_days.factual"),
+        (lambda: Scoring(relevance_floor=1.0), "relevance_floor"),
+        (lambda: Scoring(lexical_weight=1.5), "lexical_weight"),
     ],
 )
-def test_invalid_scoring_is_a_configuration_error_naming_the_field(scoring: Scoring, field: str) -> None:
-    with pytest.raises(ConfigurationError, match=field.replace(".", r"\.")):
-        validate_scoring(scoring)
+def test_invalid_scoring_cannot_be_built_so_scoring_never_rechecks_it(build: object, field: str) -> None:
+    # Validated once, where the values are made (the profile's load); score_candidates trusts them.
+    with pytest.raises(ValidationError) as caught:
+        build()  # type: ignore[operator]
+    assert field in {".".join(map(str, e["loc"])) or "weights" for e in caught.value.errors()}

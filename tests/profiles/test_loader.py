@@ -81,7 +81,11 @@ def test_a_full_entry_becomes_the_frozen_profile_values() -> None:
     )
     assert p.scoring.weights.relevance == 0.5 and p.scoring.relevance_floor == 0.25
     assert (p.format, p.injection_mode) == ("markdown", "merge_system")
-    assert p.models == {"tiny": ModelSpec("tiny", 8192, 1024, "cl100k_base", exact=False)}
+    assert p.models == {
+        "tiny": ModelSpec(
+            name="tiny", context_window=8192, max_output_tokens=1024, encoding="cl100k_base", exact=False
+        )
+    }
     assert binding.selector.agent_ids == (BOT_1, BOT_2)  # sorted, deduplicated
     assert binding.selector.org_ids == (ACME,)
     assert binding.created_at == "2026-11-01T10:00:00Z"

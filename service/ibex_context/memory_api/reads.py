@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ibex_context.embedding.base import Embedder
@@ -72,7 +72,7 @@ def hybrid_search(cold: ColdMemorySearch, scoring: Scoring | None = None) -> Ret
         scored = score_candidates(
             candidates,
             vector,
-            replace(profile_scoring, relevance_floor=0.0),
+            profile_scoring.model_copy(update={"relevance_floor": 0.0}),
             now=time.time(),
             lexical_searched=bool(query.strip()),
         )

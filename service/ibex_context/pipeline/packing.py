@@ -36,11 +36,6 @@ class PackResult:
     was_truncated: bool
 
 
-def pack(candidates: Sequence[ScoredMemory], budget_tokens: int, *, max_items: int) -> PackResult:
-    """``pack_costed`` with each candidate's cost taken from its ``tokens``."""
-    return pack_costed(candidates, [c.tokens for c in candidates], budget_tokens, max_items=max_items)
-
-
 def pack_costed(
     candidates: Sequence[ScoredMemory], costs: Sequence[int], budget_tokens: int, *, max_items: int
 ) -> PackResult:

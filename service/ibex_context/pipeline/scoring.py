@@ -31,6 +31,8 @@ constant ones squeezed every score into ~0.45-0.65 and relevance drowned).
 
 Candidates with a known relevance below ``scoring.relevance_floor`` are dropped.
 The result is sorted by score descending, ties by id, so it is deterministic.
+``scoring`` is trusted: its bounds and rules were checked once, when the profile
+was built (``profiles.schema``), not on every request.
 ``tokens`` is left 0: packing cost depends on the format and is computed later.
 """
 
@@ -42,7 +44,6 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ibex_context.errors import ConfigurationError
 from ibex_context.models import FloatVector, MemoryRecord, ScoredMemory
 from ibex_context.profiles.model import UNKNOWN_CATEGORY_HALF_LIFE_DAYS, Scoring
 
@@ -58,31 +59,6 @@ FREQUENCY_CAP = 50
 SECONDS_PER_DAY = 86_400.0
 
 _Array = npt.NDArray[np.float64]
-
-
-def validate_scoring(scoring: Scoring) -> None:
-    """Raises ConfigurationError naming the first invalid field."""
-    weights = scoring.weights
-    values = {
-        "relevance": weights.relevance,
-        "recency": weights.recency,
-        "usefulness": weights.usefulness,
-        "confidence": weights.confidence,
-        "frequency": weights.frequency,
-    }
-    for name, value in values.items():
-        if not math.isfinite(value) or value < 0:
-            raise ConfigurationError(f"scoring.weights.{name}: must be a finite number >= 0, got {value!r}")
-    if sum(values.values()) <= 0:
-        raise ConfigurationError("scoring.weights: at least one weight must be > 0")
-    for category, days in scoring.half_lives_days.items():
-        if not math.isfinite(days) or days <= 0:
-            raise ConfigurationError(f"scoring.half_lives_days.{category}: must be > 0 days, got {days!r}")
-    if not math.isfinite(scoring.lexical_weight) or not 0 <= scoring.lexical_weight <= 1:
-        raise ConfigurationError(f"scoring.lexical_weight: must be in [0, 1], got {scoring.lexical_weight!r}")
-    floor = scoring.relevance_floor
-    if not math.isfinite(floor) or not 0 <= floor < 1:
-        raise ConfigurationError(f"scoring.relevance_floor: must be in [0, 1), got {floor!r}")
 
 
 def _semantic(
@@ -145,7 +121,6 @@ def score_candidates(
 ) -> list[ScoredMemory]:
     """``lexical_searched``: the lexical search answered for this call, so a memory
     without a ``lexical_score`` is known not to match the query's words."""
-    validate_scoring(scoring)
     if not candidates:
         return []
     n = len(candidates)

@@ -28,7 +28,9 @@ _BOUNDARIES = "-:@"
 
 
 def _spec(name: str, window: int, max_output: int, encoding: str, *, exact: bool = True) -> ModelSpec:
-    return ModelSpec(
+    # Published facts, not profile input: the profile schema's rules (e.g. output < window) are for
+    # models a profile declares, and some real models may fill their whole window with output.
+    return ModelSpec.model_construct(
         name=name, context_window=window, max_output_tokens=max_output, encoding=encoding, exact=exact
     )
 
@@ -160,7 +162,8 @@ def lookup_model(model: str, overrides: Mapping[str, ModelSpec]) -> ModelSpec | 
 
 
 def unknown_model(model: str) -> ModelSpec:
-    return ModelSpec(
+    # Per request, from the request's model name: built without the profile schema's validation.
+    return ModelSpec.model_construct(
         name=model,
         context_window=UNKNOWN_MODEL_WINDOW,
         max_output_tokens=UNKNOWN_MODEL_MAX_OUTPUT,

@@ -67,12 +67,6 @@ class MessageTokenCounter:
     def count_text(self, text: str, encoding: Encoding) -> int:
         return encoding.count(text)
 
-    def count_message(
-        self, message: ChatMessage, encoding: Encoding, *, tokens_per_message: int = TOKENS_PER_MESSAGE
-    ) -> int:
-        """One message's cost including its framing (no reply priming)."""
-        return tokens_per_message + self._cached_body(message, encoding)
-
     def count_messages(
         self,
         messages: Sequence[ChatMessage],

@@ -1,0 +1,237 @@
+"""The stores of a run: Redis and PostgreSQL+pgvector started in a data dir, configured,
+seeded once per data set, pinned, warmed, and PostgreSQL's activity sampled."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest.machine import PYTHON, ROOT
+
+
+class PgActivitySampler:
+    """Samples ``pg_stat_activity`` every ``interval`` s in a thread: which statements
+    the PostgreSQL backends are running, as a share of samples (a poor man's profile
+    of the database; there is no pg_stat_statements in this build)."""
+
+    def __init__(self, dsn: str, interval: float = 0.02) -> None:
+        import threading
+
+        self._dsn, self._interval = dsn, interval
+        self._stop = threading.Event()
+        self.samples = 0
+        self.active: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import asyncio
+        import re
+
+        import asyncpg
+
+        async def loop() -> None:
+            conn = await asyncpg.connect(self._dsn)
+            try:
+                while not self._stop.is_set():
+                    rows = await conn.fetch(
+                        "SELECT CASE WHEN backend_type = 'client backend' THEN query"
+                        " ELSE backend_type || ': ' || coalesce(query, '') END AS query"
+                        " FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()"
+                        " AND backend_type IN ('client backend', 'autovacuum worker', 'parallel worker')"
+                    )
+                    self.samples += 1
+                    for row in rows:
+                        text = re.sub(r"\s+", " ", row["query"] or "").strip()
+                        key = re.sub(r"'[^']*'", "?", text)[:120]
+                        self.active[key] = self.active.get(key, 0) + 1
+                    await asyncio.sleep(self._interval)
+            finally:
+                await conn.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(loop())
+
+    def summary(self, top: int = 8) -> list[str]:
+        if not self.samples:
+            return []
+        busy = sum(self.active.values())
+        rows = [
+            f"PostgreSQL activity: {self.samples} samples of pg_stat_activity; on average "
+            f"{busy / self.samples:.2f} backends (client backends and autovacuum workers) "
+            "were running a statement.",
+            "",
+            "| statement (normalised) | mean active backends |",
+            "|---|---:|",
+        ]
+        for key, n in sorted(self.active.items(), key=lambda kv: -kv[1])[:top]:
+            rows.append(f"| `{key}` | {n / self.samples:.2f} |")
+        return rows
+
+
+# PostgreSQL settings for the runs: the defaults (128 MB shared_buffers) keep neither a
+# 100k-row agent's HNSW index (~200 MB) nor the 100x1k heap in PostgreSQL's own cache.
+PG_SETTINGS: dict[str, str] = {"shared_buffers": "1GB", "effective_cache_size": "4GB"}
+
+
+def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
+    """ALTER SYSTEM for every setting that differs; True when a restart is needed."""
+    import asyncio
+
+    import asyncpg
+
+    async def apply() -> bool:
+        conn = await asyncpg.connect(dsn)
+        try:
+            changed = False
+            for name, value in settings.items():
+                current = await conn.fetchval(
+                    "SELECT setting || coalesce(unit, '') FROM pg_settings WHERE name = $1", name
+                )
+                wanted = await conn.fetchval("SELECT $1::text", value)
+                shown = await conn.fetchval(f"SHOW {name}")
+                if shown.replace(" ", "").lower() != wanted.replace(" ", "").lower():
+                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                    changed = changed or current is not None
+            return changed
+        finally:
+            await conn.close()
+
+    return asyncio.run(apply())
+
+
+@contextlib.contextmanager
+def stores(data_dir: Path) -> Iterator[tuple[str, str, Any, Any]]:
+    from ibex_context.embedded import start_postgres, start_redis
+
+    redis = start_redis(data_dir / "redis")
+    try:
+        postgres = start_postgres(data_dir)
+        try:
+            if _configure_postgres(postgres.dsn, PG_SETTINGS):
+                postgres.stop()  # shared_buffers needs a restart; the data dir is kept
+                postgres = start_postgres(data_dir)
+            yield postgres.dsn, redis.url, redis, postgres
+        finally:
+            postgres.stop()
+    finally:
+        redis.stop()
+
+
+def pin_stores(pids: Sequence[int], cpus: str | None) -> None:
+    """Pins Redis and the PostgreSQL postmaster (whose backends, forked from now on,
+    inherit it). Done after seeding, so the COPY and the HNSW build use every core."""
+    if not cpus:
+        return
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True, check=False)
+
+
+def warm_postgres(dsn: str, agents_file: Path, log: Any) -> None:
+    """Reads every agent's rows once through the index the search uses.
+
+    The stores restart with each run, so PostgreSQL's shared buffers start empty and
+    the first searches of each agent read their pages from the OS cache (~4 ms more
+    per search here); a database in service has them cached. This measures the
+    steady state; the figure is in the results' setup.
+    """
+    import asyncio
+
+    import asyncpg
+
+    agents = json.loads(agents_file.read_text())["agents"]
+
+    async def warm() -> float:
+        started = time.monotonic()
+        conn = await asyncpg.connect(dsn)
+        try:
+            for agent in agents:
+                await conn.fetchval(
+                    "SELECT sum(vector_dims(embedding) + length(content)) FROM memories"
+                    " WHERE org_id = $1::uuid AND agent_id = $2::uuid",
+                    agent["org_id"],
+                    agent["agent_id"],
+                )
+            await conn.fetchval("SELECT count(*) FROM memory_usage")
+        finally:
+            await conn.close()
+        return time.monotonic() - started
+
+    log(f"warmed PostgreSQL's buffers with each agent's rows in {asyncio.run(warm()):.1f} s")
+
+
+def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any) -> tuple[Path, str]:
+    agents_file = data_dir / "agents.json"
+    marker = data_dir / "seeded.json"
+    wanted = {
+        k: getattr(args, k)
+        for k in (
+            "agents",
+            "memories",
+            "large_agents",
+            "large_memories",
+            "vectors",
+            "seed_embedder",
+            "seed",
+            "dim",
+            "embedding_storage",
+        )
+    }
+    previous = json.loads(marker.read_text()) if marker.exists() and agents_file.exists() else {}
+    previous.get("params", {}).setdefault("embedding_storage", "schema")  # markers written before the option
+    if not args.reseed and previous.get("params") == wanted:
+        log(f"reusing seeded data in {data_dir}")
+        return agents_file, str(previous.get("output", ""))
+    cmd = [
+        PYTHON,
+        "-m",
+        "loadtest.seed",
+        "--dsn",
+        dsn,
+        "--agents",
+        str(args.agents),
+        "--memories",
+        str(args.memories),
+        "--large-agents",
+        str(args.large_agents),
+        "--large-memories",
+        str(args.large_memories),
+        "--vectors",
+        args.vectors,
+        "--embedder",
+        args.seed_embedder,
+        "--jobs",
+        str(args.jobs),
+        "--seed",
+        str(args.seed),
+        "--dim",
+        str(args.dim),
+        "--embedding-storage",
+        args.embedding_storage,
+        "--agents-file",
+        str(agents_file),
+    ]
+    log("seeding: " + " ".join(cmd[2:]))
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            log("  seed| " + line.rstrip())
+    output = "".join(line for line in lines if not line.startswith("  ") or "agents," not in line)
+    if proc.returncode != 0:
+        raise RuntimeError(f"seeding failed ({proc.returncode}):\n{''.join(lines)[-4000:]}")
+    marker.write_text(json.dumps({"params": wanted, "output": output}))
+    return agents_file, output

