@@ -131,6 +131,13 @@ def test_scores_are_sorted_descending_with_ties_broken_by_id() -> None:
     assert all(a.score >= b.score for a, b in itertools.pairwise(scored))
 
 
+def test_a_word_shared_with_the_query_keeps_a_memory_below_the_semantic_floor() -> None:
+    weak_but_matching = memory("w", similarity=0.12, lexical_score=1.0)
+    off_topic = memory("o", similarity=0.12)
+    scored = score_candidates([weak_but_matching, off_topic], None, Scoring(), NOW, lexical_searched=True)
+    assert [s.memory.id for s in scored] == ["w"]
+
+
 def test_relevance_below_the_floor_is_dropped() -> None:
     scored = score_candidates(
         [memory("low", similarity=0.149), memory("ok", similarity=0.15)], None, Scoring(), NOW

@@ -29,7 +29,8 @@ constant ones squeezed every score into ~0.45-0.65 and relevance drowned).
   frequency: min(retrieval_count / 50, 1). The count grows with every injection,
   so it feeds on itself: its default weight is 0.
 
-Candidates with a known relevance below ``scoring.relevance_floor`` are dropped.
+Candidates known to be off-topic are dropped: a semantic half below
+``scoring.relevance_floor`` and no word shared with the query.
 The result is sorted by score descending, ties by id, so it is deterministic.
 ``scoring`` is trusted: its bounds and rules were checked once, when the profile
 was built (``profiles.schema``), not on every request.
@@ -172,7 +173,10 @@ def score_candidates(
     ) / total_weight  # fmt: skip
     composite = relevance * adjustment
 
-    keep = ~relevance_known | (relevance >= scoring.relevance_floor)
+    # Off-topic means both halves say so: a memory that shares a word with the query
+    # is kept whatever its semantic half (the blend halves a semantic match, so a
+    # floor on the blend dropped memories the semantic search alone had kept).
+    keep = ~relevance_known | (semantic >= scoring.relevance_floor) | (lexical > 0.0)
     # Python floats once (indexing numpy arrays per item is several times slower).
     score_of, relevance_of, recency_of = composite.tolist(), relevance.tolist(), recency.tolist()
     usefulness_of, confidence_of, frequency_of = usefulness.tolist(), confidence.tolist(), frequency.tolist()

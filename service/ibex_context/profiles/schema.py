@@ -270,7 +270,13 @@ class Scoring(Section):
         )
     )
     relevance_floor: float = Field(
-        default=0.15, ge=0.0, lt=1.0, description="Candidates less relevant than this are dropped."
+        default=0.15,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Candidates whose semantic similarity is below this and that share no word"
+            " with the query are dropped."
+        ),
     )
     lexical_weight: float = Field(
         default=0.5,
