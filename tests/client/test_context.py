@@ -10,11 +10,10 @@ import pytest
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.client.context import _RateLimitedLog
+from ibex_context.devtools import scripted_service as scripted
+from ibex_context.devtools.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 from ibex_context.models import ChatMessage
 from prometheus_client import CollectorRegistry
-
-from tests.observability import scripted_service as scripted
-from tests.observability.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "What do I drink?"))
 

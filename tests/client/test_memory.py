@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ibex_context.client import FeedbackKind, MemoryClient, MemoryClientError, MemoryRequestInvalid
+from ibex_context.devtools.scripted_service import closed_port
 from ibex_context.models import NewMemory
 
 from tests.client.memory_service import memory_server
-from tests.observability.scripted_service import closed_port
 
 
 async def test_upsert_sends_every_field_in_batches_and_returns_one_result_per_memory() -> None:

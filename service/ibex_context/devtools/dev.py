@@ -22,8 +22,8 @@ import click
 
 from ibex_context.cli_render import render_result
 from ibex_context.client import AssembleResult, ContextClient, MemoryClient
-from ibex_context.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
-from ibex_context.embedded import embedded_stores
+from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
+from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.models import ChatMessage, NewMemory
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import migrate
