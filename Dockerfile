@@ -80,7 +80,10 @@ print('tiktoken cache:', sorted(p.name for p in Path('/opt/ibex/tiktoken').iterd
 
 # bpe-openai is installed only for its o200k data file, now staged; its 74 MB extension is never
 # imported (ibex_context.tokens.encodings locates the data with find_spec), so drop it from the image.
+# ibex_context.devtools (`ibex-context dev`/`stores`, the embedded stores, the demo, the scripted
+# test server) is for one machine, not a pod, and needs the embedded extra the image does not have.
 RUN rm -f /opt/ibex/venv/lib/python3.11/site-packages/bpe_openai/_bindings*.so \
+ && rm -r /opt/ibex/venv/lib/python3.11/site-packages/ibex_context/devtools \
  && /opt/ibex/venv/bin/python -m compileall -q -j 0 /opt/ibex/venv/lib/python3.11/site-packages
 
 # ---------------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import asyncpg
 import numpy as np
-from ibex_context.embedded import start_postgres
-from ibex_context.stores.postgres import _SEARCH_SQL, create_pool
+from ibex_context.devtools.embedded import start_postgres
+from ibex_context.stores.postgres import SEARCH_SQL, create_pool
 
 RESULTS = Path(__file__).parent / "results"
 LIMIT = 50
@@ -89,16 +89,16 @@ async def _measure(
     try:
         plans: collections.Counter[str] = collections.Counter()
         for agent in agents:
-            explain = await conn.fetch("EXPLAIN " + _SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
+            explain = await conn.fetch("EXPLAIN " + SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
             plans[_plan_name([r[0] for r in explain])] += 1
         for i in range(max(len(agents), WARM_UP_CALLS)):
             agent = agents[i % len(agents)]
-            await conn.fetch(_SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
+            await conn.fetch(SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
         samples = []
         for _ in range(calls):
             for agent in agents:
                 start = time.perf_counter()
-                await conn.fetch(_SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
+                await conn.fetch(SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
                 samples.append((time.perf_counter() - start) * 1000)
         return Measured(condition, dict(plans), samples)
     finally:

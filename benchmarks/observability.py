@@ -31,7 +31,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 import timeit
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from grpclib.events import RecvRequest, SendTrailingMetadata
 from grpclib.metadata import Deadline
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
+from ibex_context.devtools.scripted_service import scripted_server
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.calls import ASSEMBLE_CONTEXT_METHOD, CallObserver
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
@@ -62,8 +62,6 @@ from prometheus_client import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.observability.scripted_service import scripted_server  # noqa: E402
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import redis.asyncio as aioredis
-from ibex_context.embedded import embedded_stores
+from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.stores.base import PreparedMemory

@@ -114,7 +114,7 @@ def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
 
 @contextlib.contextmanager
 def stores(data_dir: Path) -> Iterator[tuple[str, str, Any, Any]]:
-    from ibex_context.embedded import start_postgres, start_redis
+    from ibex_context.devtools.embedded import start_postgres, start_redis
 
     redis = start_redis(data_dir / "redis")
     try:

@@ -6,7 +6,7 @@
     loadtest/run --scenario baseline --rps 200 --duration 60
     loadtest/run --scenario baseline --rps 600 --profile        # + py-spy profile of the server
 
-Steps: start Redis and PostgreSQL+pgvector (``ibex_context.embedded``) in a data dir,
+Steps: start Redis and PostgreSQL+pgvector (``ibex_context.devtools.embedded``) in a data dir,
 migrate and seed (``loadtest.seed``; a data dir seeded with the same parameters is
 reused; Redis and PostgreSQL pinned to the load generator's CPU), start
 ``ibex-context serve`` pinned to CPU 0 (``taskset``), run locust headless pinned to

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from ibex_context.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
-from ibex_context.memory_writes import STORED_ENCODINGS
+from ibex_context.devtools.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
+from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.server.heap import freeze_startup_heap
 from ibex_context.stores.migrate import migrate
 from ibex_context.tokens.encodings import EncodingRegistry

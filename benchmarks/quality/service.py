@@ -22,7 +22,7 @@ from pathlib import Path
 from grpclib.client import Channel
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from ibex_context.embedded import embedded_stores
+from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.stores.migrate import migrate
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2

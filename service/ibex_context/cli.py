@@ -10,21 +10,20 @@ import sys
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from google.protobuf import json_format
-from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.cli_memory import directive_get, export, memories, purge
+from ibex_context.cli_memory import TARGET_OPTION, call_memory, directive_get, export, memories, purge
 from ibex_context.client.memory_views import EXPORT_ONLY_FIELDS
 from ibex_context.settings import Settings
 
 if TYPE_CHECKING:
-    from ibex_context.client import AssembleResult
+    from ibex_context.client import AssembleResult, MemoryClient
 
 T = TypeVar("T")
 log = logging.getLogger("ibex_context.cli")
@@ -55,13 +54,6 @@ def _setup_logging(settings: Settings, *, quiet: bool = False) -> None:
 
     level = "WARNING" if quiet and "IBEX_LOG_LEVEL" not in os.environ else settings.log_level
     configure_logging(level, settings.log_format)
-
-
-def _target(target: str) -> tuple[str, int]:
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {target!r}", param_hint="--target")
-    return host, int(port)
 
 
 _VERBOSE_HELP = "Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
@@ -137,8 +129,7 @@ def migrate() -> None:
 )
 def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
     """Start local Redis and PostgreSQL+pgvector, load demo data, make a sample call, serve."""
-    from ibex_context.dev import run_dev
-
+    run_dev = _devtools().run_dev
     base = _settings(**_data_dir_override(data_dir))
     _setup_logging(base, quiet=not verbose)
     _run(lambda: run_dev(base, once=once))
@@ -155,11 +146,22 @@ def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
 def stores(data_dir: Path | None, redis_port: int, verbose: bool) -> None:
     """Start only the embedded Redis and PostgreSQL+pgvector (migrated), print the
     settings to serve against them, and keep them running until Ctrl-C."""
-    from ibex_context.dev import run_stores
-
+    run_stores = _devtools().run_stores
     base = _settings(**_data_dir_override(data_dir))
     _setup_logging(base, quiet=not verbose)
     _run(lambda: run_stores(base, redis_port=redis_port))
+
+
+def _devtools() -> ModuleType:
+    """``ibex_context.devtools.dev``, or a plain error where it is left out (the service image)."""
+    try:
+        import ibex_context.devtools.dev as dev_module
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dev tools are not installed here ({exc}); they are left out of the service image. "
+            "Install ibex-context with the embedded extra: pip install 'ibex-context[embedded]'"
+        ) from None
+    return dev_module
 
 
 def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
@@ -168,7 +170,7 @@ def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
 
 @main.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@TARGET_OPTION
 @click.option("--org", "org_id", default="", help="Default org id for lines without one.")
 @click.option("--agent", "agent_id", default="", help="Default agent id for lines without one.")
 @click.option("--batch", default=200, show_default=True)
@@ -176,50 +178,39 @@ def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: 
     """Import memories from JSONL: {"content", "category", ["org_id", "agent_id", "id", "confidence",
     "usefulness", "metadata", "occurred_at" (RFC 3339, e.g. "2023-05-08T13:56:00Z"), "embedding"]}
     per line; `ibex-context export` writes this format."""
-    host, port = _target(target)
+    groups: dict[tuple[str, str], list[pb.MemoryInput]] = {}
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise click.ClickException(f"{path}:{n}: not JSON: {exc.msg}") from None
+            key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
+            for name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
+                row.pop(name, None)
+            if not all(key):
+                raise click.ClickException(f"{path}:{n}: no org_id/agent_id (give --org/--agent)")
+            item = pb.MemoryInput()
+            try:
+                json_format.ParseDict(row, item)
+            except json_format.ParseError as exc:
+                raise click.ClickException(f"{path}:{n}: {exc}") from None
+            groups.setdefault(key, []).append(item)
 
-    async def run() -> int:
-        groups: dict[tuple[str, str], list[pb.MemoryInput]] = {}
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise click.ClickException(f"{path}:{n}: not JSON: {exc.msg}") from None
-                key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
-                for name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
-                    row.pop(name, None)
-                if not all(key):
-                    raise click.ClickException(f"{path}:{n}: no org_id/agent_id (give --org/--agent)")
-                item = pb.MemoryInput()
-                try:
-                    json_format.ParseDict(row, item)
-                except json_format.ParseError as exc:
-                    raise click.ClickException(f"{path}:{n}: {exc}") from None
-                groups.setdefault(key, []).append(item)
+    async def work(client: MemoryClient) -> int:
         total = 0
-        async with Channel(host, port) as channel:
-            stub = context_grpc.MemoryServiceStub(channel)
-            for (org, agent), items in groups.items():
-                for i in range(0, len(items), batch):
-                    reply = await stub.UpsertMemories(
-                        pb.UpsertMemoriesRequest(org_id=org, agent_id=agent, memories=items[i : i + batch]),
-                        timeout=60,
-                    )
-                    total += len(reply.results)
+        for (org, agent), items in groups.items():
+            total += len(await client.upsert_memories(org, agent, items))
         return total
 
-    try:
-        count = _run(run)
-    except GRPCError as exc:
-        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    count = call_memory(target, work, timeout=60.0, batch_size=batch)
     click.echo(f"imported {count} memories")
 
 
 @main.command()
-@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@TARGET_OPTION
 @click.option("--org", "org_id", required=True)
 @click.option("--agent", "agent_id", required=True)
 @click.option("--session", "session_id", default="")
@@ -243,10 +234,10 @@ def assemble(
 
     MESSAGE is the user's message (words are joined).
     """
+    from ibex_context.cli_render import render_result, result_json
     from ibex_context.client import ContextClient
     from ibex_context.models import ChatMessage
 
-    _target(target)
     messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", " ".join(message))]
 
     async def run() -> AssembleResult:
@@ -263,57 +254,9 @@ def assemble(
             )
 
     result = _run(run)
-    response = pb.AssembleContextResponse(
-        messages=[pb.Message(role=m.role, content=m.content) for m in result.messages],
-        metadata=result.metadata if result.metadata is not None else pb.InjectionMetadata(),
-    )
-    if not result.from_service:
-        response.metadata.fallback_reason = result.fallback_reason
-        response.metadata.degradation_level = pb.DEGRADATION_LEVEL_PASS_THROUGH
-    if as_json:
-        click.echo(json_format.MessageToJson(response))
-    else:
-        click.echo(render_response(response))
+    click.echo(result_json(result) if as_json else render_result(result))
     if result.fallback_reason.startswith("client_invalid_argument"):
         raise SystemExit(2)
-
-
-def render_response(response: pb.AssembleContextResponse) -> str:
-    """A human-readable view of a response: messages, then what was injected and why."""
-    lines = []
-    for m in response.messages:
-        lines.append(f"── {m.role} " + "─" * max(0, 60 - len(m.role)))
-        lines.append(m.content)
-    md = response.metadata
-    level = pb.DegradationLevel.Name(md.degradation_level).removeprefix("DEGRADATION_LEVEL_")
-    lines.append("── metadata " + "─" * 52)
-    lines.append(
-        f"level={level} directive_injected={md.directive_injected} memories={md.memories_injected}/"
-        f"{md.memories_available} tokens_injected={md.total_tokens_injected} "
-        f"window_used={md.context_window_used}% "
-        f"truncated={md.was_truncated} profile={md.profile}"
-    )
-    if md.fallback_reason:
-        lines.append(f"fallback_reason={md.fallback_reason} reasons={list(md.degradation_reasons)}")
-    t = md.tokens
-    lines.append(
-        f"encoding={t.encoding} exact={t.exact} budget={t.memory_budget} used={t.memory_tokens_used} "
-        f"window={t.context_window} reserve={t.response_reserve} safety={t.safety_buffer}"
-    )
-    for mem in md.memories:
-        lines.append(
-            f"  #{mem.handle:<3} {mem.id} {mem.category:<10} score={mem.score:.3f} "
-            f"rel={mem.relevance:.3f} (semantic={mem.semantic:.3f} lexical={mem.lexical:.3f}) "
-            f"rec={mem.recency:.3f} use={mem.usefulness:.2f} conf={mem.confidence:.2f} "
-            f"freq={mem.frequency:.2f} tokens={mem.tokens}"
-        )
-    tm = md.timings
-    lines.append(
-        f"timings µs: total={tm.total_us} budget={tm.budget_us} directive={tm.directive_us} hot={tm.hot_us} "
-        f"embed={tm.embed_us} cold={tm.cold_us} lexical={tm.lexical_us} score={tm.score_us} "
-        f"pack={tm.pack_us} format={tm.format_us}"
-    )
-    return "\n".join(lines)
 
 
 @main.group()
@@ -322,7 +265,7 @@ def directive() -> None:
 
 
 @directive.command("set")
-@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@TARGET_OPTION
 @click.option("--org", "org_id", required=True)
 @click.option("--agent", "agent_id", required=True)
 @click.option(
@@ -331,64 +274,35 @@ def directive() -> None:
 @click.argument("text", nargs=-1)
 def directive_set(target: str, org_id: str, agent_id: str, file: Any, text: tuple[str, ...]) -> None:
     content = file.read() if file is not None else " ".join(text)
-    host, port = _target(target)
-
-    async def run() -> int:
-        async with Channel(host, port) as channel:
-            reply = await context_grpc.MemoryServiceStub(channel).SetDirective(
-                pb.SetDirectiveRequest(org_id=org_id, agent_id=agent_id, content=content), timeout=10
-            )
-            return int(reply.version)
-
-    try:
-        version = _run(run)
-    except GRPCError as exc:
-        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    version = call_memory(target, lambda c: c.set_directive(org_id, agent_id, content), timeout=10.0)
     click.echo(f"directive set (version {version})")
 
 
 @directive.command("clear")
-@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@TARGET_OPTION
 @click.option("--org", "org_id", required=True)
 @click.option("--agent", "agent_id", required=True)
 def directive_clear(target: str, org_id: str, agent_id: str) -> None:
-    host, port = _target(target)
-
-    async def run() -> bool:
-        async with Channel(host, port) as channel:
-            reply = await context_grpc.MemoryServiceStub(channel).ClearDirective(
-                pb.ClearDirectiveRequest(org_id=org_id, agent_id=agent_id), timeout=10
-            )
-            return bool(reply.cleared)
-
-    try:
-        cleared = _run(run)
-    except GRPCError as exc:
-        raise click.ClickException(f"{exc.status.name}: {exc.message}") from None
+    cleared = call_memory(target, lambda c: c.clear_directive(org_id, agent_id), timeout=10.0)
     click.echo("directive cleared" if cleared else "no directive was set")
 
 
 @main.command()
-@click.option("--target", default="127.0.0.1:50051", show_default=True)
+@TARGET_OPTION
 @click.option("--service", default="", help="Service name to check ('' = overall, 'liveness').")
 @click.option("--timeout", type=float, default=2.0, show_default=True)
 def health(target: str, service: str, timeout: float) -> None:
     """Check gRPC health; exits 0 only when SERVING."""
-    from grpclib.health.v1.health_grpc import HealthStub
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from ibex_context.client import ContextClient
 
-    host, port = _target(target)
-
-    async def run() -> int:
-        async with Channel(host, port) as channel:
-            reply = await HealthStub(channel).Check(HealthCheckRequest(service=service), timeout=timeout)
-            return int(reply.status)
+    async def run() -> str:
+        async with ContextClient(target) as client:
+            return await client.check_health(service, timeout=timeout)
 
     try:
-        status = _run(run)
+        name = _run(run)
     except (GRPCError, OSError, TimeoutError) as exc:
         raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
-    name = HealthCheckResponse.ServingStatus.Name(HealthCheckResponse.ServingStatus.ValueType(status))
     click.echo(name)
     if name != "SERVING":
         raise SystemExit(1)

@@ -19,16 +19,36 @@ import click
 
 from ibex_context.client.memory import MemoryClient, MemoryClientError
 from ibex_context.client.memory_views import ORDERS, export_line
+from ibex_context.client.target import parse_target
 
 T = TypeVar("T")
-_TARGET = click.option("--target", default="127.0.0.1:50051", show_default=True)
+
+
+def _check_target(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    # The clients' own parser: whatever they accept (host:port, [v6]:port, dns:///name:port).
+    try:
+        parse_target(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+TARGET_OPTION = click.option("--target", default="127.0.0.1:50051", show_default=True, callback=_check_target)
 _ORG = click.option("--org", "org_id", required=True)
 _AGENT = click.option("--agent", "agent_id", required=True)
 
 
-def _call(target: str, work: Callable[[MemoryClient], Awaitable[T]], *, timeout: float = 60.0) -> T:
+def call_memory(
+    target: str,
+    work: Callable[[MemoryClient], Awaitable[T]],
+    *,
+    timeout: float = 60.0,
+    batch_size: int = 500,
+) -> T:
+    """Run ``work`` with a ``MemoryClient``; its failure becomes the command's error message."""
+
     async def run() -> T:
-        async with MemoryClient(target, timeout=timeout) as client:
+        async with MemoryClient(target, timeout=timeout, batch_size=batch_size) as client:
             return await work(client)
 
     try:
@@ -56,20 +76,20 @@ def memories() -> None:
 
 
 @memories.command("get")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @_AGENT
 @click.option("--embedding", is_flag=True, help="Include the embeddings.")
 @click.argument("ids", nargs=-1, required=True)
 def memories_get(target: str, org_id: str, agent_id: str, embedding: bool, ids: tuple[str, ...]) -> None:
     """Print the memories with these IDS (one JSON object per line)."""
-    found = _call(target, lambda c: c.get_memories(org_id, agent_id, ids, include_embedding=embedding))
+    found = call_memory(target, lambda c: c.get_memories(org_id, agent_id, ids, include_embedding=embedding))
     for memory in found:
         _echo(asdict(memory))
 
 
 @memories.command("list")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @_AGENT
 @click.option("--category", "categories", multiple=True, help="Only this category (repeatable).")
@@ -120,20 +140,20 @@ def memories_list(
             if not every_page or not token:
                 return token
 
-    next_token = _call(target, work)
+    next_token = call_memory(target, work)
     if next_token:
         click.echo(f"next page: --page-token {next_token}", err=True)
 
 
 @memories.command("search")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @_AGENT
 @click.option("--top-k", default=10, show_default=True)
 @click.argument("query", nargs=-1, required=True)
 def memories_search(target: str, org_id: str, agent_id: str, top_k: int, query: tuple[str, ...]) -> None:
     """Print what the cold retrieval finds for QUERY, best first, with its relevance components."""
-    hits = _call(target, lambda c: c.search_memories(org_id, agent_id, " ".join(query), top_k=top_k))
+    hits = call_memory(target, lambda c: c.search_memories(org_id, agent_id, " ".join(query), top_k=top_k))
     for hit in hits:
         _echo(
             {
@@ -148,16 +168,16 @@ def memories_search(target: str, org_id: str, agent_id: str, top_k: int, query: 
 
 
 @click.command("get")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @_AGENT
 def directive_get(target: str, org_id: str, agent_id: str) -> None:
     """Print the agent's directive with its version (JSON)."""
-    _echo(asdict(_call(target, lambda c: c.get_directive(org_id, agent_id))))
+    _echo(asdict(call_memory(target, lambda c: c.get_directive(org_id, agent_id))))
 
 
 @click.command("export")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @click.option("--agent", "agent_id", default="", help="Only this agent (default: every agent of the org).")
 @click.option("--embeddings", is_flag=True, help="Include the embeddings (import then skips embedding).")
@@ -177,12 +197,12 @@ def export(target: str, org_id: str, agent_id: str, embeddings: bool, page_size:
         sys.stdout.flush()
         return count
 
-    count = _call(target, work)
+    count = call_memory(target, work)
     click.echo(f"exported {count} memories", err=True)
 
 
 @click.command("purge")
-@_TARGET
+@TARGET_OPTION
 @_ORG
 @click.option("--agent", "agent_id", default="", help="Only this agent (default: the whole org).")
 @click.option("--yes", is_flag=True, help="Do it (without it, nothing is deleted).")
@@ -197,4 +217,4 @@ def purge(target: str, org_id: str, agent_id: str, yes: bool) -> None:
             return await client.purge_agent(org_id, agent_id)
         return await client.purge_org(org_id)
 
-    _echo(asdict(_call(target, work, timeout=120.0)))
+    _echo(asdict(call_memory(target, work, timeout=120.0)))

@@ -262,6 +262,16 @@ def test_bpe_openai_extension_is_removed_after_the_tokenizers_are_staged() -> No
     assert removal > preload
 
 
+def test_the_dev_tools_are_left_out_of_the_image() -> None:
+    runs = [i.args for i in in_stage("build", "RUN")]
+    install = next(n for n, r in enumerate(runs) if "/opt/ibex/venv" in r and "pip" in r and "install" in r)
+    devtools = "site-packages/ibex_context/devtools"
+    removal = next(n for n, r in enumerate(runs) if "rm -r" in r and devtools in r)
+    assert removal > install
+    # ... and before the bytecode is compiled, in the same layer (no .pyc of it left behind).
+    assert runs[removal].index("ibex_context/devtools") < runs[removal].index("compileall")
+
+
 # --- the build-time tokenizer command, run for real ---------------------------------------------------
 
 

@@ -4,8 +4,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-
-from tests.observability.scripted_service import RunningServer, scripted_server
+from ibex_context.devtools.scripted_service import RunningServer, scripted_server
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-
-from tests.observability.scripted_service import free_socket
+from ibex_context.devtools.scripted_service import free_socket
 
 SERVICE = "/ibex.context.v1.MemoryService/"
 

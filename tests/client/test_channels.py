@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from ibex_context.client import ContextClient, DnsRoundRobin
+from ibex_context.devtools import scripted_service as scripted
+from ibex_context.devtools.scripted_service import RunningServer, scripted_server
 from ibex_context.models import ChatMessage
-
-from tests.observability import scripted_service as scripted
-from tests.observability.scripted_service import RunningServer, scripted_server
 
 MESSAGES = (ChatMessage("user", "What do I drink?"),)
 

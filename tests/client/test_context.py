@@ -7,14 +7,15 @@ import logging
 import time
 
 import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.client.context import _RateLimitedLog
+from ibex_context.devtools import scripted_service as scripted
+from ibex_context.devtools.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 from ibex_context.models import ChatMessage
 from prometheus_client import CollectorRegistry
-
-from tests.observability import scripted_service as scripted
-from tests.observability.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "What do I drink?"))
 
@@ -233,3 +234,31 @@ async def test_a_connection_that_keeps_timing_out_is_replaced_by_a_new_one() -> 
         sink.close()
     assert reasons == ["client_timeout"] * 4
     assert connections == 2  # three timeouts on the first connection, then a fresh one
+
+
+# --- the health probe ------------------------------------------------------------------
+
+
+async def test_check_health_raises_when_nothing_listens_instead_of_falling_back() -> None:
+    async with ContextClient(f"127.0.0.1:{closed_port()}") as client:
+        with pytest.raises(OSError):
+            await client.check_health(timeout=1.0)
+
+
+async def test_check_health_names_the_status_the_service_reports() -> None:
+    from grpclib.health.service import Health
+    from grpclib.server import Server
+
+    server = Server([Health()])
+    sock = free_socket()
+    await server.start(sock=sock)
+    port = sock.getsockname()[1]
+    try:
+        async with ContextClient(f"dns:///127.0.0.1:{port}") as client:
+            assert await client.check_health() == "SERVING"
+            with pytest.raises(GRPCError) as raised:
+                await client.check_health("no.such.Service")
+            assert raised.value.status is Status.NOT_FOUND
+    finally:
+        server.close()
+        await server.wait_closed()

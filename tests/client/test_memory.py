@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import FeedbackKind, MemoryClient, MemoryClientError, MemoryRequestInvalid
+from ibex_context.devtools.scripted_service import closed_port
 from ibex_context.models import NewMemory
 
 from tests.client.memory_service import memory_server
-from tests.observability.scripted_service import closed_port
 
 
 async def test_upsert_sends_every_field_in_batches_and_returns_one_result_per_memory() -> None:
@@ -27,6 +28,17 @@ async def test_upsert_sends_every_field_in_batches_and_returns_one_result_per_me
     assert stored[1].category == "factual"
     assert stored[1].confidence == pytest.approx(0.9) and stored[1].usefulness == pytest.approx(0.4)
     assert stored[1].metadata["source"] == "import"
+
+
+async def test_upsert_takes_memories_already_in_wire_form_as_import_parses_them() -> None:
+    wire = [pb.MemoryInput(content=f"line {i}", category="factual", confidence=0.7) for i in range(3)]
+    async with memory_server() as (target, service), MemoryClient(target, batch_size=2) as client:
+        results = await client.upsert_memories("org", "agent", [NewMemory("typed", "preference"), *wire])
+
+    assert len(results) == 4 and service.batches == [2, 2]
+    stored = list(service.memories[("org", "agent")].values())
+    assert [m.content for m in stored] == ["typed", "line 0", "line 1", "line 2"]
+    assert stored[3].confidence == pytest.approx(0.7)
 
 
 async def test_directives_delete_and_feedback_round_trip() -> None:

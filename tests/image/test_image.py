@@ -468,6 +468,12 @@ def test_the_minilm_weights_are_only_in_the_minilm_variant(
     assert refused.returncode != 0 and "needs the weights package" in refused.stderr, refused.stderr
 
 
+def test_the_dev_tools_are_left_out_and_dev_says_so(podman: Podman, service_image: str) -> None:
+    out = podman.run("run", "--rm", "--label", LABEL, *CHART_SECURITY, service_image, "dev", "--once")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "the dev tools are not installed here" in out.stderr, out.stderr
+
+
 def test_the_loadtest_image_runs_locust_and_carries_no_build_tools(
     podman: Podman, service_image: str, loadtest_image: str
 ) -> None:

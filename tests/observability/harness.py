@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 from ibex_context.observability.exposition import MetricsServer, start_metrics_server
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
@@ -20,8 +21,6 @@ from ibex_context.observability.tracing import Tracing
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.observability.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -11,13 +11,13 @@ from grpclib.health.service import Health
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest
 from ibex_context.client import ContextClient
+from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import safe_request_id
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import IncomingTrace, Tracing
 from prometheus_client import CollectorRegistry
 
-from tests.observability import scripted_service as scripted
 from tests.observability.harness import Observed, ObservedFactory, sample
 
 MESSAGES = [ChatMessage("user", "hello")]

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 from ibex_context.client import ContextClient
+from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.logging import configure_logging
 from ibex_context.observability.state import CallState, current_call
 
-from tests.observability import scripted_service as scripted
 from tests.observability.harness import Observed
 
 USER_TEXT = "my passport number is Wombat-Lantern-5521"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ibex_context.client import ContextClient
+from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
 from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
 from prometheus_client import CollectorRegistry
 
-from tests.observability import scripted_service as scripted
 from tests.observability.harness import Observed, sample
 
 MESSAGES = [ChatMessage("user", "What do I like to drink?")]

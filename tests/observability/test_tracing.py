@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from grpclib.const import Status
 from ibex_context.client import ContextClient
+from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.state import CallState
 from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
@@ -20,7 +21,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.observability import scripted_service as scripted
 from tests.observability.harness import ObservedFactory
 
 USER_TEXT = "Please remember my locker code is Marmalade-Osprey-3301"

@@ -142,3 +142,32 @@ async def test_assemble_against_nothing_listening_falls_back_without_failing() -
     assert code == 0, err
     assert "fallback_reason=client_unavailable" in out
     assert "hello" in out
+
+
+async def test_a_dns_target_is_accepted_as_the_client_parses_it(
+    shared_service: ContextService, tenant: Tenant
+) -> None:
+    target = f"dns:///127.0.0.1:{shared_service.port}"
+    code, out, err = await _cli("health", "--target", target)
+    assert code == 0, err
+    assert out.strip() == "SERVING"
+
+    code, out, err = await _cli(
+        "directive", "set", "--target", target, "--org", tenant.org_id, "--agent", tenant.agent_id,
+        "Answer in French.",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, err = await _cli(
+        "assemble", "--target", target, "--org", tenant.org_id, "--agent", tenant.agent_id,
+        "--json", "--timeout", "2", "bonjour",
+    )  # fmt: skip
+    assert code == 0, err
+    response = json.loads(out)
+    assert "Answer in French." in response["messages"][0]["content"]
+    assert "fallbackReason" not in response["metadata"]
+
+
+async def test_a_target_the_client_cannot_parse_is_a_usage_error() -> None:
+    code, _, err = await _cli("health", "--target", "127.0.0.1:notaport")
+    assert code == 2
+    assert "port 'notaport' is not a number" in err

@@ -13,7 +13,7 @@ from aiohttp import web
 from grpclib.client import Channel
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.embedded import RedisProcess
+from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.embedding.hashing import HashingEmbedder
 
 from tests.conftest import Tenant

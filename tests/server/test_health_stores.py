@@ -19,7 +19,7 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.embedded import PostgresProcess, RedisProcess
+from ibex_context.devtools.embedded import PostgresProcess, RedisProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Tenant

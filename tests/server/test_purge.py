@@ -16,7 +16,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.embedded import RedisProcess
+from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.stores.redis import PURGE_DIRECTIVE_VERSION, PURGE_TOMBSTONE_SECONDS
 
 from tests.conftest import Tenant

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from ibex_context.embedded import RedisProcess
+from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore

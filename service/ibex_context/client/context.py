@@ -23,6 +23,7 @@ from typing import Literal
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.metadata import Deadline
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 DEFAULT_TIMEOUT_SECONDS = 0.045
 
 CLIENT_TIMEOUT = "client_timeout"
@@ -229,6 +231,20 @@ class ContextClient:
     async def close(self) -> None:
         await self._endpoints.close()
         self._started = False
+
+    async def check_health(self, service: str = "", *, timeout: float = 2.0) -> str:  # noqa: ASYNC109, RUF100
+        """The gRPC health status of ``service`` ('' = overall) by name, e.g. ``SERVING``.
+
+        Unlike ``assemble`` this raises (``GRPCError``, ``OSError``, ``TimeoutError``):
+        a probe that cannot reach the service must say so, not fall back.
+        """
+        await self.start()
+        endpoint = self._endpoints.pick()
+        if endpoint is None:
+            raise OSError(f"no address for {self.target.host}")
+        method = endpoint.unary(HEALTH_CHECK, HealthCheckRequest, HealthCheckResponse)
+        reply: HealthCheckResponse = await method(HealthCheckRequest(service=service), timeout=timeout)
+        return HealthCheckResponse.ServingStatus.Name(reply.status)
 
     async def __aenter__(self) -> ContextClient:
         await self.start()

@@ -161,9 +161,12 @@ class MemoryClient:
         await self.close()
 
     async def upsert_memories(
-        self, org_id: str, agent_id: str, memories: Iterable[NewMemory]
+        self, org_id: str, agent_id: str, memories: Iterable[NewMemory | pb.MemoryInput]
     ) -> list[UpsertResult]:
         """Upsert in batches of ``batch_size``; one result per memory, in order.
+
+        A memory is a ``NewMemory`` or, already in wire form (as ``import`` parses
+        JSONL), a ``MemoryInput``.
 
         Batches already sent stay written if a later one fails (the error says how far it got).
         """
@@ -186,7 +189,7 @@ class MemoryClient:
             )
 
         for memory in memories:
-            batch.append(memory_input(memory))
+            batch.append(memory if isinstance(memory, pb.MemoryInput) else memory_input(memory))
             if len(batch) >= self.batch_size:
                 await flush()
                 batch = []

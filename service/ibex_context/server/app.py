@@ -26,16 +26,16 @@ from ibex_context.errors import ConfigurationError
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.memory_api.reads import MemoryReads, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
-from ibex_context.memory_writes import STORED_ENCODINGS, MemoryWrites
+from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
 from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import current_call, instrument_server
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
 from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.pipeline.retrieval import Retriever
-from ibex_context.post_response import InjectionQueue, QueueHooks
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome

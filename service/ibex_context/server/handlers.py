@@ -19,10 +19,10 @@ from grpclib.server import Stream
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest, StoreError
-from ibex_context.memory_writes import MemoryWrites
+from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
+from ibex_context.pipeline.post_response import InjectionQueue
 from ibex_context.pipeline.report import AssemblyReport, Outcome
-from ibex_context.post_response import InjectionQueue
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls

@@ -13,7 +13,7 @@ from grpclib.server import Stream
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.memory_api.purge import PurgeReport, TenantPurge
 from ibex_context.memory_api.reads import MemoryReads
-from ibex_context.memory_writes import MemoryWrites
+from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.server import read_validation, validation
 from ibex_context.server.handlers import MemoryHandler, _errors_to_status
 from ibex_context.server.lifecycle import InflightCalls

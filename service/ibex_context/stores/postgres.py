@@ -73,7 +73,8 @@ _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 
 # up its counters by primary key. The lateral LIMIT 1 (memory_id is unique) keeps the
 # planner from flattening it into a join it could plan as a hash join over the
 # agent's whole usage table (a generic plan did, for the 100k-memory agent: 22 ms).
-_SEARCH_SQL = f"""
+# Public: benchmarks/cold_plans.py EXPLAINs and times exactly this statement.
+SEARCH_SQL = f"""
     SELECT {_MEMORY_COLUMNS}, m.distance
     FROM (
         SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts,
@@ -184,7 +185,7 @@ def as_uuid(value: str, field: str) -> uuid.UUID:
 
 
 def _search_record(row: asyncpg.Record, token_counts: TokenCountsDecoder) -> MemoryRecord:
-    """A ``_SEARCH_SQL`` row (its column order) as a record: positional, ~50 per call."""
+    """A ``SEARCH_SQL`` row (its column order) as a record: positional, ~50 per call."""
     ident, content, category, confidence, usefulness, count, created, injected, counts, distance = row
     return MemoryRecord(
         str(ident),
@@ -393,7 +394,7 @@ class PostgresMemoryStore:
         connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
         try:
             for conn in connections:
-                await conn.fetch(_SEARCH_SQL, nobody, nobody, probe, 1)
+                await conn.fetch(SEARCH_SQL, nobody, nobody, probe, 1)
                 await conn.fetch(_LEXICAL_SQL, nobody, nobody, "warm up", 1)
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
@@ -414,9 +415,9 @@ class PostgresMemoryStore:
             if limit > self._ef_search:
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL hnsw.ef_search = {min(int(limit), 1000)}")
-                    rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
+                    rows = await conn.fetch(SEARCH_SQL, org, agent, embedding, limit)
             else:
-                rows = await conn.fetch(_SEARCH_SQL, org, agent, embedding, limit)
+                rows = await conn.fetch(SEARCH_SQL, org, agent, embedding, limit)
         decode = self._token_counts
         records = [_search_record(row, decode) for row in rows]
         # relaxed_order iterative scans may return rows slightly out of order.

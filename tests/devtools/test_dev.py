@@ -19,7 +19,7 @@ from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
-from ibex_context.demo import ACME_SUPPORT, GLOBEX_TUTOR
+from ibex_context.devtools.demo import ACME_SUPPORT, GLOBEX_TUTOR
 
 
 def test_dev_once_answers_the_paraphrased_demo_question_with_the_right_memory(tmp_path: Path) -> None:

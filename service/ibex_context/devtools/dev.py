@@ -19,12 +19,12 @@ import shlex
 import signal
 
 import click
-from grpclib.client import Channel
 
-from ibex_context._proto.ibex.context.v1 import context_grpc
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
-from ibex_context.embedded import embedded_stores
+from ibex_context.cli_render import render_result
+from ibex_context.client import AssembleResult, ContextClient, MemoryClient
+from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
+from ibex_context.devtools.embedded import embedded_stores
+from ibex_context.models import ChatMessage, NewMemory
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import migrate
 
@@ -53,17 +53,16 @@ async def run_dev(base: Settings, *, once: bool) -> None:
         applied = await migrate(settings.postgres_dsn, settings.embedding_dim)
         click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
-        from ibex_context.cli import render_response
         from ibex_context.server.app import ContextService
 
         service = ContextService(settings)
         await service.start()
         try:
             await _load_demo(service.port)
-            response = await _demo_call(service.port)
+            result = await _demo_call(service.port)
             click.echo(f"\nDemo call for {ACME_SUPPORT.label} (embedder: {settings.embedder}):")
             click.echo(f'  user asks: "{DEMO_QUESTION}"\n')
-            click.echo(render_response(response))
+            click.echo(render_result(result))
             click.echo(
                 f"\nibex-context is serving gRPC on 127.0.0.1:{service.port}"
                 f" and metrics on http://127.0.0.1:{service.metrics_port}/metrics"
@@ -116,35 +115,28 @@ def _env_keys() -> set[str]:
 
 
 async def _load_demo(port: int) -> None:
-    async with Channel("127.0.0.1", port) as channel:
-        stub = context_grpc.MemoryServiceStub(channel)
+    async with MemoryClient(f"127.0.0.1:{port}", timeout=60) as client:
         for agent in AGENTS:
-            await stub.SetDirective(
-                pb.SetDirectiveRequest(org_id=agent.org_id, agent_id=agent.agent_id, content=agent.directive),
-                timeout=30,
-            )
-            await stub.UpsertMemories(
-                pb.UpsertMemoriesRequest(
-                    org_id=agent.org_id,
-                    agent_id=agent.agent_id,
-                    memories=[pb.MemoryInput(category=c, content=t) for c, t in agent.memories],
-                ),
-                timeout=60,
+            await client.set_directive(agent.org_id, agent.agent_id, agent.directive)
+            await client.upsert_memories(
+                agent.org_id, agent.agent_id, [NewMemory(content=t, category=c) for c, t in agent.memories]
             )
 
 
-async def _demo_call(port: int) -> pb.AssembleContextResponse:
-    request = pb.AssembleContextRequest(
-        org_id=ACME_SUPPORT.org_id,
-        agent_id=ACME_SUPPORT.agent_id,
-        model="gpt-4o",
-        request_id="demo",
-        messages=[pb.Message(role="user", content=DEMO_QUESTION)],
-    )
-    async with Channel("127.0.0.1", port) as channel:
-        stub = context_grpc.ContextAssemblyServiceStub(channel)
+async def _demo_call(port: int) -> AssembleResult:
+    async with ContextClient(f"127.0.0.1:{port}") as client:
+
+        async def call(timeout: float) -> AssembleResult:  # noqa: ASYNC109, RUF100 - the gRPC deadline
+            return await client.assemble(
+                org_id=ACME_SUPPORT.org_id,
+                agent_id=ACME_SUPPORT.agent_id,
+                model="gpt-4o",
+                request_id="demo",
+                messages=[ChatMessage("user", DEMO_QUESTION)],
+                timeout=timeout,
+            )
+
         # The first call warms the query path (model, pools); show the second.
-        await stub.AssembleContext(request, timeout=5)
+        await call(5.0)
         await asyncio.sleep(0.05)
-        reply: pb.AssembleContextResponse = await stub.AssembleContext(request, timeout=1)
-        return reply
+        return await call(1.0)

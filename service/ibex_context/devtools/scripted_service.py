@@ -1,4 +1,5 @@
-"""A small AssembleContext server for observability and client tests.
+"""A small scripted AssembleContext server for the observability and client tests and
+benchmarks/observability.py (no stores, no pipeline).
 
 It behaves like the real handler towards the observability layer: it builds an
 ``AssemblyReport`` with real stage timings and attaches it to the current
@@ -22,6 +23,7 @@ import grpclib.const
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
+
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.models import Degradation
 from ibex_context.observability.calls import instrument_server
@@ -68,6 +70,7 @@ class ScriptedAssembly:
 
     async def assemble(self, stream: Stream[Any, Any]) -> None:
         self.calls += 1
+        assert stream.metadata is not None  # grpclib sets it before calling the handler
         self.seen_metadata.append({k: v for k, v in stream.metadata.items() if isinstance(v, str)})
         request = await stream.recv_message()
         assert request is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
-from ibex_context.embedded import (
+from ibex_context.devtools.embedded import (
     RedisProcess,
     _postgres_data_root,
     embedded_stores,
@@ -102,7 +102,7 @@ def test_stores_are_stopped_and_ephemeral_data_removed_when_their_process_is_kil
         f"""
         import os, sys
         from pathlib import Path
-        from ibex_context.embedded import start_postgres, start_redis
+        from ibex_context.devtools.embedded import start_postgres, start_redis
         redis = start_redis(Path({str(tmp_path)!r}) / "redis")
         postgres = start_postgres(Path({str(tmp_path)!r}), remove_on_stop=True)
         print(redis.pid, postgres.pid, postgres.pgdata, flush=True)

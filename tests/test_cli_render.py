@@ -1,0 +1,56 @@
+"""What ``assemble`` prints, from the client's result: the response's JSON form and the text view."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.cli_render import render_result, result_json
+from ibex_context.client import AssembleResult
+from ibex_context.models import ChatMessage
+
+
+def _served() -> AssembleResult:
+    metadata = pb.InjectionMetadata(directive_injected=True, memories_injected=1, profile="default")
+    metadata.memories.add(handle=1, id="m-1", category="factual", score=0.5)
+    return AssembleResult(
+        messages=(ChatMessage("system", "Known: rack 7"), ChatMessage("user", "where?")),
+        metadata=metadata,
+        fallback_reason="",
+        from_service=True,
+        elapsed_seconds=0.01,
+    )
+
+
+def test_the_json_is_the_responses_own_json_form() -> None:
+    result = _served()
+    assert result.metadata is not None
+    response = pb.AssembleContextResponse(
+        messages=[pb.Message(role=m.role, content=m.content) for m in result.messages],
+        metadata=result.metadata,
+    )
+    assert json.loads(result_json(result)) == json.loads(json_format.MessageToJson(response))
+
+
+def test_a_client_fallback_shows_as_a_pass_through_with_the_clients_reason() -> None:
+    result = AssembleResult(
+        messages=(ChatMessage("user", "hello"),),
+        metadata=None,
+        fallback_reason="client_unavailable",
+        from_service=False,
+        elapsed_seconds=0.01,
+    )
+    document = json.loads(result_json(result))
+    assert document["metadata"]["fallbackReason"] == "client_unavailable"
+    assert document["metadata"]["degradationLevel"] == "DEGRADATION_LEVEL_PASS_THROUGH"
+    text = render_result(result)
+    assert "level=PASS_THROUGH" in text
+    assert "fallback_reason=client_unavailable" in text
+    assert text.startswith("── user ")
+
+
+def test_the_text_view_lists_each_injected_memory() -> None:
+    text = render_result(_served())
+    assert "directive_injected=True memories=1/0" in text
+    assert "#1   m-1 factual" in text
