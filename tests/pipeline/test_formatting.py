@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
     count_injected,
-    directive_cost,
     format_context,
     handles,
     memory_cost,
@@ -211,7 +210,12 @@ def test_unsafe_nonces_are_refused(nonce: str) -> None:
 
 def _estimate(encoding: Encoding, fmt: Format, directive: str | None, memories: list[ScoredMemory]) -> int:
     return (
-        directive_cost(directive, encoding, fmt)
+        # The directive section alone, as the assembler counts it: the injection of no memory.
+        (
+            encoding.count(render_injection(directive=directive, memories=[], fmt=fmt, nonce=NONCE))
+            if directive
+            else 0
+        )
         + section_overhead(encoding, fmt, nonce=NONCE, categories=[m.memory.category for m in memories])
         + sum(memory_cost(m, encoding, fmt) for m in memories)
     )

@@ -34,8 +34,8 @@ byte-identical output (the nonce is derived from the inputs by the caller).
 Costs: ``memory_cost`` is what one memory adds to the injected text (costed with
 handle ``COSTING_HANDLE``: a handle of 1-999 is one token in cl100k and o200k,
 where digit runs are pre-tokenized apart), ``section_overhead`` the fixed text
-around the memories, ``directive_cost`` the directive section; together an upper
-bound (see ``JOIN_ALLOWANCE_TOKENS``).
+around the memories (the assembler counts the directive section exactly, as the
+injection of no memory); together an upper bound (see ``JOIN_ALLOWANCE_TOKENS``).
 
 Exact count: ``count_injected`` is what the injection adds to the prompt,
 exactly (``count_messages`` of the formatted messages minus that of the
@@ -596,8 +596,3 @@ def section_overhead(
     if include_message_framing:
         total += TOKENS_PER_MESSAGE + count("system")
     return total
-
-
-def directive_cost(directive: str | None, encoding: Encoding, fmt: Format) -> int:
-    """Tokens of the directive section (0 when there is no directive)."""
-    return encoding.count(_directive_section(directive, fmt)) if directive else 0
