@@ -398,5 +398,7 @@ def _gate(environment: Environment, **_: Any) -> None:
         f"{'; '.join(summary['violations'])}",
         file=sys.stderr,
     )
-    if not summary["passed"]:
-        environment.process_exit_code = 1
+    # The gate decides the exit code: locust's own would be 1 on any failed call, even
+    # within the gate's failure-rate allowance (a run with 1 failure in 2,983 calls,
+    # 0.03 %, was reported FAIL though every gate held).
+    environment.process_exit_code = 0 if summary["passed"] else 1

@@ -16,7 +16,6 @@ from ibex_context.pipeline.formatting import (
     format_context,
     handles,
     memory_cost,
-    memory_costs,
     render_injection,
     section_overhead,
 )
@@ -297,18 +296,6 @@ def test_a_memorys_framing_costs_the_same_at_every_handle_up_to_999(
         at_one = at_one.replace(f'"id": {n},', '"id": 1,')
         assert at_one != block or n == 1
         assert encoding.count(block) == encoding.count(at_one), n
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_memory_costs_are_each_memorys_cost(registry: EncodingRegistry, fmt: Format) -> None:
-    encoding = registry.get("o200k_base")
-    memories = [
-        scored(f"m-{i}", text, token_counts={"o200k_base": encoding.count(text)})
-        for i, text in enumerate(["One.", "Two <tags> & more", "  leading space", "/slash", "日本語"])
-    ]
-    counter = MessageTokenCounter(registry, cache_size=100)
-    expected = [memory_cost(m, encoding, fmt) for m in memories]
-    assert memory_costs(memories, encoding, fmt, counter=counter) == expected
 
 
 def test_an_edited_memory_is_recounted_not_served_from_the_cache(registry: EncodingRegistry) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.packing import PackResult, pack_costed
+from ibex_context.pipeline.packing import PackResult, pack_costed, pack_in_rank_order
 
 
 def item(id: str, tokens: int, score: float) -> ScoredMemory:
@@ -86,3 +86,16 @@ def test_rejects_negative_costs_and_mismatched_lengths() -> None:
         pack([item("a", -1, 0.5)], 10, max_items=1)
     with pytest.raises(ValueError, match="length"):
         pack_costed([item("a", 1, 0.5)], [], 10, max_items=1)
+
+
+def test_only_the_candidates_the_walk_reaches_are_costed() -> None:
+    candidates = [item(f"m{i}", 0, 1.0 - i / 100) for i in range(50)]
+    asked: list[int] = []
+
+    def cost_of(i: int) -> int:
+        asked.append(i)
+        return 10
+
+    result = pack_in_rank_order(candidates, cost_of, 1000, max_items=3)
+    assert [c.memory.id for c in result.selected] == ["m0", "m1", "m2"]
+    assert asked == [0, 1, 2]

@@ -40,10 +40,10 @@ from ibex_context.pipeline.formatting import (
     FormattedContext,
     count_injected,
     format_context,
-    memory_costs,
+    memory_cost,
     section_overhead,
 )
-from ibex_context.pipeline.packing import pack_costed
+from ibex_context.pipeline.packing import pack_in_rank_order
 from ibex_context.pipeline.report import SOURCES, AssemblyReport, Outcome, SourceResult, SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.pipeline.scoring import score_candidates
@@ -281,7 +281,11 @@ class Assembler:
             # The directive would push the prompt into the response reserve (or past
             # the window): inject nothing rather than a prompt the model cannot answer.
             return self._pass_through(call, ["directive_exceeds_window", *reasons])
-        costs = memory_costs(scored, encoding, profile.format, counter=self._counter)
+        fmt, counter = profile.format, self._counter
+
+        def cost_of(i: int) -> int:
+            return memory_cost(scored[i], encoding, fmt, counter=counter)
+
         # The notice and category sections cost tokens too; an upper bound for the
         # candidates' categories keeps the exact repair below a rare event.
         overhead = (
@@ -296,8 +300,8 @@ class Assembler:
             if scored
             else 0
         )
-        packed = pack_costed(
-            scored, costs, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories
+        packed = pack_in_rank_order(
+            scored, cost_of, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories
         )
         report.add_stage("pack", t0, time.perf_counter_ns())
 
@@ -375,6 +379,13 @@ class Assembler:
                 log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
                 reasons.append("assembly_error")
         level = Degradation.DIRECTIVE_ONLY if state.directive_done else Degradation.PASS_THROUGH
+        return self._pass_through(call, reasons, level)
+
+    def _pass_through(
+        self, call: _Call, reasons: list[str], level: Degradation = Degradation.PASS_THROUGH
+    ) -> Assembly:
+        """The client's messages unchanged, with ``reasons`` and ``level`` (DIRECTIVE_ONLY
+        when the directive was fetched but could not be injected)."""
         return self._finish(
             call,
             messages=call.request.messages,
@@ -384,19 +395,6 @@ class Assembler:
             memory_tokens=0,
             was_truncated=False,
             degradation=level,
-            reasons=reasons,
-        )
-
-    def _pass_through(self, call: _Call, reasons: list[str]) -> Assembly:
-        return self._finish(
-            call,
-            messages=call.request.messages,
-            directive_injected=False,
-            memories=(),
-            tokens_injected=0,
-            memory_tokens=0,
-            was_truncated=False,
-            degradation=Degradation.PASS_THROUGH,
             reasons=reasons,
         )
 

@@ -550,17 +550,6 @@ def memory_cost(
     return count(opening) + count(closing) + content_tokens + JOIN_ALLOWANCE_TOKENS
 
 
-def memory_costs(
-    memories: Sequence[ScoredMemory | MemoryRecord],
-    encoding: Encoding,
-    fmt: Format,
-    *,
-    counter: MessageTokenCounter,
-) -> list[int]:
-    """``memory_cost`` of each memory."""
-    return [memory_cost(m, encoding, fmt, counter=counter) for m in memories]
-
-
 def section_overhead(
     encoding: Encoding,
     fmt: Format,

@@ -21,7 +21,7 @@ here passed the relevance floor, so a left-out one lost to the budget or to
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ibex_context.models import ScoredMemory
@@ -49,13 +49,24 @@ def pack_costed(
     for i, cost in enumerate(costs):
         if cost < 0:
             raise ValueError(f"memory {candidates[i].memory.id!r} has a negative token cost")
+    return pack_in_rank_order(candidates, lambda i: int(costs[i]), budget_tokens, max_items=max_items)
+
+
+def pack_in_rank_order(
+    candidates: Sequence[ScoredMemory], cost_of: Callable[[int], int], budget_tokens: int, *, max_items: int
+) -> PackResult:
+    """``pack_costed`` with ``cost_of(i)`` asked only for the candidates the walk reaches:
+    the walk stops at ``max_items``, so a call that injects 20 of 100 candidates costs
+    about 20 (the assembler costs a memory exactly, which is not free)."""
     order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, candidates[i].memory.id))
     selected: list[ScoredMemory] = []
     used = 0
     for i in order:
         if len(selected) >= max_items:
             break
-        cost = int(costs[i])
+        cost = cost_of(i)
+        if cost < 0:
+            raise ValueError(f"memory {candidates[i].memory.id!r} has a negative token cost")
         if used + cost <= budget_tokens:
             selected.append(_with_tokens(candidates[i], cost))
             used += cost
