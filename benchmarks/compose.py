@@ -1,0 +1,196 @@
+"""CPU of one assembly after retrieval: what the assembler does with what the stores
+returned (merge, score, cost, pack, render, report), without any I/O.
+
+Run: ``.venv/bin/python -m benchmarks.compose [--calls N] [--out FILE]``
+
+Drives the public ``Assembler.assemble`` with a retriever whose sources answer at
+once from memory, so the same benchmark measures any version of the assembly core
+(issue #14 asks for the compose step at <= 0.5 ms). Each call gets what the load
+test's calls get from the stores: 20 hot memories (stored embeddings), 50 vector
+matches (similarities), 50 lexical matches (BM25 scores, half of them also vector
+matches, with embeddings), 50-400-token contents counted at write time like the
+write path counts them (``MemoryWrites.token_counts``), the default profile (xml,
+4,000 tokens, at most 20 memories), gpt-4o.
+
+Two cache states: ``new session`` (another nonce every call, memories seen before)
+and ``next turn`` (the same session's next call). CPU time is
+``time.thread_time_ns`` around ``assemble``; the stage split comes from the
+assembly report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.pipeline import DIM, Workload, make_workload  # noqa: E402
+from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
+from ibex_context.models import Directive, MemoryRecord, Source  # noqa: E402
+from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
+from ibex_context.pipeline.report import SourceResult, SourceStatus  # noqa: E402
+from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
+from ibex_context.profiles.model import Profile  # noqa: E402
+from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
+from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
+
+LEXICAL = 50
+
+
+class _Sources:
+    """Fills the retrieval state at once with one workload's store answers."""
+
+    def __init__(self) -> None:
+        self.hot: list[MemoryRecord] = []
+        self.cold: list[MemoryRecord] = []
+        self.lexical: list[MemoryRecord] = []
+        self.query: np.ndarray | None = None
+        self.directive: Directive | None = None
+
+    def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
+        state.directive, state.directive_done = self.directive, True
+        state.hot, state.cold, state.lexical = self.hot, self.cold, self.lexical
+        state.query_embedding = self.query
+        for source, n in (("directive", 1), ("hot", 20), ("embed", 1), ("cold", 50), ("lexical", LEXICAL)):
+            state.sources[source] = SourceResult(source, SourceStatus.OK, 100, n, "")
+            state.intervals[source] = (time.perf_counter_ns(), time.perf_counter_ns())
+        return []
+
+
+def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
+    rng = random.Random(seed)
+    counts = writes.token_counts([c.content for c in w.candidates])
+    records = [replace(c, token_counts=n) for c, n in zip(w.candidates, counts, strict=True)]
+    hot = [r for r in records if r.source is Source.HOT]
+    cold = [r for r in records if r.source is Source.COLD]
+    nrng = np.random.default_rng(seed)
+    lexical: list[MemoryRecord] = []
+    for i in range(LEXICAL):
+        base = cold[i] if i % 2 == 0 else rng.choice(records)
+        embedding = (nrng.standard_normal(DIM)).astype(np.float32)
+        lexical.append(
+            replace(
+                base,
+                id=base.id if i % 2 == 0 else f"{base.id}-lex{i}",
+                similarity=None,
+                embedding=embedding,
+                source=Source.COLD,
+                lexical_score=rng.uniform(0.5, 25.0),
+            )
+        )
+    sources = _Sources()
+    sources.hot, sources.cold, sources.lexical, sources.query = hot, cold, lexical, w.query
+    sources.directive = Directive(content=w.directive, version=1)
+    return sources
+
+
+async def _run(calls: int, caches: str, registry: EncodingRegistry, answers: list[_Sources]) -> dict[str, list[int]]:
+    counter = MessageTokenCounter(registry)
+    retriever = _Sources()
+    assembler = Assembler(
+        retriever=retriever,  # type: ignore[arg-type]
+        encodings=registry,
+        message_counter=counter,
+        config=AssemblerConfig(hot_limit=20, cold_limit=50, lexical_limit=LEXICAL, query_max_chars=2000,
+                               nonce_secret=b"benchmark"),
+    )
+    profile = Profile()
+    samples: dict[str, list[int]] = {k: [] for k in ("total", "score", "pack", "format", "injected")}
+    workloads = make_workload_messages()
+    for i in range(calls + len(answers)):
+        a = answers[i % len(answers)]
+        # Fresh records every call, as the stores decode them from rows (not timed).
+        retriever.hot = [replace(r) for r in a.hot]
+        retriever.cold = [replace(r) for r in a.cold]
+        retriever.lexical = [replace(r) for r in a.lexical]
+        retriever.query, retriever.directive = a.query, a.directive
+        session = f"{i:08d}-0000-4000-8000-000000000000" if caches == "new session" else "s"
+        request = AssemblyRequest(
+            org_id="o", agent_id="a", session_id=session, model="gpt-4o", request_id=str(i), messages=workloads
+        )
+        t0 = time.thread_time_ns()
+        assembly = await assembler.assemble(request, profile, 1.0)
+        elapsed = time.thread_time_ns() - t0
+        if i < len(answers):
+            continue  # the first pass fills the caches
+        assert assembly.memories, "nothing injected"
+        samples["total"].append(elapsed)
+        samples["injected"].append(len(assembly.memories))
+        for stage in ("score", "pack", "format"):
+            samples[stage].append(assembly.report.stage_us(stage) * 1000)
+    return samples
+
+
+def make_workload_messages() -> tuple:  # type: ignore[type-arg]
+    from benchmarks.pipeline import ChatMessage
+
+    return (
+        ChatMessage(role="system", content="You are a helpful platform assistant."),
+        ChatMessage(role="user", content="Our canary deploy keeps rolling back; what did we decide about it?"),
+        ChatMessage(role="assistant", content="You decided to hold canaries at 5 % for an hour before promoting."),
+        ChatMessage(role="user", content="And what is the retry policy for the billing workers?"),
+    )
+
+
+def pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--label", default="")
+    args = parser.parse_args(argv)
+    registry = EncodingRegistry(Path(tempfile.gettempdir()) / "ibex-bench-tiktoken")
+    o200k = registry.get("o200k_base")._tokenizer
+    cl100k = registry.get("cl100k_base")._tokenizer
+    assert o200k is not None and cl100k is not None
+    writes = MemoryWrites(writer=None, embedder=None, encodings=registry)  # type: ignore[arg-type]
+    answers = [_store_answers(make_workload(seed, o200k, cl100k), writes, seed) for seed in range(10)]
+    gc.collect()
+    gc.freeze()
+    lines = [
+        "| caches | **assembly p50 / p99** | score p50 / p99 | pack p50 / p99 | format p50 / p99 | injected |",
+        "|---|---|---|---|---|---|",
+    ]
+    for caches in ("new session", "next turn"):
+        s = asyncio.run(_run(args.calls, caches, registry, answers))
+        cells = [f"{pct(s[k], 0.5):.0f} / {pct(s[k], 0.99):.0f}" for k in ("score", "pack", "format")]
+        lines.append(
+            f"| {caches} | **{pct(s['total'], 0.5):.0f} / {pct(s['total'], 0.99):.0f}** | "
+            + " | ".join(cells)
+            + f" | {statistics.median(s['injected']):.0f} |"
+        )
+        print(lines[-1], flush=True)
+    setup = (
+        f"{args.label} CPU µs per assembly (thread CPU time of `Assembler.assemble`, retrieval answered at "
+        f"once from memory), {args.calls} calls per row over 10 workloads of 20 hot + 50 vector + "
+        f"{LEXICAL} lexical candidates (50-400-token contents), default profile, gpt-4o; "
+        f"Python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
+        f"{os.cpu_count()} vCPUs shared, load average {os.getloadavg()[0]:.1f} at the end."
+    ).strip()
+    table = "\n".join([setup, "", *lines, ""])
+    if args.out:
+        args.out.write_text(table)
+    print(setup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
