@@ -38,15 +38,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.pipeline import DIM, Workload, make_workload  # noqa: E402
 from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
-from ibex_context.models import Directive, MemoryRecord, Source  # noqa: E402
+from ibex_context.models import ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
 from ibex_context.pipeline.report import SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
 from ibex_context.profiles.model import Profile  # noqa: E402
 from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
 from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
+
+from benchmarks.pipeline import DIM, Workload, make_workload  # noqa: E402
 
 LEXICAL = 50
 
@@ -73,7 +74,7 @@ class _Sources:
 
 def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
     rng = random.Random(seed)
-    counts = writes.token_counts([c.content for c in w.candidates])
+    counts = writes.memory_token_counts([c.content for c in w.candidates])
     records = [replace(c, token_counts=n) for c, n in zip(w.candidates, counts, strict=True)]
     hot = [r for r in records if r.source is Source.HOT]
     cold = [r for r in records if r.source is Source.COLD]
@@ -98,15 +99,22 @@ def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
     return sources
 
 
-async def _run(calls: int, caches: str, registry: EncodingRegistry, answers: list[_Sources]) -> dict[str, list[int]]:
+async def _run(
+    calls: int, caches: str, registry: EncodingRegistry, answers: list[_Sources]
+) -> dict[str, list[int]]:
     counter = MessageTokenCounter(registry)
     retriever = _Sources()
     assembler = Assembler(
         retriever=retriever,  # type: ignore[arg-type]
         encodings=registry,
         message_counter=counter,
-        config=AssemblerConfig(hot_limit=20, cold_limit=50, lexical_limit=LEXICAL, query_max_chars=2000,
-                               nonce_secret=b"benchmark"),
+        config=AssemblerConfig(
+            hot_limit=20,
+            cold_limit=50,
+            lexical_limit=LEXICAL,
+            query_max_chars=2000,
+            nonce_secret=b"benchmark",
+        ),
     )
     profile = Profile()
     samples: dict[str, list[int]] = {k: [] for k in ("total", "score", "pack", "format", "injected")}
@@ -120,7 +128,12 @@ async def _run(calls: int, caches: str, registry: EncodingRegistry, answers: lis
         retriever.query, retriever.directive = a.query, a.directive
         session = f"{i:08d}-0000-4000-8000-000000000000" if caches == "new session" else "s"
         request = AssemblyRequest(
-            org_id="o", agent_id="a", session_id=session, model="gpt-4o", request_id=str(i), messages=workloads
+            org_id="o",
+            agent_id="a",
+            session_id=session,
+            model="gpt-4o",
+            request_id=str(i),
+            messages=workloads,
         )
         t0 = time.thread_time_ns()
         assembly = await assembler.assemble(request, profile, 1.0)
@@ -135,13 +148,15 @@ async def _run(calls: int, caches: str, registry: EncodingRegistry, answers: lis
     return samples
 
 
-def make_workload_messages() -> tuple:  # type: ignore[type-arg]
-    from benchmarks.pipeline import ChatMessage
-
+def make_workload_messages() -> tuple[ChatMessage, ...]:
     return (
         ChatMessage(role="system", content="You are a helpful platform assistant."),
-        ChatMessage(role="user", content="Our canary deploy keeps rolling back; what did we decide about it?"),
-        ChatMessage(role="assistant", content="You decided to hold canaries at 5 % for an hour before promoting."),
+        ChatMessage(
+            role="user", content="Our canary deploy keeps rolling back; what did we decide about it?"
+        ),
+        ChatMessage(
+            role="assistant", content="You decided to hold canaries at 5 % for an hour before promoting."
+        ),
         ChatMessage(role="user", content="And what is the retry policy for the billing workers?"),
     )
 
@@ -166,7 +181,8 @@ def main(argv: list[str]) -> int:
     gc.collect()
     gc.freeze()
     lines = [
-        "| caches | **assembly p50 / p99** | score p50 / p99 | pack p50 / p99 | format p50 / p99 | injected |",
+        "| caches | **assembly p50 / p99** | score p50 / p99 | pack p50 / p99 | format p50 / p99 "
+        "| injected |",
         "|---|---|---|---|---|---|",
     ]
     for caches in ("new session", "next turn"):

@@ -155,6 +155,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(embedder: str, dim: int, vectors: str) -> None:
+    from ibex_context.pipeline.formatting import stored_token_counts
     from ibex_context.tokens.encodings import EncodingRegistry
 
     registry = EncodingRegistry()
@@ -163,6 +164,8 @@ def _init_worker(embedder: str, dim: int, vectors: str) -> None:
     if missing:
         raise SystemExit(f"seed: encodings not available offline: {missing}")
     _WORKER["count"] = lambda name, text: encodings[name].count(text)
+    # What the write path stores (content and block-body counts): one source of truth.
+    _WORKER["stored_counts"] = lambda text: stored_token_counts(text, encodings.values())
     _WORKER["embedder"] = build_embedder(embedder, dim) if vectors == "embedder" else None
 
 
@@ -207,7 +210,8 @@ def generate_agent(agent: AgentPlan, plan: SeedPlan, now: float) -> AgentData:
     hashes: set[bytes] = set()
     while len(specs) < agent.memories:
         spec = corpus.memory_spec(rng)
-        text, counts = fit_tokens(spec.content, count, rng, MIN_TOKENS, MAX_TOKENS)
+        text, _ = fit_tokens(spec.content, count, rng, MIN_TOKENS, MAX_TOKENS)
+        counts = _WORKER["stored_counts"](text)
         digest = hashlib.sha256(text.encode("utf-8")).digest()
         if digest in hashes:  # the schema allows one row per content per agent
             continue

@@ -12,12 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
+    STORED_BLOCK_FORMATS,
+    BlockCosts,
+    block_count_key,
     count_injected,
     format_context,
     handles,
     memory_cost,
     render_injection,
     section_overhead,
+    stored_token_counts,
 )
 from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import MessageTokenCounter
@@ -373,7 +377,15 @@ def test_count_injected_equals_a_full_recount_of_the_formatted_messages(
         for i in range(rng.randint(0, 8)):
             content = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 60)))
             category = rng.choice(["procedural", "factual", "episodic", "custom"])
-            counts = {encoding_name: encoding.count(content)} if rng.random() < 0.9 else {}
+            draw = rng.random()
+            # Write-time counts as the write path stores them (with block bodies), the
+            # content's count alone (rows written before block counts), or none.
+            if draw < 0.45:
+                counts = stored_token_counts(content, [encoding])
+            elif draw < 0.9:
+                counts = {encoding_name: encoding.count(content)}
+            else:
+                counts = {}
             # Ids recur across trials with other contents: the cache must notice.
             memories.append(scored(f"mem-{i}", content, category, token_counts=counts))
         directive = rng.choice([None, "", "Be brief.", "Use <b>tags</b> freely.\n", " spaced \n\n", "/x"])
@@ -477,3 +489,53 @@ def test_nothing_to_inject_counts_zero(registry: EncodingRegistry) -> None:
 def test_markdown_fence_is_one_longer_than_the_longest_backtick_run(content: str, fence: str) -> None:
     out = render_injection(directive=None, memories=[scored("m1", content)], fmt="markdown", nonce=NONCE)
     assert f"{fence}memory id=1\n{content}\n{fence}" in out
+
+
+# -- block counts stored at write time --------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding_name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_stored_block_count_costs_a_memory_exactly_as_counting_it_does(
+    registry: EncodingRegistry, encoding_name: str, fmt: Format
+) -> None:
+    encoding = registry.get(encoding_name)
+    rng = random.Random(f"stored-{encoding_name}-{fmt}")
+    for trial in range(300):
+        content = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 60)))
+        bare = MemoryRecord(id=f"m{trial}", content=content, category="factual")
+        stored = MemoryRecord(
+            id=f"m{trial}",
+            content=content,
+            category="factual",
+            token_counts=stored_token_counts(content, [encoding]),
+        )
+        expected = memory_cost(bare, encoding, fmt)
+        fresh = MessageTokenCounter(registry)
+        assert BlockCosts(encoding, fmt, fresh)(stored) == expected, (trial, content)
+        assert BlockCosts(encoding, fmt, fresh)(bare) == expected, (trial, content)
+
+
+def test_block_bodies_are_stored_only_where_blocks_join_additively(registry: EncodingRegistry) -> None:
+    encoding = registry.get("o200k_base")
+    counts = stored_token_counts("Priya travels with her service dog.", [encoding])
+    assert counts["o200k_base"] == encoding.count("Priya travels with her service dog.")
+    assert {block_count_key("o200k_base", f) for f in STORED_BLOCK_FORMATS} <= counts.keys()
+    # A leading space or slash may merge with the opening line's newline: costed per call.
+    assert stored_token_counts(" leading space", [encoding]).keys() == {"o200k_base"}
+    assert stored_token_counts("/path first", [encoding]).keys() == {"o200k_base"}
+
+
+def test_packing_costs_need_no_tokenizer_when_block_counts_are_stored(registry: EncodingRegistry) -> None:
+    encoding = registry.get("o200k_base")
+    counter = MessageTokenCounter(registry)
+    costs = BlockCosts(encoding, "xml", counter)
+    records = [
+        MemoryRecord(id=f"m{i}", content=f"Memory number {i} about the canary.", category="factual",
+                     token_counts=stored_token_counts(f"Memory number {i} about the canary.", [encoding]))
+        for i in range(50)
+    ]  # fmt: skip
+    misses = counter.misses
+    for record in records:
+        costs(record)
+    assert counter.misses == misses  # every cost was a lookup

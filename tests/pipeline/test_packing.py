@@ -99,3 +99,21 @@ def test_only_the_candidates_the_walk_reaches_are_costed() -> None:
     result = pack_in_rank_order(candidates, cost_of, 1000, max_items=3)
     assert [c.memory.id for c in result.selected] == ["m0", "m1", "m2"]
     assert asked == [0, 1, 2]
+
+
+def test_pack_ranked_walks_indices_in_the_order_given_and_costs_only_what_it_reaches() -> None:
+    from ibex_context.pipeline.packing import pack_ranked
+
+    asked: list[int] = []
+
+    def cost_of(i: int) -> int:
+        asked.append(i)
+        return {7: 60, 3: 50, 5: 30, 1: 10, 9: 10}[i]
+
+    packed = pack_ranked([7, 3, 5, 1, 9], cost_of, 100, max_items=3)
+    # 7 fits, 3 does not next to it, 5 fits, 1 fits: three taken, 9 never costed.
+    assert packed.chosen == [7, 5, 1]
+    assert packed.costs == [60, 30, 10]
+    assert packed.total_tokens == 100
+    assert packed.was_truncated
+    assert asked == [7, 3, 5, 1]

@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from ibex_context.embedding.base import Embedder
 from ibex_context.errors import EmbeddingError
 from ibex_context.models import FloatVector, NewMemory
+from ibex_context.pipeline.formatting import stored_token_counts
 from ibex_context.stores.base import FeedbackUpdate, MemoryWriter, PreparedMemory, UpsertResult
-from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
 # Memories are counted once at write time for every exact encoding we serve, so the
 # request path never tokenizes stored text.
@@ -41,7 +42,7 @@ class MemoryWrites:
     async def upsert(self, org_id: str, agent_id: str, memories: Sequence[NewMemory]) -> list[UpsertResult]:
         missing = [m.content for m in memories if m.embedding is None]
         vectors = iter(await self._embed(missing))
-        counts = await asyncio.to_thread(self.token_counts, [m.content for m in memories])
+        counts = await asyncio.to_thread(self.memory_token_counts, [m.content for m in memories])
         prepared = [
             PreparedMemory(
                 id=m.id or str(uuid.uuid4()),
@@ -75,9 +76,20 @@ class MemoryWrites:
         return await self._writer.record_feedback(org_id, agent_id, session_id, feedback)
 
     def token_counts(self, texts: Sequence[str]) -> list[Mapping[str, int]]:
-        encodings = [self._encodings.get(name) for name in self._stored_encodings]
-        exact = [e for e in encodings if e.exact]
+        """Each text's tokens per exact stored encoding (a directive's counts)."""
+        exact = self._exact_encodings()
         return [{e.name: e.count(text) for e in exact} for text in texts]
+
+    def memory_token_counts(self, contents: Sequence[str]) -> list[Mapping[str, int]]:
+        """What a memory stores: its tokens and its formatted block bodies' tokens per
+        exact stored encoding (``formatting.stored_token_counts``), so the request
+        path costs it without a tokenizer."""
+        exact = self._exact_encodings()
+        return [stored_token_counts(content, exact) for content in contents]
+
+    def _exact_encodings(self) -> list[Encoding]:
+        encodings = [self._encodings.get(name) for name in self._stored_encodings]
+        return [e for e in encodings if e.exact]
 
     async def _embed(self, texts: Sequence[str]) -> list[FloatVector]:
         vectors: list[FloatVector] = []

@@ -36,17 +36,10 @@ from dataclasses import dataclass
 
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.formatting import (
-    FormattedContext,
-    count_injected,
-    format_context,
-    memory_cost,
-    section_overhead,
-)
-from ibex_context.pipeline.packing import pack_in_rank_order
+from ibex_context.pipeline.compose import ComposeInput, compose
+from ibex_context.pipeline.formatting import FormattedContext, format_context
 from ibex_context.pipeline.report import SOURCES, AssemblyReport, Outcome, SourceResult, SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
-from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Profile
 from ibex_context.tokens.catalogue import resolve_model
 from ibex_context.tokens.counting import MessageTokenCounter
@@ -231,115 +224,44 @@ class Assembler:
         return self._compose(call, _reasons(state))
 
     def _compose(self, call: _Call, reasons: list[str]) -> Assembly:
-        request, profile, report, state = call.request, call.profile, call.report, call.state
-        encoding, budget = call.encoding, call.budget
-        assert encoding is not None and budget is not None
-        directive = state.directive.content if state.directive else None
-        nonce = self._nonce(request)
-
-        t0 = time.perf_counter_ns()
+        request, report, state = call.request, call.report, call.state
+        assert call.encoding is not None and call.budget is not None
         candidates = state.candidates()
         lexical = state.sources.get("lexical")
-        scored = score_candidates(
-            candidates,
-            state.query_embedding,
-            profile.scoring,
-            now=self._clock(),
-            lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
+        composition = compose(
+            ComposeInput(
+                messages=request.messages,
+                directive=state.directive.content if state.directive else None,
+                candidates=candidates,
+                query_embedding=state.query_embedding,
+                lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
+                profile=call.profile,
+                encoding=call.encoding,
+                messages_tokens=call.messages_tokens,
+                budget=call.budget,
+                nonce=self._nonce(request),
+                now=self._clock(),
+            ),
+            self._counter,
         )
-        report.add_stage("score", t0, time.perf_counter_ns())
+        t0, t1, t2, t3 = composition.marks
+        report.add_stage("score", t0, t1)
+        report.add_stage("pack", t1, t2)
+        report.add_stage("format", t2, t3)
         report.candidates_evaluated = len(candidates)
-        report.memories_available = len(scored)
-
-        t0 = time.perf_counter_ns()
-
-        def injection_tokens(memories: Sequence[ScoredMemory]) -> int:
-            # Exactly what format_context(...) adds to count_messages, summed from
-            # cached chunk counts (formatting.count_injected).
-            return count_injected(
-                request.messages,
-                directive=directive,
-                memories=memories,
-                fmt=profile.format,
-                mode=profile.injection_mode,
-                nonce=nonce,
-                encoding=encoding,
-                counter=self._counter,
-            )
-
-        directive_tokens = injection_tokens(())
-        budget = compute_budget(
-            budget.model,
-            messages_tokens=call.messages_tokens,
-            directive_tokens=directive_tokens,
-            limits=profile.budget,
-            exact=budget.exact,
-            approximation_reason=budget.approximation_reason,
-        )
-        call.budget = budget
-        if directive is not None and budget.window_remaining < 0:
-            # The directive would push the prompt into the response reserve (or past
-            # the window): inject nothing rather than a prompt the model cannot answer.
+        report.memories_available = composition.memories_available
+        call.budget = composition.budget
+        if composition.directive_exceeds_window:
             return self._pass_through(call, ["directive_exceeds_window", *reasons])
-        fmt, counter = profile.format, self._counter
-
-        def cost_of(i: int) -> int:
-            return memory_cost(scored[i], encoding, fmt, counter=counter)
-
-        # The notice and category sections cost tokens too; an upper bound for the
-        # candidates' categories keeps the exact repair below a rare event.
-        overhead = (
-            section_overhead(
-                encoding,
-                profile.format,
-                nonce=nonce,
-                categories={m.memory.category for m in scored},
-                include_message_framing=not directive,
-                counter=self._counter,
-            )
-            if scored
-            else 0
-        )
-        packed = pack_in_rank_order(
-            scored, cost_of, max(0, budget.memory_budget - overhead), max_items=profile.budget.max_memories
-        )
-        report.add_stage("pack", t0, time.perf_counter_ns())
-
-        t0 = time.perf_counter_ns()
-        selected = list(packed.selected)
-        injected_tokens = directive_tokens
-        was_truncated = packed.was_truncated
-        while selected:
-            injected_tokens = injection_tokens(selected)
-            # The packer works on per-memory costs; the exact count of the whole
-            # injected text is the one that must fit. Drop the weakest until it does.
-            if injected_tokens <= directive_tokens + budget.memory_budget:
-                break
-            selected.pop()
-            was_truncated = True
-        if not selected:
-            injected_tokens = directive_tokens
-        formatted = format_context(
-            request.messages,
-            directive=directive,
-            memories=selected,
-            fmt=profile.format,
-            mode=profile.injection_mode,
-            nonce=nonce,
-        )
-        report.add_stage("format", t0, time.perf_counter_ns())
-
-        memory_tokens = max(0, injected_tokens - directive_tokens) if selected else 0
-        degradation = _degradation(state, reasons)
         return self._finish(
             call,
-            messages=formatted.messages,
-            directive_injected=directive is not None and formatted.injected,
-            memories=tuple(selected),
-            tokens_injected=injected_tokens if formatted.injected else 0,
-            memory_tokens=memory_tokens,
-            was_truncated=was_truncated,
-            degradation=degradation,
+            messages=composition.messages,
+            directive_injected=composition.directive_injected,
+            memories=composition.memories,
+            tokens_injected=composition.tokens_injected,
+            memory_tokens=composition.memory_tokens,
+            was_truncated=composition.was_truncated,
+            degradation=_degradation(state, reasons),
             reasons=reasons,
         )
 

@@ -408,6 +408,16 @@ def _memory_tokens(
         # The opening line ends with "\n" and the content starts safely, so the block
         # is opening + body. The body depends on no handle: its count is shared by
         # every call that recalls the memory, wherever it stands.
+        stored = (
+            record.token_counts.get(block_count_key(encoding.name, fmt))
+            if variant == _BLOCK_AS_IS and encoding.exact
+            else None
+        )
+        if stored is not None:
+            opening = _opening(record, fmt, handle)
+            return (
+                encoding.count(opening) if counter is None else counter.count_text_cached(opening, encoding)
+            ) + stored
         if counter is None:
             return encoding.count(_opening(record, fmt, handle)) + _count_body(record, encoding, fmt, variant)
         body = counter.count_block(
@@ -548,6 +558,62 @@ def memory_cost(
     unchanged = stored is not None and escaped == record.content
     content_tokens = stored if stored is not None and unchanged else count(escaped)
     return count(opening) + count(closing) + content_tokens + JOIN_ALLOWANCE_TOKENS
+
+
+# The formats whose block bodies are counted at write time (json's block opens on the
+# content's own line, so its count depends on the handle and category: costed per call).
+STORED_BLOCK_FORMATS: tuple[Format, ...] = ("xml", "markdown")
+
+
+def block_count_key(encoding_name: str, fmt: str) -> str:
+    """The ``token_counts`` key of a memory's block body in ``fmt``: everything after
+    the opening line, as laid out with more text after it."""
+    return f"{encoding_name}/{fmt}"
+
+
+def stored_token_counts(content: str, encodings: Iterable[Encoding]) -> dict[str, int]:
+    """What the write path stores as a memory's ``token_counts``: the content's count
+    per exact encoding and, where blocks join additively (the content starts
+    safely, a ``splits_after_newline`` encoding), its block body's count per
+    ``STORED_BLOCK_FORMATS``, so that costing a memory on the request path is a
+    lookup, not a tokenizer call (issue #14)."""
+    counts: dict[str, int] = {}
+    for encoding in encodings:
+        if not encoding.exact:
+            continue
+        tokens = encoding.count(content)
+        counts[encoding.name] = tokens
+        if encoding.splits_after_newline and _starts_safely(content):
+            record = MemoryRecord(id="", content=content, category="", token_counts={encoding.name: tokens})
+            for fmt in STORED_BLOCK_FORMATS:
+                counts[block_count_key(encoding.name, fmt)] = _count_body(record, encoding, fmt, _BLOCK_AS_IS)
+    return counts
+
+
+class BlockCosts:
+    """``memory_cost`` for one call's encoding and format: one dict lookup for a memory
+    whose block body was counted when it was written, the counter's caches otherwise."""
+
+    def __init__(self, encoding: Encoding, fmt: Format, counter: MessageTokenCounter) -> None:
+        self._encoding, self._fmt, self._counter = encoding, fmt, counter
+        stored = encoding.exact and encoding.splits_after_newline and fmt in STORED_BLOCK_FORMATS
+        self._key = block_count_key(encoding.name, fmt) if stored else None
+        # xml's opening line is the same for every memory (the costing handle).
+        self._xml_opening = counter.count_text_cached(f'<memory id="{COSTING_HANDLE}">\n', encoding)
+
+    def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
+        record = _record(memory)
+        if self._key is not None:
+            body = record.token_counts.get(self._key)
+            if body is not None:
+                if self._fmt == "xml":
+                    opening = self._xml_opening
+                else:
+                    opening = self._counter.count_text_cached(
+                        _opening(record, self._fmt, COSTING_HANDLE), self._encoding
+                    )
+                return opening + body + JOIN_ALLOWANCE_TOKENS
+        return memory_cost(record, self._encoding, self._fmt, counter=self._counter)
 
 
 def section_overhead(

@@ -52,31 +52,52 @@ def pack_costed(
     return pack_in_rank_order(candidates, lambda i: int(costs[i]), budget_tokens, max_items=max_items)
 
 
-def pack_in_rank_order(
-    candidates: Sequence[ScoredMemory], cost_of: Callable[[int], int], budget_tokens: int, *, max_items: int
-) -> PackResult:
-    """``pack_costed`` with ``cost_of(i)`` asked only for the candidates the walk reaches:
-    the walk stops at ``max_items``, so a call that injects 20 of 100 candidates costs
-    about 20 (the assembler costs a memory exactly, which is not free)."""
-    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, candidates[i].memory.id))
-    selected: list[ScoredMemory] = []
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """The walk's outcome as indices: ``chosen`` in rank order, ``costs[k]`` the cost of
+    ``chosen[k]``."""
+
+    chosen: list[int]
+    costs: list[int]
+    total_tokens: int
+    was_truncated: bool
+
+
+def pack_ranked(
+    order: Sequence[int], cost_of: Callable[[int], int], budget_tokens: int, *, max_items: int
+) -> Packed:
+    """The rank-order walk over candidate indices already best first (``order``);
+    ``cost_of(i)`` is asked only for the candidates the walk reaches (it stops at
+    ``max_items``, so a call that injects 20 of 100 candidates costs about 20)."""
+    chosen: list[int] = []
+    costs: list[int] = []
     used = 0
     for i in order:
-        if len(selected) >= max_items:
+        if len(chosen) >= max_items:
             break
         cost = cost_of(i)
         if cost < 0:
-            raise ValueError(f"memory {candidates[i].memory.id!r} has a negative token cost")
+            raise ValueError(f"candidate {i} has a negative token cost")
         if used + cost <= budget_tokens:
-            selected.append(_with_tokens(candidates[i], cost))
+            chosen.append(i)
+            costs.append(cost)
             used += cost
-    skipped = len(candidates) - len(selected)
+    return Packed(chosen, costs, used, was_truncated=len(chosen) < len(order))
+
+
+def pack_in_rank_order(
+    candidates: Sequence[ScoredMemory], cost_of: Callable[[int], int], budget_tokens: int, *, max_items: int
+) -> PackResult:
+    """``pack_ranked`` over ``candidates`` in score order (ties by id)."""
+    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, candidates[i].memory.id))
+    packed = pack_ranked(order, cost_of, budget_tokens, max_items=max_items)
+    selected = tuple(_with_tokens(candidates[i], c) for i, c in zip(packed.chosen, packed.costs, strict=True))
     return PackResult(
-        selected=tuple(selected),
-        total_tokens=used,
+        selected=selected,
+        total_tokens=packed.total_tokens,
         total_score=math.fsum(c.score for c in selected),
-        skipped=skipped,
-        was_truncated=skipped > 0,
+        skipped=len(candidates) - len(selected),
+        was_truncated=packed.was_truncated,
     )
 
 

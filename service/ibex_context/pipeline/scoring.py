@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -112,18 +113,62 @@ def _clip_unit(values: _Array) -> _Array:
     return values
 
 
-def score_candidates(
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Every candidate's score components as columns (index i is ``candidates[i]``),
+    and ``order``: the kept candidates' indices, best first (ties by id).
+
+    Nothing per candidate is built here: the assembler materialises only the
+    memories it injects (``scored``), so ranking 100 candidates to inject 20
+    builds 20 objects, not 100 (issue #14: per-candidate objects built and
+    rebuilt were a large part of the call's CPU).
+    """
+
+    candidates: Sequence[MemoryRecord]
+    order: list[int]
+    score: list[float]
+    relevance: list[float]
+    recency: list[float]
+    usefulness: list[float]
+    confidence: list[float]
+    frequency: list[float]
+    semantic: list[float]
+    lexical: list[float]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def scored(self, i: int, tokens: int = 0) -> ScoredMemory:
+        """Candidate ``i`` with its score components (and its cost in ``tokens``)."""
+        return ScoredMemory(
+            self.candidates[i],
+            self.score[i],
+            self.relevance[i],
+            self.recency[i],
+            self.usefulness[i],
+            self.confidence[i],
+            self.frequency[i],
+            tokens,
+            self.semantic[i],
+            self.lexical[i],
+        )
+
+
+_EMPTY: list[float] = []
+
+
+def rank(
     candidates: Sequence[MemoryRecord],
     query_embedding: FloatVector | None,
     scoring: Scoring,
     now: float,
     *,
     lexical_searched: bool = False,
-) -> list[ScoredMemory]:
+) -> Ranking:
     """``lexical_searched``: the lexical search answered for this call, so a memory
     without a ``lexical_score`` is known not to match the query's words."""
     if not candidates:
-        return []
+        return Ranking(candidates, [], _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
     n = len(candidates)
     semantic, semantic_known = _semantic(candidates, query_embedding)
     lexical = _lexical(candidates)
@@ -178,23 +223,31 @@ def score_candidates(
     # floor on the blend dropped memories the semantic search alone had kept).
     keep = ~relevance_known | (semantic >= scoring.relevance_floor) | (lexical > 0.0)
     # Python floats once (indexing numpy arrays per item is several times slower).
-    score_of, relevance_of, recency_of = composite.tolist(), relevance.tolist(), recency.tolist()
-    usefulness_of, confidence_of, frequency_of = usefulness.tolist(), confidence.tolist(), frequency.tolist()
-    semantic_of, lexical_of = semantic.tolist(), lexical.tolist()
+    score_of = composite.tolist()
     kept = np.flatnonzero(keep).tolist()
     order = sorted(kept, key=lambda i: (-score_of[i], candidates[i].id))
-    return [
-        ScoredMemory(
-            candidates[i],
-            score_of[i],
-            relevance_of[i],
-            recency_of[i],
-            usefulness_of[i],
-            confidence_of[i],
-            frequency_of[i],
-            0,
-            semantic_of[i],
-            lexical_of[i],
-        )
-        for i in order
-    ]
+    return Ranking(
+        candidates,
+        order,
+        score_of,
+        relevance.tolist(),
+        recency.tolist(),
+        usefulness.tolist(),
+        confidence.tolist(),
+        frequency.tolist(),
+        semantic.tolist(),
+        lexical.tolist(),
+    )
+
+
+def score_candidates(
+    candidates: Sequence[MemoryRecord],
+    query_embedding: FloatVector | None,
+    scoring: Scoring,
+    now: float,
+    *,
+    lexical_searched: bool = False,
+) -> list[ScoredMemory]:
+    """Every kept candidate as a ``ScoredMemory``, best first (``rank``, materialised)."""
+    ranking = rank(candidates, query_embedding, scoring, now, lexical_searched=lexical_searched)
+    return [ranking.scored(i) for i in ranking.order]

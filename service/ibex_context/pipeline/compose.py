@@ -1,0 +1,156 @@
+"""The compose step: what arrived from the stores in, the injected messages out.
+
+Pure (no I/O, no clock, no report): rank the candidates (``scoring.rank``: columns,
+no per-candidate objects), cost the ones the packer reaches (``formatting.BlockCosts``:
+a lookup of the block counts stored at write time), walk them in rank order into the
+budget (``packing.pack_ranked``), count the injection exactly and render it once,
+for the chosen memories only. The assembler times it and turns the result into the
+response and the report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ibex_context.models import ChatMessage, FloatVector, MemoryRecord, ScoredMemory
+from ibex_context.pipeline.budget import TokenBudget, compute_budget
+from ibex_context.pipeline.formatting import BlockCosts, count_injected, format_context, section_overhead
+from ibex_context.pipeline.packing import pack_ranked
+from ibex_context.pipeline.scoring import rank
+from ibex_context.profiles.model import Profile
+from ibex_context.tokens.counting import MessageTokenCounter
+from ibex_context.tokens.encodings import Encoding
+
+
+@dataclass(frozen=True, slots=True)
+class ComposeInput:
+    messages: tuple[ChatMessage, ...]
+    directive: str | None
+    candidates: Sequence[MemoryRecord]
+    query_embedding: FloatVector | None
+    # The lexical search answered: a candidate without a BM25 score shares no word
+    # with the query.
+    lexical_searched: bool
+    profile: Profile
+    encoding: Encoding
+    messages_tokens: int
+    # The budget before the directive was known (its memory budget is recomputed).
+    budget: TokenBudget
+    nonce: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Composition:
+    messages: tuple[ChatMessage, ...]
+    directive_injected: bool
+    memories: tuple[ScoredMemory, ...]  # in rank order, ``tokens`` set to their cost
+    memories_available: int  # candidates above the relevance floor
+    tokens_injected: int
+    memory_tokens: int
+    was_truncated: bool
+    budget: TokenBudget
+    # The directive alone would not leave the response reserve: nothing injected.
+    directive_exceeds_window: bool
+    # perf_counter_ns marks: start, ranked, packed, rendered.
+    marks: tuple[int, int, int, int]
+
+
+def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
+    profile, encoding, nonce = given.profile, given.encoding, given.nonce
+    fmt, mode = profile.format, profile.injection_mode
+    t0 = time.perf_counter_ns()
+    ranking = rank(
+        given.candidates,
+        given.query_embedding,
+        profile.scoring,
+        now=given.now,
+        lexical_searched=given.lexical_searched,
+    )
+    t1 = time.perf_counter_ns()
+
+    def injection_tokens(memories: Sequence[ScoredMemory]) -> int:
+        # Exactly what format_context(...) adds to count_messages, summed from
+        # cached chunk counts (formatting.count_injected).
+        return count_injected(
+            given.messages,
+            directive=given.directive,
+            memories=memories,
+            fmt=fmt,
+            mode=mode,
+            nonce=nonce,
+            encoding=encoding,
+            counter=counter,
+        )
+
+    directive_tokens = injection_tokens(())
+    budget = compute_budget(
+        given.budget.model,
+        messages_tokens=given.messages_tokens,
+        directive_tokens=directive_tokens,
+        limits=profile.budget,
+        exact=given.budget.exact,
+        approximation_reason=given.budget.approximation_reason,
+    )
+    if given.directive is not None and budget.window_remaining < 0:
+        # The directive would push the prompt into the response reserve (or past the
+        # window): inject nothing rather than a prompt the model cannot answer.
+        return Composition(
+            given.messages, False, (), len(ranking), 0, 0, False, budget, True, (t0, t1, t1, t1)
+        )
+
+    candidates = ranking.candidates
+    # The notice and category sections cost tokens too; an upper bound for the kept
+    # candidates' categories keeps the exact repair below a rare event.
+    overhead = (
+        section_overhead(
+            encoding,
+            fmt,
+            nonce=nonce,
+            categories={candidates[i].category for i in ranking.order},
+            include_message_framing=not given.directive,
+            counter=counter,
+        )
+        if ranking.order
+        else 0
+    )
+    cost = BlockCosts(encoding, fmt, counter)
+    packed = pack_ranked(
+        ranking.order,
+        lambda i: cost(candidates[i]),
+        max(0, budget.memory_budget - overhead),
+        max_items=profile.budget.max_memories,
+    )
+    selected = [ranking.scored(i, c) for i, c in zip(packed.chosen, packed.costs, strict=True)]
+    t2 = time.perf_counter_ns()
+
+    injected_tokens = directive_tokens
+    was_truncated = packed.was_truncated
+    while selected:
+        injected_tokens = injection_tokens(selected)
+        # The packer works on per-memory costs; the exact count of the whole injected
+        # text is the one that must fit. Drop the weakest until it does.
+        if injected_tokens <= directive_tokens + budget.memory_budget:
+            break
+        selected.pop()
+        was_truncated = True
+    if not selected:
+        injected_tokens = directive_tokens
+    formatted = format_context(
+        given.messages, directive=given.directive, memories=selected, fmt=fmt, mode=mode, nonce=nonce
+    )
+    t3 = time.perf_counter_ns()
+    return Composition(
+        messages=formatted.messages,
+        directive_injected=given.directive is not None and formatted.injected,
+        memories=tuple(selected),
+        memories_available=len(ranking),
+        tokens_injected=injected_tokens if formatted.injected else 0,
+        memory_tokens=max(0, injected_tokens - directive_tokens) if selected else 0,
+        was_truncated=was_truncated,
+        budget=budget,
+        directive_exceeds_window=False,
+        marks=(t0, t1, t2, t3),
+    )
