@@ -62,12 +62,12 @@ def test_every_reason_counts_once_and_unknown_reasons_become_other() -> None:
 
 
 def test_every_reason_the_assembler_can_give_is_a_known_label() -> None:
-    # The assembler's own list (most severe first): a reason added there and not in
-    # KNOWN_REASONS would silently be counted as "other".
-    from ibex_context.pipeline.assembler import _REASON_SEVERITY
+    # A reason added to the type and not to KNOWN_REASONS would silently be counted
+    # as "other".
+    from ibex_context.pipeline.report import Reason
 
-    assert _REASON_SEVERITY
-    assert [r for r in _REASON_SEVERITY if normalise_reason(r) != r] == []
+    assert list(Reason)
+    assert [r for r in Reason if normalise_reason(r) != r] == []
 
 
 def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:

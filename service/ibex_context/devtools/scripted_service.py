@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpclib.const
 from grpclib.const import Status
@@ -30,7 +30,14 @@ from ibex_context.observability.calls import instrument_server
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import (
+    AssemblyReport,
+    Outcome,
+    Reason,
+    SourceName,
+    SourceResult,
+    SourceStatus,
+)
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 MEMORY_TEXT = "Zanzibar-quokka-PAPAYA-7731 prefers dark roast"
@@ -105,19 +112,22 @@ class ScriptedAssembly:
             await asyncio.sleep(0)
             report.add_stage(stage, start, time.perf_counter_ns())
         report.sources = [
-            SourceResult("directive", SourceStatus.OK, 100, 1),
-            SourceResult("hot", SourceStatus.OK, 200, 3),
-            SourceResult("embed", SourceStatus.OK, 50, 1),
-            SourceResult("cold", SourceStatus.OK, 900, 4),
+            SourceResult(SourceName.DIRECTIVE, SourceStatus.OK, 100, 1),
+            SourceResult(SourceName.HOT, SourceStatus.OK, 200, 3),
+            SourceResult(SourceName.EMBED, SourceStatus.OK, 50, 1),
+            SourceResult(SourceName.COLD, SourceStatus.OK, 900, 4),
         ]
         if request.model == COLD_TIMEOUT:
             report.outcome = Outcome.DEGRADED
             report.degradation = Degradation.HOT_ONLY
-            report.reasons = ["cold_timeout"]
-            report.sources[3] = SourceResult("cold", SourceStatus.TIMEOUT, 35_000, 0, "timed out after 35 ms")
+            report.reasons = [Reason.COLD_TIMEOUT]
+            report.sources[3] = SourceResult(
+                SourceName.COLD, SourceStatus.TIMEOUT, 35_000, 0, "timed out after 35 ms"
+            )
         if request.model == UNKNOWN_REASON:
             report.outcome = Outcome.DEGRADED
-            report.reasons = ["martian_interference"]
+            # A reason this version does not know (one a newer pipeline might report).
+            report.reasons = [cast(Reason, "martian_interference")]
         report.candidates_evaluated = 7
         report.memories_available = 5
         report.memories_injected = 2

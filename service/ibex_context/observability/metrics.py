@@ -25,7 +25,7 @@ from ibex_context.observability.exposition import (
     MetricsServer,
     start_metrics_server,
 )
-from ibex_context.pipeline.report import SOURCES, STAGES, AssemblyReport, Outcome, SourceStatus
+from ibex_context.pipeline.report import SOURCES, STAGES, AssemblyReport, Outcome, Reason, SourceStatus
 
 __all__ = [
     "ASSEMBLY_BUCKETS",
@@ -66,15 +66,10 @@ GC_GENERATIONS: tuple[str, ...] = ("0", "1", "2")
 # until it is added here, instead of silently creating series.
 KNOWN_REASONS: frozenset[str] = frozenset(
     {
-        *(f"{source}_{kind}" for source in SOURCES for kind in ("timeout", "error")),
+        *Reason,
         "redis_unavailable",
         "postgres_unavailable",
         "embedder_unavailable",
-        "deadline_exceeded",
-        "assembly_error",
-        "overloaded",
-        "messages_exceed_window",
-        "directive_exceeds_window",
         "constrained_budget",
         "budget_exhausted",
         "no_query",

@@ -229,7 +229,8 @@ class Tracing:
         report = state.report
         if report is not None:
             inside_root = trace.set_span_in_context(root)
-            sources = {s.source: s for s in report.sources}
+            # Stage names are plain strings; a source's name equals its stage's.
+            sources: dict[str, SourceResult] = {s.source: s for s in report.sources}
             for stage in report.stages:
                 source = sources.get(stage.stage)
                 child = tracer.start_span(

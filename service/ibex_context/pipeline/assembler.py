@@ -38,7 +38,15 @@ from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
 from ibex_context.pipeline.formatting import FormattedContext, format_context
-from ibex_context.pipeline.report import SOURCES, AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import (
+    SOURCES,
+    AssemblyReport,
+    Outcome,
+    Reason,
+    SourceName,
+    SourceResult,
+    SourceStatus,
+)
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.profiles.model import Profile
 from ibex_context.tokens.catalogue import resolve_model
@@ -46,22 +54,6 @@ from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
 log = logging.getLogger(__name__)
-
-# Reason order, most severe first: the first reason becomes fallback_reason.
-_REASON_SEVERITY: tuple[str, ...] = (
-    "deadline_exceeded",
-    "assembly_error",
-    "directive_timeout",
-    "directive_error",
-    "hot_timeout",
-    "hot_error",
-    "embed_timeout",
-    "embed_error",
-    "cold_timeout",
-    "cold_error",
-    "lexical_timeout",
-    "lexical_error",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +80,7 @@ class Assembly:
     context_window_used: int
     was_truncated: bool
     degradation: Degradation
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     budget: TokenBudget | None
     memory_tokens_used: int
     report: AssemblyReport
@@ -141,16 +133,16 @@ class Assembler:
             async with asyncio.timeout(deadline):
                 assembly = await self._assemble(call, tasks, deadline)
         except TimeoutError:
-            assembly = self._fallback(call, "deadline_exceeded")
+            assembly = self._fallback(call, Reason.DEADLINE_EXCEEDED)
         except Exception:
             log.exception("assembly failed; degrading", extra={"request_id": request.request_id})
-            assembly = self._fallback(call, "assembly_error")
+            assembly = self._fallback(call, Reason.ASSEMBLY_ERROR)
         finally:
             self._cancel(tasks)
         report.finished_ns = time.perf_counter_ns()
         return assembly
 
-    def shed(self, request: AssemblyRequest, profile: Profile, reason: str) -> Assembly:
+    def shed(self, request: AssemblyRequest, profile: Profile, reason: Reason) -> Assembly:
         """The client's messages unchanged, at once, with ``reason`` (the server is over
         capacity): nothing is fetched, counted or formatted."""
         report = AssemblyReport(
@@ -199,7 +191,7 @@ class Assembler:
         if preliminary.window_remaining < 0:
             # Not even the response reserve fits beside the client's messages: anything
             # injected would eat the model's answer. No store is asked.
-            return self._pass_through(call, ["messages_exceed_window"])
+            return self._pass_through(call, [Reason.MESSAGES_EXCEED_WINDOW])
 
         plan = RetrievalPlan(
             org_id=request.org_id,
@@ -223,11 +215,11 @@ class Assembler:
             report.add_stage(source, start, end)
         return self._compose(call, _reasons(state))
 
-    def _compose(self, call: _Call, reasons: list[str]) -> Assembly:
+    def _compose(self, call: _Call, reasons: list[Reason]) -> Assembly:
         request, report, state = call.request, call.report, call.state
         assert call.encoding is not None and call.budget is not None
         candidates = state.candidates()
-        lexical = state.sources.get("lexical")
+        lexical = state.sources.get(SourceName.LEXICAL)
         composition = compose(
             ComposeInput(
                 messages=request.messages,
@@ -252,7 +244,7 @@ class Assembler:
         report.memories_available = composition.memories_available
         call.budget = composition.budget
         if composition.directive_exceeds_window:
-            return self._pass_through(call, ["directive_exceeds_window", *reasons])
+            return self._pass_through(call, [Reason.DIRECTIVE_EXCEEDS_WINDOW, *reasons])
         return self._finish(
             call,
             messages=composition.messages,
@@ -267,7 +259,7 @@ class Assembler:
 
     # -- degraded paths -------------------------------------------------------------------
 
-    def _fallback(self, call: _Call, reason: str) -> Assembly:
+    def _fallback(self, call: _Call, reason: Reason) -> Assembly:
         """Answer at once: the directive if it was fetched, else the messages unchanged."""
         state = call.state
         _close_sources(state)
@@ -285,7 +277,7 @@ class Assembler:
                 )
                 tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
                 if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
-                    return self._pass_through(call, [*reasons, "directive_exceeds_window"])
+                    return self._pass_through(call, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
                 return self._finish(
                     call,
                     messages=formatted.messages,
@@ -299,12 +291,12 @@ class Assembler:
                 )
             except Exception:
                 log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
-                reasons.append("assembly_error")
+                reasons.append(Reason.ASSEMBLY_ERROR)
         level = Degradation.DIRECTIVE_ONLY if state.directive_done else Degradation.PASS_THROUGH
         return self._pass_through(call, reasons, level)
 
     def _pass_through(
-        self, call: _Call, reasons: list[str], level: Degradation = Degradation.PASS_THROUGH
+        self, call: _Call, reasons: list[Reason], level: Degradation = Degradation.PASS_THROUGH
     ) -> Assembly:
         """The client's messages unchanged, with ``reasons`` and ``level`` (DIRECTIVE_ONLY
         when the directive was fetched but could not be injected)."""
@@ -331,7 +323,7 @@ class Assembler:
         memory_tokens: int,
         was_truncated: bool,
         degradation: Degradation,
-        reasons: Sequence[str],
+        reasons: Sequence[Reason],
     ) -> Assembly:
         report, budget = call.report, call.budget
         window = budget.context_window if budget else 0
@@ -443,26 +435,24 @@ def _close_sources(state: RetrievalState) -> None:
             )
 
 
-def _reasons(state: RetrievalState) -> list[str]:
+def _reasons(state: RetrievalState) -> list[Reason]:
     reasons = []
     for source in SOURCES:
         result = state.sources.get(source)
-        if result is None:
-            continue
-        if result.status is SourceStatus.TIMEOUT:
-            reasons.append(f"{source}_timeout")
-        elif result.status is SourceStatus.ERROR:
-            reasons.append(f"{source}_error")
-    return sorted(reasons, key=_REASON_SEVERITY.index)
+        if result is not None:
+            reason = Reason.of_source(source, result.status)
+            if reason is not None:
+                reasons.append(reason)
+    return Reason.ordered(reasons)
 
 
-def _degradation(state: RetrievalState, reasons: Sequence[str]) -> Degradation:
+def _degradation(state: RetrievalState, reasons: Sequence[Reason]) -> Degradation:
     if not reasons:
         return Degradation.FULL
-    failed = {r.rsplit("_", 1)[0] for r in reasons}
-    hot_answered = "hot" not in failed
-    vector_answered = not ({"embed", "cold"} & failed)
-    lexical_answered = "lexical" not in failed
+    failed = {r.source for r in reasons}
+    hot_answered = SourceName.HOT not in failed
+    vector_answered = not ({SourceName.EMBED, SourceName.COLD} & failed)
+    lexical_answered = SourceName.LEXICAL not in failed
     cold_answered = vector_answered or lexical_answered
     if hot_answered and cold_answered:
         return Degradation.PARTIAL

@@ -24,7 +24,57 @@ STAGES: tuple[str, ...] = (
     "format",
     "serialize",
 )
-SOURCES: tuple[str, ...] = ("directive", "hot", "embed", "cold", "lexical")
+
+
+class SourceName(enum.StrEnum):
+    """The retrieval sources, in the order the metadata lists them."""
+
+    DIRECTIVE = "directive"
+    HOT = "hot"
+    EMBED = "embed"
+    COLD = "cold"
+    LEXICAL = "lexical"
+
+
+SOURCES: tuple[SourceName, ...] = tuple(SourceName)
+
+
+class Reason(enum.StrEnum):
+    """Why an assembly did less than everything, most severe first: the first of a
+    call's reasons is the wire's ``fallback_reason`` (``Reason.ordered``). The values
+    are the wire's ``degradation_reasons`` and the metrics' ``reason`` label."""
+
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    ASSEMBLY_ERROR = "assembly_error"
+    DIRECTIVE_TIMEOUT = "directive_timeout"
+    DIRECTIVE_ERROR = "directive_error"
+    HOT_TIMEOUT = "hot_timeout"
+    HOT_ERROR = "hot_error"
+    EMBED_TIMEOUT = "embed_timeout"
+    EMBED_ERROR = "embed_error"
+    COLD_TIMEOUT = "cold_timeout"
+    COLD_ERROR = "cold_error"
+    LEXICAL_TIMEOUT = "lexical_timeout"
+    LEXICAL_ERROR = "lexical_error"
+    # Not a source's failure: the call as a whole.
+    OVERLOADED = "overloaded"
+    MESSAGES_EXCEED_WINDOW = "messages_exceed_window"
+    DIRECTIVE_EXCEEDS_WINDOW = "directive_exceeds_window"
+
+    @classmethod
+    def of_source(cls, source: SourceName, status: SourceStatus) -> Reason | None:
+        """The reason a source's outcome gives, None when it answered or was skipped."""
+        return _SOURCE_REASONS.get((source, status))
+
+    @property
+    def source(self) -> SourceName | None:
+        """The source whose failure this is, None for a reason of the whole call."""
+        return _REASON_SOURCES.get(self)
+
+    @staticmethod
+    def ordered(reasons: list[Reason]) -> list[Reason]:
+        """Most severe first (declaration order)."""
+        return sorted(reasons, key=_SEVERITY.__getitem__)
 
 
 class Outcome(enum.StrEnum):
@@ -60,7 +110,7 @@ class StageSpan:
 
 @dataclass(slots=True)
 class SourceResult:
-    source: str
+    source: SourceName
     status: SourceStatus
     duration_us: int = 0
     count: int = 0
@@ -77,7 +127,7 @@ class AssemblyReport:
     outcome: Outcome = Outcome.FULL
     degradation: Degradation = Degradation.FULL
     # Most severe first; the first is the wire's fallback_reason.
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
     stages: list[StageSpan] = field(default_factory=list)
     sources: list[SourceResult] = field(default_factory=list)
     candidates_evaluated: int = 0
@@ -107,3 +157,14 @@ class AssemblyReport:
 
     def stage_us(self, stage: str) -> int:
         return sum(s.duration_us for s in self.stages if s.stage == stage)
+
+
+_SOURCE_REASONS: dict[tuple[SourceName, SourceStatus], Reason] = {
+    (source, status): Reason(f"{source.value}_{kind}")
+    for source in SourceName
+    for status, kind in ((SourceStatus.TIMEOUT, "timeout"), (SourceStatus.ERROR, "error"))
+}
+_REASON_SOURCES: dict[Reason, SourceName] = {
+    reason: source for (source, _), reason in _SOURCE_REASONS.items()
+}
+_SEVERITY: dict[Reason, int] = {reason: rank for rank, reason in enumerate(Reason)}

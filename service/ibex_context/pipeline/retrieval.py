@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
-from ibex_context.pipeline.report import SourceResult, SourceStatus
+from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
 
 T = TypeVar("T")
@@ -61,9 +61,9 @@ class RetrievalState:
     cold: list[MemoryRecord] = field(default_factory=list)
     lexical: list[MemoryRecord] = field(default_factory=list)
     query_embedding: FloatVector | None = None
-    sources: dict[str, SourceResult] = field(default_factory=dict)
+    sources: dict[SourceName, SourceResult] = field(default_factory=dict)
     # perf_counter_ns intervals per source, for the stage spans.
-    intervals: dict[str, tuple[int, int]] = field(default_factory=dict)
+    intervals: dict[SourceName, tuple[int, int]] = field(default_factory=dict)
 
     def candidates(self) -> list[MemoryRecord]:
         """Hot, vector and lexical matches merged and de-duplicated by id.
@@ -143,7 +143,7 @@ class Retriever:
         # is still running is used, not thrown away).
         directive = await _run_source(
             state,
-            "directive",
+            SourceName.DIRECTIVE,
             plan.timeout(math.inf),
             lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
             count=lambda d: 1 if d is not None else 0,
@@ -154,11 +154,11 @@ class Retriever:
 
     async def _hot_set(self, plan: RetrievalPlan, state: RetrievalState) -> None:
         if plan.hot_limit <= 0:
-            _skip(state, "hot", "hot_limit is 0")
+            _skip(state, SourceName.HOT, "hot_limit is 0")
             return
         hot = await _run_source(
             state,
-            "hot",
+            SourceName.HOT,
             plan.timeout(math.inf),
             # Shielded: redis-py's connection release is not cancellation-safe (a cancel
             # landing while it waits for the pool lock or reconnects loses the connection
@@ -173,17 +173,17 @@ class Retriever:
     async def _lexical(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """BM25 over the agent's memories; needs no embedding, so it runs from the start."""
         if not plan.query:
-            _skip(state, "lexical", "no user message to search with")
+            _skip(state, SourceName.LEXICAL, "no user message to search with")
             return
         if plan.skip_cold_reason:
-            _skip(state, "lexical", plan.skip_cold_reason)
+            _skip(state, SourceName.LEXICAL, plan.skip_cold_reason)
             return
         if plan.lexical_limit <= 0:
-            _skip(state, "lexical", "lexical_limit is 0")
+            _skip(state, SourceName.LEXICAL, "lexical_limit is 0")
             return
         found = await _run_source(
             state,
-            "lexical",
+            SourceName.LEXICAL,
             deadline - time.perf_counter(),
             lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, plan.lexical_limit),
             count=len,
@@ -194,13 +194,13 @@ class Retriever:
     async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """Embeds the query, then searches; ``deadline`` covers both together."""
         if not plan.query:
-            _skip(state, "embed", "no user message to search with")
-            _skip(state, "cold", "no user message to search with")
+            _skip(state, SourceName.EMBED, "no user message to search with")
+            _skip(state, SourceName.COLD, "no user message to search with")
             return
         try:
             vectors = await _run_source(
                 state,
-                "embed",
+                SourceName.EMBED,
                 deadline - time.perf_counter(),
                 lambda: self._embedder.embed([plan.query]),
                 count=len,
@@ -208,23 +208,23 @@ class Retriever:
         except asyncio.CancelledError:
             # Stopped while embedding (a late event loop can reach the caller's
             # cancel before this task's own timer): the search never started.
-            _skip(state, "cold", "query embedding did not finish")
+            _skip(state, SourceName.COLD, "query embedding did not finish")
             raise
         if isinstance(vectors, _Failed) or not vectors:
-            _skip(state, "cold", "query embedding failed")
+            _skip(state, SourceName.COLD, "query embedding failed")
             return
         state.query_embedding = vectors[0]
         if plan.skip_cold_reason:
-            _skip(state, "cold", plan.skip_cold_reason)
+            _skip(state, SourceName.COLD, plan.skip_cold_reason)
             return
         if plan.cold_limit <= 0:
-            _skip(state, "cold", "cold_limit is 0")
+            _skip(state, SourceName.COLD, "cold_limit is 0")
             return
         remaining = deadline - time.perf_counter()
         embedding = vectors[0]
         cold = await _run_source(
             state,
-            "cold",
+            SourceName.COLD,
             remaining,
             lambda: self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit),
             count=len,
@@ -271,7 +271,7 @@ _FAILED = _Failed()
 
 async def _run_source(
     state: RetrievalState,
-    source: str,
+    source: SourceName,
     timeout: float,
     call: Callable[[], Awaitable[T]],
     *,
@@ -318,5 +318,5 @@ def _consume_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _skip(state: RetrievalState, source: str, why: str) -> None:
+def _skip(state: RetrievalState, source: SourceName, why: str) -> None:
     state.sources[source] = SourceResult(source, SourceStatus.SKIPPED, 0, 0, why)

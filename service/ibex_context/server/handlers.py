@@ -22,7 +22,7 @@ from ibex_context.errors import InvalidRequest, StoreError
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.post_response import InjectionQueue
-from ibex_context.pipeline.report import AssemblyReport, Outcome
+from ibex_context.pipeline.report import AssemblyReport, Outcome, Reason
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 ProfileResolver = Callable[[str, str], Profile]
 # The degradation reason of a call shed over ``IBEX_MAX_CONCURRENT_ASSEMBLIES``.
-OVERLOADED = "overloaded"
+OVERLOADED = Reason.OVERLOADED
 ReportSink = Callable[[AssemblyReport], None]
 
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
