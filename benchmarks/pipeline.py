@@ -46,7 +46,8 @@ import numpy as np
 import tiktoken
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory, Source
 from ibex_context.pipeline.budget import compute_budget
-from ibex_context.pipeline.formatting import count_injected, format_context, memory_cost, section_overhead
+from ibex_context.pipeline.costing import count_injected, memory_cost, section_overhead
+from ibex_context.pipeline.formatting import format_context
 from ibex_context.pipeline.packing import pack_costed
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Format, Profile

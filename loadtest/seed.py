@@ -155,7 +155,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(embedder: str, dim: int, vectors: str) -> None:
-    from ibex_context.pipeline.formatting import stored_token_counts
+    from ibex_context.pipeline.costing import stored_token_counts
     from ibex_context.tokens.encodings import EncodingRegistry
 
     registry = EncodingRegistry()

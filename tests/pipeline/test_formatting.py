@@ -11,18 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
-from ibex_context.pipeline.formatting import (
+from ibex_context.pipeline.costing import (
     STORED_BLOCK_FORMATS,
     BlockCosts,
     block_count_key,
     count_injected,
-    format_context,
-    handles,
     memory_cost,
-    render_injection,
     section_overhead,
     stored_token_counts,
 )
+from ibex_context.pipeline.formatting import format_context, handles, render_injection
 from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry

@@ -22,7 +22,7 @@ from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import MemoryRecord
-from ibex_context.pipeline.formatting import memory_cost
+from ibex_context.pipeline.costing import memory_cost
 from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.conftest import Tenant

@@ -1,7 +1,7 @@
 """The compose step: what arrived from the stores in, the injected messages out.
 
 Pure (no I/O, no clock, no report): rank the candidates (``scoring.rank``: columns,
-no per-candidate objects), cost the ones the packer reaches (``formatting.BlockCosts``:
+no per-candidate objects), cost the ones the packer reaches (``costing.BlockCosts``:
 a lookup of the block counts stored at write time), walk them in rank order into the
 budget (``packing.pack_ranked``), count the injection exactly and render it once,
 for the chosen memories only. The assembler times it and turns the result into the
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ibex_context.models import ChatMessage, FloatVector, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.formatting import BlockCosts, count_injected, format_context, section_overhead
+from ibex_context.pipeline.costing import BlockCosts, count_injected, section_overhead
+from ibex_context.pipeline.formatting import format_context
 from ibex_context.pipeline.packing import pack_ranked
 from ibex_context.pipeline.scoring import rank
 from ibex_context.profiles.model import Profile
@@ -73,7 +74,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
 
     def injection_tokens(memories: Sequence[ScoredMemory]) -> int:
         # Exactly what format_context(...) adds to count_messages, summed from
-        # cached chunk counts (formatting.count_injected).
+        # cached chunk counts (costing.count_injected).
         return count_injected(
             given.messages,
             directive=given.directive,

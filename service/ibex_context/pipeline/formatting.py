@@ -31,23 +31,8 @@ memory block.
 messages are otherwise unchanged and in order. Identical inputs give
 byte-identical output (the nonce is derived from the inputs by the caller).
 
-Costs: ``memory_cost`` is what one memory adds to the injected text (costed with
-handle ``COSTING_HANDLE``: a handle of 1-999 is one token in cl100k and o200k,
-where digit runs are pre-tokenized apart), ``section_overhead`` the fixed text
-around the memories (the assembler counts the directive section exactly, as the
-injection of no memory); together an upper bound (see ``JOIN_ALLOWANCE_TOKENS``).
-
-Exact count: ``count_injected`` is what the injection adds to the prompt,
-exactly (``count_messages`` of the formatted messages minus that of the
-client's). The text is laid out as chunks (``_layout``) where every chunk but
-the last ends with "\n" and every chunk but the first starts with ``<``, ``#``,
-a backtick, ``{`` or ``M``; with cl100k/o200k no BPE piece spans such a join
-(``Encoding.splits_after_newline``), so the count is the sum of the chunks'
-counts, each cached: a memory block by (encoding, format, handle, id) and
-validated against its content, the fixed pieces through the counter's LRU. A
-memory block is counted from its stored ``token_counts`` plus the few words
-around its joins (``Encoding.count_wrapped``), so even an uncached block costs
-a few short tokenizer calls, not its whole content.
+What the text costs in tokens is ``pipeline.costing``'s: it lays the text out with
+``layout`` (the chunks ``render_injection`` joins) and counts it piece by piece.
 """
 
 from __future__ import annotations
@@ -56,37 +41,23 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from json.encoder import encode_basestring
 from typing import Final, TypeAlias
 
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.profiles.model import Format, InjectionMode
-from ibex_context.tokens.counting import TOKENS_PER_MESSAGE, MessageTokenCounter
-from ibex_context.tokens.encodings import Encoding
 
 SECTION_SEPARATOR = "\n\n"
-# Tokens added to each memory's (and section's) cost for BPE merges across the
-# joins. Counting the pieces separately has over-counted the joined text in
-# every case tried (2,400 adversarial mixes of tags, quotes, backticks, CJK,
-# emoji; tests/pipeline/test_formatting.py keeps a seeded sample), so 0 keeps
-# costs tight; the assembler's exact recount is the backstop.
-JOIN_ALLOWANCE_TOKENS = 0
-# What appending SECTION_SEPARATOR to a piece counted without it may add: the
-# separator is one token, and merging it into the piece's last one saves it.
-SEPARATOR_ALLOWANCE_TOKENS = 1
 _NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{8,128}")
-# The handle memories are costed with before the packer knows their places.
-COSTING_HANDLE = 1
 
-# How a memory block ends in the text (``_layout``): as rendered, followed by a
+# How a memory block ends in the text (``layout``): as rendered, followed by a
 # section separator (the section's trailing newline is stripped, then "\n\n"
 # follows: one "\n" more), or last in the text (trailing newline stripped).
-_BLOCK_AS_IS: Final = 0
-_BLOCK_THEN_SEPARATOR: Final = 1
-_BLOCK_LAST: Final = 2
+BLOCK_AS_IS: Final = 0
+BLOCK_THEN_SEPARATOR: Final = 1
+BLOCK_LAST: Final = 2
 # A memory block in the layout: (record, how it ends, its handle).
-_Chunk: TypeAlias = "str | tuple[MemoryRecord, int, int]"
+Chunk: TypeAlias = "str | tuple[MemoryRecord, int, int]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +67,7 @@ class FormattedContext:
     injected: bool
 
 
-def _check_nonce(nonce: str) -> None:
+def check_nonce(nonce: str) -> None:
     # The nonce is written into attributes and info strings unescaped.
     if not _NONCE_PATTERN.fullmatch(nonce):
         raise ValueError("nonce must be 8-128 characters of [A-Za-z0-9_-]")
@@ -104,10 +75,10 @@ def _check_nonce(nonce: str) -> None:
 
 def _xml_escape(text: str) -> str:
     """For attribute values: everything that could end the value or start a tag."""
-    return _xml_text(text).replace('"', "&quot;").replace("'", "&#x27;")
+    return xml_text(text).replace('"', "&quot;").replace("'", "&#x27;")
 
 
-def _xml_text(text: str) -> str:
+def xml_text(text: str) -> str:
     """For element content: without ``<`` no tag can be closed or opened; quotes
     are left alone (escaping them would only cost tokens and readability)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -117,19 +88,11 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
-def _json_text(text: str) -> str:
+def json_text(text: str) -> str:
     """A string's JSON form without its quotes (what a json line carries): what
     ``json.dumps(text, ensure_ascii=False)`` returns for a str, without its
     per-call encoder set-up (this runs for every stretch ``count_edited`` recounts)."""
     return encode_basestring(text)[1:-1]
-
-
-# Characters json.dumps (ensure_ascii=False) escapes with one added backslash; it
-# also escapes other control characters, each as six characters (\\u00XX).
-# Recounting the stretch around one edit costs about as much as counting this
-# many characters of the whole text (two short tokenizer calls against one long one).
-_CHARS_PER_EDIT_WORTH_RECOUNTING = 150
-_JSON_SHORT_ESCAPES = '"\\\n\t\r\b\f'
 
 
 def _fence_for(content: str) -> str:
@@ -146,34 +109,34 @@ def _fence_for(content: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def _record(memory: ScoredMemory | MemoryRecord) -> MemoryRecord:
+def record_of(memory: ScoredMemory | MemoryRecord) -> MemoryRecord:
     return memory.memory if isinstance(memory, ScoredMemory) else memory
 
 
 # -- the pieces of the text ------------------------------------------------------------
 
 
-def _opening(record: MemoryRecord, fmt: Format, handle: int) -> str:
+def opening_line(record: MemoryRecord, fmt: Format, handle: int) -> str:
     """The opening line of an xml or markdown block (ends with "\\n")."""
     if fmt == "xml":
         return f'<memory id="{handle}">\n'
     return f"{_fence_for(record.content)}memory id={handle}\n"
 
 
-def _memory_parts(record: MemoryRecord, fmt: Format, handle: int) -> tuple[str, str, str]:
+def memory_parts(record: MemoryRecord, fmt: Format, handle: int) -> tuple[str, str, str]:
     """(opening, escaped content, closing) of one memory's block."""
     if fmt == "xml":
-        return _opening(record, fmt, handle), _xml_text(record.content), "\n</memory>\n"
+        return opening_line(record, fmt, handle), xml_text(record.content), "\n</memory>\n"
     if fmt == "markdown":
         fence = _fence_for(record.content)
         return f"{fence}memory id={handle}\n", record.content, f"\n{fence}\n"
     if fmt == "json":
         head = f'{{"id": {handle}, "category": {_json(record.category)}, "content": "'
-        return head, _json_text(record.content), '"}\n'
+        return head, json_text(record.content), '"}\n'
     raise ValueError(f"unknown format {fmt!r}")
 
 
-def _notice(fmt: Format, nonce: str) -> str:
+def notice(fmt: Format, nonce: str) -> str:
     if fmt == "xml":
         where = f'in the <memory> elements of the <memories nonce="{nonce}"> sections below'
     elif fmt == "markdown":
@@ -186,7 +149,7 @@ def _notice(fmt: Format, nonce: str) -> str:
     )
 
 
-def _section_open(category: str, fmt: Format, nonce: str) -> str:
+def section_open(category: str, fmt: Format, nonce: str) -> str:
     if fmt == "xml":
         return f'<memories category="{_xml_escape(category)}" nonce="{nonce}">\n'
     if fmt == "markdown":
@@ -194,7 +157,7 @@ def _section_open(category: str, fmt: Format, nonce: str) -> str:
     return ""
 
 
-def _section_close(fmt: Format) -> str:
+def section_close(fmt: Format) -> str:
     return "</memories>" if fmt == "xml" else ""
 
 
@@ -202,7 +165,7 @@ def _directive_section(directive: str, fmt: Format) -> str:
     """The directive, escaped like a memory: any caller of SetDirective writes it, so
     it must not be able to close its section or forge a memory block (issue #18)."""
     if fmt == "xml":
-        return f"<directive>\n{_xml_text(directive)}\n</directive>"
+        return f"<directive>\n{xml_text(directive)}\n</directive>"
     if fmt == "markdown":
         fence = _fence_for(directive)
         return f"## Directive\n\n{fence}directive\n{directive}\n{fence}"
@@ -221,7 +184,7 @@ def injection_order(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[Mem
     category in the order given. A memory's handle is its position here plus one."""
     by_category: dict[str, list[MemoryRecord]] = {}
     for memory in memories:
-        record = _record(memory)
+        record = record_of(memory)
         by_category.setdefault(record.category, []).append(record)
     return [record for category in category_order(by_category) for record in by_category[category]]
 
@@ -231,17 +194,17 @@ def handles(memories: Sequence[ScoredMemory | MemoryRecord]) -> dict[str, int]:
     return {record.id: n for n, record in enumerate(injection_order(memories), start=1)}
 
 
-def _block_end(closing: str, variant: int) -> str:
-    if variant == _BLOCK_THEN_SEPARATOR:
+def block_end(closing: str, variant: int) -> str:
+    if variant == BLOCK_THEN_SEPARATOR:
         return closing + "\n"
-    if variant == _BLOCK_LAST:
+    if variant == BLOCK_LAST:
         return closing[:-1]
     return closing
 
 
-def _layout(
+def layout(
     directive: str | None, records: Sequence[MemoryRecord], fmt: Format, nonce: str, *, separator_after: bool
-) -> list[_Chunk]:
+) -> list[Chunk]:
     """The injected text as chunks (``SECTION_SEPARATOR`` after it when
     ``separator_after``): strings, and memory blocks as (record, variant).
 
@@ -249,24 +212,24 @@ def _layout(
     with a character that is neither whitespace nor "/" (``<``, ``#``, a
     backtick, ``{``, ``M``): the joins ``count_injected`` relies on.
     """
-    sections: list[list[_Chunk]] = []
+    sections: list[list[Chunk]] = []
     if directive:
         sections.append([_directive_section(directive, fmt)])
     if records:
-        sections.append([_notice(fmt, nonce)])
+        sections.append([notice(fmt, nonce)])
         handle = 0
         ordered = injection_order(records)
         for category in category_order(r.category for r in ordered):
-            section: list[_Chunk] = []
-            opening = _section_open(category, fmt, nonce)
+            section: list[Chunk] = []
+            opening = section_open(category, fmt, nonce)
             if opening:
                 section.append(opening)
             for record in ordered[handle:]:
                 if record.category != category:
                     break
                 handle += 1
-                section.append((record, _BLOCK_AS_IS, handle))
-            closing = _section_close(fmt)
+                section.append((record, BLOCK_AS_IS, handle))
+            closing = section_close(fmt)
             if closing:
                 section.append(closing)
             sections.append(section)
@@ -280,27 +243,27 @@ def _layout(
         else:
             # Markdown and json sections end with a block whose newline
             # ``rstrip`` removed before the separator was added.
-            section[-1] = (end[0], _BLOCK_THEN_SEPARATOR if followed else _BLOCK_LAST, end[2])
+            section[-1] = (end[0], BLOCK_THEN_SEPARATOR if followed else BLOCK_LAST, end[2])
     return [chunk for section in sections for chunk in section]
 
 
-def _chunk_text(chunk: _Chunk, fmt: Format) -> str:
+def _chunk_text(chunk: Chunk, fmt: Format) -> str:
     if isinstance(chunk, str):
         return chunk
     record, variant, handle = chunk
-    opening, escaped, closing = _memory_parts(record, fmt, handle)
-    return opening + escaped + _block_end(closing, variant)
+    opening, escaped, closing = memory_parts(record, fmt, handle)
+    return opening + escaped + block_end(closing, variant)
 
 
 def render_injection(
     *, directive: str | None, memories: Sequence[ScoredMemory | MemoryRecord], fmt: Format, nonce: str
 ) -> str:
     """The injected text alone ('' when there is nothing to inject)."""
-    _check_nonce(nonce)
+    check_nonce(nonce)
     if fmt not in ("xml", "markdown", "json"):
         raise ValueError(f"unknown format {fmt!r}")
-    records = [_record(m) for m in memories]
-    chunks = _layout(directive, records, fmt, nonce, separator_after=False)
+    records = [record_of(m) for m in memories]
+    chunks = layout(directive, records, fmt, nonce, separator_after=False)
     return "".join([_chunk_text(chunk, fmt) for chunk in chunks])
 
 
@@ -324,330 +287,3 @@ def format_context(
     return FormattedContext(
         messages=(ChatMessage(role="system", content=text), *messages), injected_text=text, injected=True
     )
-
-
-# -- costs for the packer --------------------------------------------------------------
-
-
-def _starts_safely(text: str) -> bool:
-    """Whether a chunk ending in "\\n" may precede ``text`` with additive counts."""
-    return bool(text) and not text[0].isspace() and text[0] != "/"
-
-
-def _escaped_positions(content: str, characters: str) -> list[int]:
-    # str.find per character is a memchr; far cheaper than a regex scan.
-    positions: list[int] = []
-    for character in characters:
-        at = content.find(character)
-        while at >= 0:
-            positions.append(at)
-            at = content.find(character, at + 1)
-    return positions
-
-
-def _stored_escaped_count(record: MemoryRecord, encoding: Encoding, fmt: Format, escaped: str) -> int | None:
-    """Exact tokens of the escaped content from the write-time count; None without one."""
-    stored = record.token_counts.get(encoding.name) if encoding.exact else None
-    if stored is None or escaped == record.content:
-        return stored
-    # Escaping replaced a few characters: recount only the words around them.
-    if fmt == "json":
-        positions = _escaped_positions(record.content, _JSON_SHORT_ESCAPES)
-        # Another control character (escaped as \\u00XX) is rare: count it all.
-        exotic = len(escaped) - len(record.content) != len(positions)
-        edit = _json_text
-    else:
-        positions = _escaped_positions(record.content, "&<>")
-        exotic = False
-        edit = _xml_text
-    if exotic or len(positions) * _CHARS_PER_EDIT_WORTH_RECOUNTING > len(record.content):
-        # Dense edits (a multi-line memory in json: every newline): one count of
-        # the whole is cheaper than two per edited stretch.
-        return encoding.count(escaped)
-    return encoding.count_edited(record.content, stored, edit, positions)
-
-
-def _escaped_tokens(record: MemoryRecord, encoding: Encoding, fmt: Format) -> int:
-    """Exact tokens of the escaped content alone; it depends on no handle."""
-    escaped = _memory_parts(record, fmt, COSTING_HANDLE)[1]
-    stored = _stored_escaped_count(record, encoding, fmt, escaped)
-    return encoding.count(escaped) if stored is None else stored
-
-
-def _count_block(record: MemoryRecord, encoding: Encoding, fmt: Format, handle: int, variant: int) -> int:
-    """Exact tokens of one memory block as it appears in the text."""
-    opening, escaped, closing = _memory_parts(record, fmt, handle)
-    closing = _block_end(closing, variant)
-    if not encoding.splits_after_newline:
-        return encoding.count(opening + escaped + closing)
-    return encoding.count_wrapped(opening, escaped, _escaped_tokens(record, encoding, fmt), closing)
-
-
-def _count_body(record: MemoryRecord, encoding: Encoding, fmt: Format, variant: int) -> int:
-    """Exact tokens of a block after its opening line (which ends with "\\n");
-    only for content that ``_starts_safely``."""
-    _, escaped, closing = _memory_parts(record, fmt, COSTING_HANDLE)
-    closing = _block_end(closing, variant)
-    stored = _stored_escaped_count(record, encoding, fmt, escaped)
-    if stored is None:
-        return encoding.count(escaped + closing)
-    return encoding.count_wrapped("", escaped, stored, closing)
-
-
-def _memory_tokens(
-    record: MemoryRecord,
-    encoding: Encoding,
-    fmt: Format,
-    handle: int,
-    variant: int,
-    counter: MessageTokenCounter | None,
-) -> int:
-    """Exact tokens of one memory block, through the counter's caches when given."""
-    source = _fingerprint(record, encoding)
-    if fmt != "json" and encoding.splits_after_newline and _starts_safely(record.content):
-        # The opening line ends with "\n" and the content starts safely, so the block
-        # is opening + body. The body depends on no handle: its count is shared by
-        # every call that recalls the memory, wherever it stands.
-        stored = (
-            record.token_counts.get(block_count_key(encoding.name, fmt))
-            if variant == _BLOCK_AS_IS and encoding.exact
-            else None
-        )
-        if stored is not None:
-            opening = _opening(record, fmt, handle)
-            return (
-                encoding.count(opening) if counter is None else counter.count_text_cached(opening, encoding)
-            ) + stored
-        if counter is None:
-            return encoding.count(_opening(record, fmt, handle)) + _count_body(record, encoding, fmt, variant)
-        body = counter.count_block(
-            (encoding.name, encoding.exact, fmt, record.id, variant),
-            source,
-            partial(_count_body, record, encoding, fmt, variant),
-        )
-        return counter.count_text_cached(_opening(record, fmt, handle), encoding) + body
-    if counter is None:
-        return _count_block(record, encoding, fmt, handle, variant)
-    # The block depends on the handle (key) and on content, category and the
-    # stored count (the source the cached count is checked against).
-    return counter.count_block(
-        (encoding.name, encoding.exact, fmt, handle, record.id, variant),
-        source,
-        partial(_count_block_in_parts, record, encoding, fmt, handle, variant, counter, source),
-    )
-
-
-def _fingerprint(record: MemoryRecord, encoding: Encoding) -> int:
-    """What a cached block count is validated against, kept in the cache instead of
-    the text: a hash of the content's length and hash, the category and the stored
-    count. An edited memory gets a new fingerprint (a stale hit needs a 64-bit
-    collision)."""
-    content = record.content
-    return hash((len(content), hash(content), record.category, record.token_counts.get(encoding.name)))
-
-
-def _count_block_in_parts(
-    record: MemoryRecord,
-    encoding: Encoding,
-    fmt: Format,
-    handle: int,
-    variant: int,
-    counter: MessageTokenCounter,
-    source: object,
-) -> int:
-    """A block as opening + head | middle | tail + closing, cut at word gaps (no
-    piece spans them). Only the first part depends on the handle: another place
-    tokenizes just it (the opening and the content's first word or two)."""
-    opening, escaped, closing = _memory_parts(record, fmt, handle)
-    gaps = encoding.word_gaps(escaped)
-    if gaps is None:
-        return _count_block(record, encoding, fmt, handle, variant)
-    head, tail = escaped[: gaps[0]], escaped[gaps[1] :]
-    middle = counter.count_block(
-        (encoding.name, encoding.exact, fmt, record.id, "middle"),
-        source,
-        lambda: _escaped_tokens(record, encoding, fmt) - encoding.count(head) - encoding.count(tail),
-    )
-    end = _block_end(closing, variant)
-    tail_tokens = counter.count_block(
-        (encoding.name, encoding.exact, fmt, record.id, "tail", variant),
-        source,
-        lambda: encoding.count(tail + end),
-    )
-    return encoding.count(opening + head) + middle + tail_tokens
-
-
-def count_injected(
-    messages: Sequence[ChatMessage],
-    *,
-    directive: str | None,
-    memories: Sequence[ScoredMemory | MemoryRecord],
-    fmt: Format,
-    mode: InjectionMode,
-    nonce: str,
-    encoding: Encoding,
-    counter: MessageTokenCounter,
-) -> int:
-    """Tokens the injection adds to the prompt, exactly:
-    ``counter.count_messages(format_context(messages, ...).messages) - counter.count_messages(messages)``.
-
-    Summed from cached chunk counts (see the module docstring) when the
-    encoding allows it; otherwise the rendered text is counted whole.
-    """
-    _check_nonce(nonce)
-    if mode not in ("system_first", "merge_system"):
-        raise ValueError(f"unknown injection mode {mode!r}")
-    if fmt not in ("xml", "markdown", "json"):
-        raise ValueError(f"unknown format {fmt!r}")
-    records = [_record(m) for m in memories]
-    if not directive and not records:
-        return 0
-    merge_into = (
-        messages[0].content if mode == "merge_system" and messages and messages[0].role == "system" else None
-    )
-    if merge_into is None:
-        framing = TOKENS_PER_MESSAGE + counter.count_text_cached("system", encoding)
-        separator_after = False
-    else:
-        framing = 0
-        separator_after = True
-    if not encoding.splits_after_newline or (merge_into and not _starts_safely(merge_into)):
-        text = render_injection(directive=directive, memories=records, fmt=fmt, nonce=nonce)
-        if merge_into is None:
-            return framing + counter.count_text_cached(text, encoding)
-        return counter.count_text_cached(text + SECTION_SEPARATOR + merge_into, encoding) - (
-            counter.count_text_cached(merge_into, encoding)
-        )
-    # The client's own system prompt (merge) starts safely, so it adds its own
-    # count on both sides of the difference: only the chunks remain.
-    total = framing
-    for chunk in _layout(directive, records, fmt, nonce, separator_after=separator_after):
-        if isinstance(chunk, str):
-            total += counter.count_text_cached(chunk, encoding)
-        else:
-            record, variant, handle = chunk
-            total += _memory_tokens(record, encoding, fmt, handle, variant, counter)
-    return total
-
-
-def memory_cost(
-    memory: ScoredMemory | MemoryRecord,
-    encoding: Encoding,
-    fmt: Format,
-    *,
-    counter: MessageTokenCounter | None = None,
-) -> int:
-    """Tokens one memory adds to the injected text, its framing included, at handle
-    ``COSTING_HANDLE``.
-
-    With a cl100k/o200k encoding this is the exact count of the block as
-    ``count_injected`` sums it at any handle of 1-999 (``section_overhead`` covers
-    the newline a section's last block may gain or lose), from the write-time
-    ``token_counts`` when escaping left the content unchanged, and cached in
-    ``counter``. Otherwise the pieces are counted apart, erring high.
-    """
-    record = _record(memory)
-    if encoding.splits_after_newline:
-        return (
-            _memory_tokens(record, encoding, fmt, COSTING_HANDLE, _BLOCK_AS_IS, counter)
-            + JOIN_ALLOWANCE_TOKENS
-        )
-    opening, escaped, closing = _memory_parts(record, fmt, COSTING_HANDLE)
-    count = encoding.count if counter is None else partial(counter.count_text_cached, encoding=encoding)
-    stored = record.token_counts.get(encoding.name) if encoding.exact else None
-    unchanged = stored is not None and escaped == record.content
-    content_tokens = stored if stored is not None and unchanged else count(escaped)
-    return count(opening) + count(closing) + content_tokens + JOIN_ALLOWANCE_TOKENS
-
-
-# The formats whose block bodies are counted at write time (json's block opens on the
-# content's own line, so its count depends on the handle and category: costed per call).
-STORED_BLOCK_FORMATS: tuple[Format, ...] = ("xml", "markdown")
-
-
-def block_count_key(encoding_name: str, fmt: str) -> str:
-    """The ``token_counts`` key of a memory's block body in ``fmt``: everything after
-    the opening line, as laid out with more text after it."""
-    return f"{encoding_name}/{fmt}"
-
-
-def stored_token_counts(content: str, encodings: Iterable[Encoding]) -> dict[str, int]:
-    """What the write path stores as a memory's ``token_counts``: the content's count
-    per exact encoding and, where blocks join additively (the content starts
-    safely, a ``splits_after_newline`` encoding), its block body's count per
-    ``STORED_BLOCK_FORMATS``, so that costing a memory on the request path is a
-    lookup, not a tokenizer call (issue #14)."""
-    counts: dict[str, int] = {}
-    for encoding in encodings:
-        if not encoding.exact:
-            continue
-        tokens = encoding.count(content)
-        counts[encoding.name] = tokens
-        if encoding.splits_after_newline and _starts_safely(content):
-            record = MemoryRecord(id="", content=content, category="", token_counts={encoding.name: tokens})
-            for fmt in STORED_BLOCK_FORMATS:
-                counts[block_count_key(encoding.name, fmt)] = _count_body(record, encoding, fmt, _BLOCK_AS_IS)
-    return counts
-
-
-class BlockCosts:
-    """``memory_cost`` for one call's encoding and format: one dict lookup for a memory
-    whose block body was counted when it was written, the counter's caches otherwise."""
-
-    def __init__(self, encoding: Encoding, fmt: Format, counter: MessageTokenCounter) -> None:
-        self._encoding, self._fmt, self._counter = encoding, fmt, counter
-        stored = encoding.exact and encoding.splits_after_newline and fmt in STORED_BLOCK_FORMATS
-        self._key = block_count_key(encoding.name, fmt) if stored else None
-        # xml's opening line is the same for every memory (the costing handle).
-        self._xml_opening = counter.count_text_cached(f'<memory id="{COSTING_HANDLE}">\n', encoding)
-
-    def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
-        record = _record(memory)
-        if self._key is not None:
-            body = record.token_counts.get(self._key)
-            if body is not None:
-                if self._fmt == "xml":
-                    opening = self._xml_opening
-                else:
-                    opening = self._counter.count_text_cached(
-                        _opening(record, self._fmt, COSTING_HANDLE), self._encoding
-                    )
-                return opening + body + JOIN_ALLOWANCE_TOKENS
-        return memory_cost(record, self._encoding, self._fmt, counter=self._counter)
-
-
-def section_overhead(
-    encoding: Encoding,
-    fmt: Format,
-    *,
-    nonce: str,
-    categories: Iterable[str],
-    include_message_framing: bool = False,
-    counter: MessageTokenCounter | None = None,
-) -> int:
-    """Tokens of the fixed text around the memories: notice, category sections, separators.
-
-    Pass the categories of all candidates: the result is then an upper bound for
-    whichever of them the packer keeps. ``include_message_framing`` adds the
-    chat framing of a new system message (when there is no directive, the
-    memories alone create it). Pieces are counted as ``count_injected`` joins
-    them; ``SEPARATOR_ALLOWANCE_TOKENS`` covers a separator appended to a piece
-    counted without it (after the directive, after a markdown/json section's
-    last block).
-    """
-    _check_nonce(nonce)
-    count = encoding.count if counter is None else partial(counter.count_text_cached, encoding=encoding)
-    # The notice with the separator before the first section; one allowance for
-    # the separator the directive section gains.
-    total = count(_notice(fmt, nonce) + SECTION_SEPARATOR) + SEPARATOR_ALLOWANCE_TOKENS
-    for category in category_order(categories):
-        opening = _section_open(category, fmt, nonce)
-        total += count(opening) if opening else 0
-        if fmt == "xml":
-            total += count(_section_close(fmt) + SECTION_SEPARATOR)
-        else:
-            total += SEPARATOR_ALLOWANCE_TOKENS
-        total += JOIN_ALLOWANCE_TOKENS
-    if include_message_framing:
-        total += TOKENS_PER_MESSAGE + count("system")
-    return total
