@@ -6,10 +6,7 @@ no clock, so these tests call it directly with plain values.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
 from ibex_context.models import ChatMessage, MemoryRecord, Source
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.compose import ComposeInput, Composition, compose
@@ -22,13 +19,6 @@ from ibex_context.tokens.encodings import EncodingRegistry
 NOW = 1_790_000_000.0
 NONCE = "3f9a1c0b7d2e4a68"
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "When does the warehouse open?"))
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> EncodingRegistry:
-    registry = EncodingRegistry(Path(tmp_path_factory.mktemp("tiktoken-cache")))
-    registry.preload(["o200k_base"])
-    return registry
 
 
 def _memory(registry: EncodingRegistry, n: int, content: str, similarity: float) -> MemoryRecord:

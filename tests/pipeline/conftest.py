@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ibex_context.tokens.encodings import EncodingRegistry
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> EncodingRegistry:
+    """Both exact encodings, loaded once for the pipeline's tests."""
+    registry = EncodingRegistry(Path(tmp_path_factory.mktemp("tiktoken-cache")))
+    registry.preload(["o200k_base", "cl100k_base"])
+    return registry
