@@ -317,3 +317,21 @@ def test_packing_costs_need_no_tokenizer_when_block_counts_are_stored(registry: 
     for record in records:
         costs(record)
     assert counter.misses == misses  # every cost was a lookup
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_packers_cost_by_index_is_the_cost_of_that_memory(
+    registry: EncodingRegistry, fmt: Format
+) -> None:
+    encoding = registry.get("o200k_base")
+    counter = MessageTokenCounter(registry)
+    contents = ["Plain words.", " leading space", "x < y & z", "```code``` then text", "日本語のメモ"]
+    records = [
+        MemoryRecord(
+            id=f"m{i}", content=c, category="factual", token_counts=stored_token_counts(c, [encoding])
+        )
+        for i, c in enumerate(contents)
+    ] + [MemoryRecord(id="bare", content="No counts stored.", category="factual")]
+    costs = BlockCosts(encoding, fmt, counter)
+    cost_of = costs.by_index(records)
+    assert [cost_of(i) for i in range(len(records))] == [memory_cost(r, encoding, fmt) for r in records]

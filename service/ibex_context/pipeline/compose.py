@@ -117,10 +117,9 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         if ranking.order
         else 0
     )
-    cost = BlockCosts(encoding, fmt, counter)
     packed = pack_ranked(
         ranking.order,
-        lambda i: cost(candidates[i]),
+        BlockCosts(encoding, fmt, counter).by_index(candidates),
         max(0, budget.memory_budget - overhead),
         max_items=profile.budget.max_memories,
     )

@@ -21,7 +21,7 @@ a few short tokenizer calls, not its whole content.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
@@ -352,6 +352,20 @@ class BlockCosts:
                     )
                 return opening + body + JOIN_ALLOWANCE_TOKENS
         return memory_cost(record, self._encoding, self._fmt, counter=self._counter)
+
+    def by_index(self, records: Sequence[MemoryRecord]) -> Callable[[int], int]:
+        """The packer's ``cost_of``: the cost of ``records[i]``. In xml (the default) a
+        memory with a stored block count costs one dict lookup and no further call."""
+        key, fixed = self._key, self._xml_opening + JOIN_ALLOWANCE_TOKENS
+        if key is None or self._fmt != "xml":
+            return lambda i: self(records[i])
+
+        def cost_of(i: int) -> int:
+            record = records[i]
+            body = record.token_counts.get(key)
+            return fixed + body if body is not None else self(record)
+
+        return cost_of
 
 
 def section_overhead(
