@@ -10,7 +10,7 @@ Exact count: ``count_injected`` is what the injection adds to the prompt,
 exactly (``count_messages`` of the formatted messages minus that of the
 client's). The text is laid out as chunks (``layout``) where every chunk but
 the last ends with "\n" and every chunk but the first starts with ``<``, ``#``,
-a backtick, ``{`` or ``M``; with cl100k/o200k no BPE piece spans such a join
+a backtick, ``{`` or ``R``; with cl100k/o200k no BPE piece spans such a join
 (``Encoding.splits_after_newline``), so the count is the sum of the chunks'
 counts, each cached: a memory block by (encoding, format, handle, id) and
 validated against its content, the fixed pieces through the counter's LRU. A
