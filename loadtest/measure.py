@@ -38,6 +38,8 @@ class RunResult:
     profile_summary: str = ""
     gc_pauses: dict[str, dict[str, float | None]] = field(default_factory=dict)
     gc_pauses_over_deadline: float = 0.0
+    # ``lag`` and ``longest iteration`` of the server's event loop(s), like ``stages``.
+    event_loop: dict[str, dict[str, float | None]] = field(default_factory=dict)
     stolen_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -112,7 +114,16 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
         d.count - next((c for bound, c in d.buckets if bound >= DEADLINE_S), d.count)
         for d in gc_deltas.values()
     )
+    event_loop = {
+        name: row
+        for name, metric in (
+            ("lag", "ibex_context_event_loop_lag_seconds"),
+            ("longest iteration", "ibex_context_event_loop_longest_iteration_seconds"),
+        )
+        if (row := stage_table(_histogram(before, after, metric), "stage").get("all")) is not None
+    }
     return {
+        "event_loop": event_loop,
         "stages": stage_table(stage_deltas, "stage"),
         "assembly": stage_table(assembly_deltas, "outcome"),
         "gc_pauses": stage_table(gc_deltas, "generation"),

@@ -100,6 +100,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         ("assembly", result.assembly),
         ("stage", result.stages),
         ("GC pause, generation", result.gc_pauses),
+        ("event loop", result.event_loop),
     ):
         for name, row in table.items():
             lines.append(

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -29,7 +28,10 @@ T = TypeVar("T")
 log = logging.getLogger("ibex_context.cli")
 
 
-def _run(main: Callable[[], Coroutine[Any, Any, T]], *, use_uvloop: bool = False) -> T:
+def _run(
+    main: Callable[[], Coroutine[Any, Any, T]], *, use_uvloop: bool = False, timed_loop: bool = False
+) -> T:
+    """``timed_loop``: asyncio's loop with its iterations timed (server/loop_lag.py)."""
     if use_uvloop:
         try:
             import uvloop
@@ -37,6 +39,11 @@ def _run(main: Callable[[], Coroutine[Any, Any, T]], *, use_uvloop: bool = False
             return uvloop.run(main())
         except ImportError:
             pass
+    if timed_loop:
+        from ibex_context.server.loop_lag import TimedEventLoop
+
+        with asyncio.Runner(loop_factory=TimedEventLoop) as runner:
+            return runner.run(main())
     return asyncio.run(main())
 
 
@@ -70,16 +77,23 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--workers", type=int, default=1, show_default=True, help="Processes sharing the port (SO_REUSEPORT)."
+    "--workers",
+    type=click.IntRange(0, 64),
+    default=None,
+    help="Server processes sharing the port (SO_REUSEPORT); 0: one per CPU. Default: IBEX_WORKERS (1).",
 )
-def serve(workers: int) -> None:
+def serve(workers: int | None) -> None:
     """Serve gRPC with the settings from the environment (IBEX_*)."""
-    if workers > 1:
-        _serve_workers(workers)
-        return
+    from ibex_context.server.workers import Supervisor, worker_count
+
     settings = _settings()
+    count = worker_count(settings.workers if workers is None else workers)
+    if count > 1:
+        if settings.grpc_port == 0:
+            raise click.ClickException("--workers needs a fixed IBEX_GRPC_PORT (0 would give each its own)")
+        raise SystemExit(Supervisor.for_serve(count, settings.metrics_port).run())
     _setup_logging(settings)
-    _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop)
+    _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop, timed_loop=True)
 
 
 async def _serve(settings: Settings) -> None:
@@ -88,27 +102,6 @@ async def _serve(settings: Settings) -> None:
     service = ContextService(settings)
     await service.start()
     await service.serve_until_signal()
-
-
-def _serve_workers(workers: int) -> None:
-    import signal
-    import subprocess
-
-    env = dict(os.environ, IBEX_GRPC_REUSE_PORT="true")
-    base_metrics = int(env.get("IBEX_METRICS_PORT", "9464"))
-    procs = []
-    for i in range(workers):
-        worker_env = dict(env, IBEX_METRICS_PORT=str(base_metrics + i) if base_metrics else "0")
-        procs.append(subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=worker_env))
-
-    def forward(signum: int, _frame: object) -> None:
-        for p in procs:
-            p.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [p.wait() for p in procs]
-    raise SystemExit(max(codes))
 
 
 @main.command()

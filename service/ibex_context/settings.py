@@ -25,6 +25,13 @@ class Settings(BaseSettings):
     grpc_host: str = _f("0.0.0.0", "Address the gRPC server binds.")
     grpc_port: int = _f(50051, "gRPC port (0 picks a free one).", ge=0, le=65535)
     grpc_reuse_port: bool = _f(False, "Bind with SO_REUSEPORT so several processes share the port.")
+    workers: int = _f(
+        1,
+        "Server processes of `ibex-context serve`, sharing the gRPC port (SO_REUSEPORT); worker i "
+        "serves metrics on IBEX_METRICS_PORT + i. 0: one per CPU the process may run on.",
+        ge=0,
+        le=64,
+    )
     max_request_bytes: int = _f(
         4 * 1024 * 1024, "Largest request accepted, in bytes (grpclib has no limit of its own).", ge=1024
     )

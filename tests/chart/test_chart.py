@@ -455,6 +455,45 @@ def test_service_monitor_scrapes_the_metrics_service_port(render: Callable[..., 
     assert not render().of_kind("ServiceMonitor")
 
 
+@pytest.mark.parametrize(
+    ("sets", "workers"),
+    [
+        ((), 1),
+        (("server.resources.requests.cpu=1500m",), 2),
+        (("server.resources.requests.cpu=3",), 3),
+        (("server.resources.requests.cpu=250m",), 1),
+        (("server.resources.requests.cpu=3", "server.workers=2"), 2),
+    ],
+)
+def test_one_worker_per_cpu_requested_each_metrics_port_declared_and_scraped(
+    render: Callable[..., Rendered], sets: tuple[str, ...], workers: int
+) -> None:
+    r = render([OBSERVABILITY], sets)
+    container = server_container(r)
+    assert env_of(container)["IBEX_WORKERS"]["value"] == str(workers)
+    # serve --workers: worker i serves metrics on IBEX_METRICS_PORT + i (server/workers.py).
+    base = int(env_of(container)["IBEX_METRICS_PORT"]["value"])
+    expected = {("http-metrics" if i == 0 else f"http-metrics-{i}", base + i) for i in range(workers)}
+    declared = {
+        (p["name"], p["containerPort"]) for p in container["ports"] if p["name"].startswith("http-metrics")
+    }
+    assert declared == expected
+    service_ports = {
+        (p["targetPort"], p["port"]) for p in r.one("Service", f"{FULLNAME}-metrics")["spec"]["ports"]
+    }
+    assert service_ports == expected
+    scraped = {e["port"] for e in r.one("ServiceMonitor", FULLNAME)["spec"]["endpoints"]}
+    assert scraped == {name for name, _ in expected}
+    admitted = {
+        p["port"]
+        for policy in r.of_kind("NetworkPolicy")
+        if policy["metadata"]["name"] == FULLNAME
+        for rule in policy["spec"]["ingress"]
+        for p in rule["ports"]
+    }
+    assert {name for name, _ in expected} <= admitted
+
+
 def test_network_policies_admit_grpc_from_configured_peers_and_isolate_the_operator(
     render: Callable[..., Rendered],
 ) -> None:

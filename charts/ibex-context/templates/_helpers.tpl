@@ -192,3 +192,23 @@ Pass (dict "ctx" $ "key" "nonce-secret" "length" 48).
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/* Server processes per pod: server.workers, or (0) one per CPU requested, rounded up. */}}
+{{- define "ibex-context.workers" -}}
+{{- $server := .Values.server -}}
+{{- if gt (int $server.workers) 0 -}}
+{{- int $server.workers -}}
+{{- else -}}
+{{- $cpu := toString ((($server.resources).requests).cpu | default "1") -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- max 1 (div (add (int (trimSuffix "m" $cpu)) 999) 1000) -}}
+{{- else -}}
+{{- max 1 (int (ceil (float64 $cpu))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The metrics port name of worker i (worker 0 keeps the historical name). */}}
+{{- define "ibex-context.metricsPortName" -}}
+{{- if eq (int .) 0 -}}http-metrics{{- else -}}http-metrics-{{ . }}{{- end -}}
+{{- end -}}

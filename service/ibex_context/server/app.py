@@ -45,6 +45,7 @@ from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
+from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
@@ -96,6 +97,9 @@ class ContextService:
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()
         self._closers.append(self._gc_pauses.uninstall)
+        loop_lag = LoopLagProbe(self.metrics.record_loop_lag, self.metrics.record_longest_iteration)
+        loop_lag.start()
+        self._closers.append(loop_lag.stop)
         tracing = self.tracing or Tracing.from_settings(s)
         self.tracing = tracing
 
