@@ -1,23 +1,23 @@
-"""What one agent's cold search costs under each plan PostgreSQL can choose for it.
+"""What one agent's cold search costs under each plan the service can choose, and the
+approximate plan's recall against the exact one.
 
 Run on a data set the load test seeded (``loadtest/run`` keeps them under
 ``loadtest/out/data/``)::
 
     .venv/bin/python -m benchmarks.cold_plans loadtest/out/data/100x10000-...
 
-It starts that data set's PostgreSQL, runs the service's own search statement for
-``--agents`` agents (``--calls`` each, random unit queries, one pooled connection,
-sequential, after a warm-up round of at least 30 calls) under four conditions, and
-writes ``benchmarks/results/cold_plans-<data set>.md``:
+It starts that data set's PostgreSQL and runs the service's own search statements
+(``stores.postgres.SEARCH_SQL``, one per plan of ``stores.cold_plan``) for
+``--agents`` agents (the largest and, for mixed data sets, the smallest; ``--calls``
+random unit queries each, one pooled connection, sequential, after a warm-up round of
+at least 30 calls), and writes ``benchmarks/results/cold_plans-<data set>.md``:
 
-* **planner**: the statistics as seeded; the plan PostgreSQL picks (counted);
-* **exact, bitmap**: ``enable_indexscan = off``: the agent's rows through a bitmap
-  scan of the tenant key, distances computed for each, top-K sorted;
-* **HNSW**: the vector index forced (``enable_bitmapscan/seqscan/sort = off``),
-  filtered by tenant with iterative scan;
-* **planner + tenant statistics**: ``CREATE STATISTICS (dependencies, ndistinct,
-  mcv) ON org_id, agent_id`` and ANALYZE, inside a transaction that is rolled back:
-  the data set is left as it was.
+* **exact**: ``ibex_cold_exact``: the agent's rows by the tenant key, every distance
+  computed, top-K sorted;
+* **HNSW**: ``ibex_cold_hnsw``: the agent's partition's HNSW graph, filtered by tenant
+  with iterative scan; recall@50 against the exact answer of the same query;
+* **service**: the plan ``choose_plan`` picks from the agent's ``memory_stats`` count
+  (counted per plan).
 """
 
 from __future__ import annotations
@@ -25,159 +25,155 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
-from ibex_context.stores.postgres import SEARCH_SQL, create_pool
+from ibex_context.stores.cold_plan import ColdPlan, choose_plan
+from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
 
 RESULTS = Path(__file__).parent / "results"
 LIMIT = 50
 # Enough to bring a freshly started data set's pages into memory for a single agent.
 WARM_UP_CALLS = 30
 
-EXACT = {"enable_indexscan": "off"}
-HNSW = {"enable_bitmapscan": "off", "enable_seqscan": "off", "enable_sort": "off"}
 
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Measured:
     condition: str
-    plans: dict[str, int]
-    milliseconds: list[float]
+    milliseconds: list[float] = field(default_factory=list)
+    recall: list[float] = field(default_factory=list)
+    plans: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def row(self) -> str:
         ordered = sorted(self.milliseconds)
         p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+        recall = (
+            f"{statistics.mean(self.recall):.3f} / {min(self.recall):.2f}" if self.recall else "1 (exact)"
+        )
         plans = ", ".join(f"{name} {count}" for name, count in sorted(self.plans.items()))
         return (
             f"| {self.condition} | {statistics.median(ordered):.1f} | {p95:.1f} | {ordered[-1]:.1f}"
-            f" | {len(ordered)} | {plans} |"
+            f" | {len(ordered)} | {recall} | {plans} |"
         )
 
 
-def _plan_name(lines: list[str]) -> str:
-    text = " ".join(lines)
-    if "hnsw" in text:
-        return "HNSW"
-    if "Bitmap Heap Scan" in text:
-        return "exact (bitmap)"
-    if "Index Scan" in text:
-        return "exact (key index)"
-    return "exact (seq scan)"
+async def _timed(
+    conn: asyncpg.Connection, plan: ColdPlan, agent: asyncpg.Record, query: np.ndarray
+) -> tuple[float, set[object]]:
+    start = time.perf_counter()
+    rows = await conn.fetch(SEARCH_SQL[plan], agent["org_id"], agent["agent_id"], query, LIMIT)
+    return (time.perf_counter() - start) * 1000, {r["id"] for r in rows}
 
 
-async def _measure(
-    conn: asyncpg.Connection,
-    condition: str,
-    settings: dict[str, str],
-    agents: list[asyncpg.Record],
-    calls: int,
-    rng: np.random.Generator,
-) -> Measured:
+async def measure(
+    conn: asyncpg.Connection, agents: list[asyncpg.Record], calls: int, exact_max: int, dim: int
+) -> list[Measured]:
+    """Every query runs under each plan back to back, so recall compares like with like."""
+    rng = np.random.default_rng(7)
+
     def query() -> np.ndarray:
-        vector = rng.standard_normal(384).astype(np.float32)
+        vector = rng.standard_normal(dim).astype(np.float32)
         return vector / np.linalg.norm(vector)
 
-    for name, value in settings.items():
-        await conn.execute(f"SET {name} = {value}")
-    try:
-        plans: collections.Counter[str] = collections.Counter()
+    for i in range(max(len(agents), WARM_UP_CALLS)):
+        for plan in ColdPlan:
+            await _timed(conn, plan, agents[i % len(agents)], query())
+    exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
+    exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
+    for agent in agents:
+        service.plans[choose_plan(agent["memories"], exact_max).value] += 1
+    for _ in range(calls):
         for agent in agents:
-            explain = await conn.fetch("EXPLAIN " + SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
-            plans[_plan_name([r[0] for r in explain])] += 1
-        for i in range(max(len(agents), WARM_UP_CALLS)):
-            agent = agents[i % len(agents)]
-            await conn.fetch(SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
-        samples = []
-        for _ in range(calls):
-            for agent in agents:
-                start = time.perf_counter()
-                await conn.fetch(SEARCH_SQL, agent[0], agent[1], query(), LIMIT)
-                samples.append((time.perf_counter() - start) * 1000)
-        return Measured(condition, dict(plans), samples)
-    finally:
-        for name in settings:
-            await conn.execute(f"RESET {name}")
+            q = query()
+            exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q)
+            hnsw_ms, found = await _timed(conn, ColdPlan.HNSW, agent, q)
+            exact.milliseconds.append(exact_ms)
+            hnsw.milliseconds.append(hnsw_ms)
+            recall = len(truth & found) / max(1, len(truth))
+            hnsw.recall.append(recall)
+            chosen = choose_plan(agent["memories"], exact_max)
+            service.milliseconds.append(exact_ms if chosen is ColdPlan.EXACT else hnsw_ms)
+            service.recall.append(1.0 if chosen is ColdPlan.EXACT else recall)
+    return [exact, hnsw, service]
 
 
-async def run(data_dir: Path, agents_wanted: int, calls: int) -> str:
+async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int, exact_max: int) -> str:
     postgres = start_postgres(data_dir)
     try:
-        pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=64)
+        pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=ef_search)
         try:
             async with pool.acquire() as conn:
-                rows = await conn.fetchval("SELECT count(*) FROM memories")
-                agents = await conn.fetch(
-                    "SELECT org_id, agent_id FROM memories"
-                    " GROUP BY 1, 2 ORDER BY count(*) DESC, 1, 2 LIMIT $1",
+                rows = await conn.fetchval("SELECT sum(memories) FROM memory_stats")
+                largest = await conn.fetch(
+                    "SELECT org_id, agent_id, memories FROM memory_stats WHERE memories > 0"
+                    " ORDER BY memories DESC, 1, 2 LIMIT $1",
                     agents_wanted,
                 )
-                sizes = await conn.fetch(
-                    "SELECT count(*) AS n FROM memories GROUP BY org_id, agent_id ORDER BY 1 DESC LIMIT 1"
+                smallest = await conn.fetch(
+                    "SELECT org_id, agent_id, memories FROM memory_stats WHERE memories > 0"
+                    " ORDER BY memories, 1, 2 LIMIT $1",
+                    agents_wanted // 2,
                 )
+                # A mixed data set: half the agents from each end; else the largest only.
+                if smallest and smallest[0]["memories"] != largest[0]["memories"]:
+                    agents = [*largest[: agents_wanted - len(smallest)], *smallest]
+                else:
+                    agents = list(largest)
+                dim = int(await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
                 versions = await conn.fetchval(
                     "SELECT version() || ', pgvector ' || extversion"
                     " FROM pg_extension WHERE extname = 'vector'"
                 )
-                rng = np.random.default_rng(7)
-                measured = [
-                    await _measure(conn, "planner", {}, agents, calls, rng),
-                    await _measure(conn, "exact, bitmap", EXACT, agents, calls, rng),
-                    await _measure(conn, "HNSW", HNSW, agents, calls, rng),
-                ]
-                async with conn.transaction():
-                    await conn.execute(
-                        "CREATE STATISTICS bench_tenant_stats (dependencies, ndistinct, mcv)"
-                        " ON org_id, agent_id FROM memories"
-                    )
-                    await conn.execute("ANALYZE memories")
-                    with_stats = await _measure(conn, "planner + tenant statistics", {}, agents, calls, rng)
-                    measured.append(with_stats)
-                    raise _RollBack
-        except _RollBack:
-            pass
+                partitions = await conn.fetchval(
+                    "SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass"
+                )
+                measured = await measure(conn, agents, calls, exact_max, dim)
         finally:
             await pool.close()
     finally:
         postgres.stop()
-    largest = sizes[0]["n"] if sizes else 0
+    sizes = sorted({a["memories"] for a in agents})
     lines = [
         f"# Cold search plans: {data_dir.name}",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
-        f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}).",
+        f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}"
+        f" --ef-search {ef_search} --exact-max {exact_max}).",
         "",
-        f"Setup: {rows:,} memories, the {len(agents)} largest agents ({largest:,} memories each at most);"
-        f" the service's search statement (LIMIT {LIMIT}, hnsw.ef_search 64, iterative scan relaxed);"
-        " one pooled connection, sequential calls after >= 30 warm-up calls; wall time per call"
-        f" including the Unix-socket round trip. {platform.machine()}, {platform.processor() or 'cpu'};"
-        f" {versions}.",
+        f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
+        f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
+        f" hnsw.ef_search {ef_search}, iterative scan relaxed; exact up to {exact_max:,} memories);"
+        " each random unit query under both plans back to back, recall@50 of HNSW against the exact"
+        " answer (mean / min); one pooled connection, sequential, after >= 30 warm-up calls per plan;"
+        f" wall time per call including the Unix-socket round trip. Load average {os.getloadavg()[0]:.2f}"
+        f" (2 vCPUs shared). {platform.machine()}; {versions}.",
         "",
-        "| condition | median ms | p95 ms | max ms | calls | plans chosen (per agent) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| plan | median ms | p95 ms | max ms | calls | recall@50 mean / min | plans (per agent) |",
+        "|---|---:|---:|---:|---:|---|---|",
         *(m.row() for m in measured),
         "",
     ]
     return "\n".join(lines)
 
 
-class _RollBack(Exception):
-    """Leaves the data set's statistics as they were."""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="a seeded data set, e.g. loadtest/out/data/100x10000-...")
     parser.add_argument("--agents", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=5, help="rounds over the agents per condition")
+    parser.add_argument("--calls", type=int, default=5, help="rounds over the agents")
+    parser.add_argument("--ef-search", type=int, default=64)
+    parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
     args = parser.parse_args()
-    report = asyncio.run(run(args.data_dir.resolve(), args.agents, args.calls))
+    report = asyncio.run(
+        run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max)
+    )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"cold_plans-{args.data_dir.name.split('-')[0]}.md"
     path.write_text(report)

@@ -76,6 +76,12 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
     )
+    cold_exact_max_memories: int = _f(
+        5_000,
+        "Agents with at most this many memories are searched exactly, larger ones through their"
+        " partition's HNSW graph (ADR-0009: where the exact scan's cost reaches the graph's).",
+        ge=0,
+    )
     max_memory_chars: int = _f(8192, "Most characters in one memory.", ge=1)
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
     max_upsert_batch: int = _f(1000, "Most memories in one UpsertMemories call.", ge=1)

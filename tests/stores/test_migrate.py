@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import asyncpg
@@ -75,5 +76,123 @@ async def test_the_usage_migration_carries_existing_counters_over(empty_database
             " JOIN memories AS m ON m.org_id = u.org_id AND m.agent_id = u.agent_id AND m.id = u.memory_id"
         )
         assert [(r["retrieval_count"], r["injected"]) for r in usage] == [(5, True)]
+    finally:
+        await conn.close()
+
+
+async def test_the_partitioning_migration_keeps_every_memory_and_what_is_derived_from_them(
+    empty_database_dsn: str,
+) -> None:
+    """A database at the schema before 0008, with data, migrated: the same rows, postings
+    and counts in a partitioned table whose triggers, constraints and searches work."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        before = [m for m in migrations if m.version < 8]
+        await apply_migrations(conn, 8, before)
+        tenants = [(uuid.uuid4(), uuid.uuid4()), (uuid.uuid4(), uuid.uuid4())]
+        rows = [
+            (
+                org,
+                agent,
+                f"the cat number {n} sat on mats",
+                f"{org}{n}".encode(),
+                f"[{n + 1},1,0,0,0,0,0,{12 - n}]",
+                n,
+            )
+            for org, agent in tenants
+            for n in range(12)
+        ]
+        await conn.executemany(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding,"
+            " occurred_at) VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', $5::text::vector,"
+            " now() - $6 * interval '1 day')",
+            rows,
+        )
+        await conn.execute(
+            "DELETE FROM memories WHERE content = 'the cat number 11 sat on mats' AND org_id = $1",
+            tenants[0][0],
+        )
+        snapshot = (
+            "SELECT org_id, agent_id, id, content, content_hash, category, embedding::text, occurred_at,"
+            " created_at, lexemes::text FROM memories ORDER BY org_id, agent_id, id"
+        )
+        derived = (
+            "SELECT (SELECT array_agg(t ORDER BY t::text) FROM memory_terms AS t),"
+            " (SELECT array_agg(s ORDER BY s::text) FROM memory_stats AS s)"
+        )
+        exact = (
+            "SELECT id FROM memories WHERE org_id = $1 AND agent_id = $2"
+            " ORDER BY embedding <=> '[1,1,0,0,0,0,0,0]' LIMIT 5"
+        )
+        memories_before = await conn.fetch(snapshot)
+        derived_before = await conn.fetchrow(derived)
+        nearest_before = [r["id"] for r in await conn.fetch(exact, *tenants[1])]
+
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 8]
+
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_partitioned_table WHERE partrelid = 'memories'::regclass"
+            )
+            == 1
+        )
+        assert (
+            await conn.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass")
+            == 64
+        )
+        assert [tuple(r) for r in await conn.fetch(snapshot)] == [tuple(r) for r in memories_before]
+        assert tuple(await conn.fetchrow(derived)) == tuple(derived_before)
+        indexes = {
+            r[0] for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")
+        }
+        assert {
+            "memories_pkey",
+            "memories_org_id_agent_id_content_hash_key",
+            "memories_tenant_created",
+            "memories_tenant_occurred",
+            "memories_embedding_hnsw",
+        } <= indexes
+        storage = await conn.fetch(
+            "SELECT DISTINCT a.attstorage::text FROM pg_attribute AS a"
+            " JOIN pg_inherits AS i ON i.inhrelid = a.attrelid"
+            " WHERE i.inhparent = 'memories'::regclass AND a.attname = 'embedding'"
+        )
+        assert [r[0] for r in storage] == ["p"]  # the vector stays inline (0003)
+        for plan in ("exact", "hnsw"):
+            found = await conn.fetch(
+                f"SELECT id FROM ibex_cold_{plan}($1, $2, '[1,1,0,0,0,0,0,0]', 5)", *tenants[1]
+            )
+            assert [r["id"] for r in found] == nearest_before
+
+        org, agent = tenants[0]
+        stats = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
+        assert await conn.fetchval(stats, org, agent) == 11
+        await conn.execute(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), 'a zebra', 'z', 'factual', '[0,0,0,0,0,0,0,1]')",
+            org,
+            agent,
+        )
+        assert await conn.fetchval(stats, org, agent) == 12
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM memory_terms WHERE org_id = $1 AND agent_id = $2 AND lexeme = 'zebra'",
+                org,
+                agent,
+            )
+            == 1
+        )
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(
+                "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+                " VALUES ($1, $2, gen_random_uuid(), 'a zebra again', 'z', 'factual', '[0,0,0,0,0,0,0,1]')",
+                org,
+                agent,
+            )
+        await conn.execute(
+            "DELETE FROM memories WHERE org_id = $1 AND agent_id = $2 AND content = 'a zebra'", org, agent
+        )
+        assert await conn.fetchval(stats, org, agent) == 11
     finally:
         await conn.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import asyncpg
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
 
@@ -125,37 +127,93 @@ async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
     assert len(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80)) == 60
 
 
-async def test_hnsw_filtered_scan_fills_the_limit_for_a_small_tenant_among_many(
+async def _tenant_in_the_partition_of(
+    conn: asyncpg.Connection, org_id: str, agent_id: str
+) -> tuple[str, str]:
+    """A fresh (org_id, agent_id) that hashes to the same partition of ``memories``."""
+    bound = await conn.fetchval(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class AS c WHERE c.oid ="
+        " (SELECT tableoid FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1)",
+        uuid.UUID(org_id),
+        uuid.UUID(agent_id),
+    )
+    modulus, remainder = (int(n) for n in re.findall(r"\d+", bound))
+    for _ in range(100 * modulus):
+        candidate = (uuid.uuid4(), uuid.uuid4())
+        if await conn.fetchval(
+            "SELECT satisfies_hash_partition('memories'::regclass, $1, $2, $3::uuid, $4::uuid)",
+            modulus,
+            remainder,
+            *candidate,
+        ):
+            return str(candidate[0]), str(candidate[1])
+    raise AssertionError("no tenant found in that partition")
+
+
+async def test_the_hnsw_plan_fills_the_limit_for_a_small_tenant_sharing_a_large_ones_partition(
     postgres_dsn: str, pg_store: PostgresMemoryStore, make_memory: MakeMemory
 ) -> None:
-    """With the HNSW index forced, iterative scan keeps going until LIMIT rows pass the tenant filter."""
+    """The partition's graph holds both tenants' vectors; iterative scan keeps going until
+    LIMIT rows pass the tenant filter, and only the asking tenant's rows come back."""
     big = (str(uuid.uuid4()), str(uuid.uuid4()))
-    small = (str(uuid.uuid4()), str(uuid.uuid4()))
     query = unit_vector(7)
     await pg_store.upsert_memories(
         *big, [make_memory(f"big {i}", embedding=near(query, 0.3, seed=i)) for i in range(400)]
     )
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        small = await _tenant_in_the_partition_of(conn, *big)
+    finally:
+        await conn.close()
     await pg_store.upsert_memories(
         *small, [make_memory(f"small {i}", embedding=near(query, 1.5, seed=5000 + i)) for i in range(30)]
     )
-    # Planner settings that make it take the HNSW index, as it does for large tenants.
-    forced = {"enable_seqscan": "off", "enable_bitmapscan": "off", "enable_sort": "off"}
-    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=20, server_settings=forced)
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=20)
     try:
-        plan_rows = await pool.fetch(
-            "EXPLAIN SELECT id FROM memories WHERE org_id = $1 AND agent_id = $2"
-            " ORDER BY embedding <=> $3 LIMIT 25",
-            uuid.UUID(small[0]),
-            uuid.UUID(small[1]),
-            query,
-        )
-        assert "memories_embedding_hnsw" in " ".join(r[0] for r in plan_rows)
-        store = PostgresMemoryStore(pool, ef_search=20)
+        # Every agent with more than 0 memories takes the graph.
+        store = PostgresMemoryStore(pool, ef_search=20, exact_max_memories=0)
         found = await store.search(*small, query, 25)
+        exact = await PostgresMemoryStore(pool, ef_search=20).search(*small, query, 25)
     finally:
         await pool.close()
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
+    assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
     assert len(found) == 25
     assert all(m.content.startswith("small") for m in found)
+    # 25 of 30 from a graph of 430 vectors: the approximate answer is the exact one here.
+    assert [m.id for m in found] == [m.id for m in exact]
+
+
+async def test_the_plan_follows_the_agents_memory_count(
+    postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=EF_SEARCH)
+    now = [0.0]
+    sizes = AgentSizes(ttl=60, clock=lambda: now[0])
+    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=3, agent_sizes=sizes)
+    try:
+        query = unit_vector(11)
+        await store.upsert_memories(
+            tenant.org_id,
+            tenant.agent_id,
+            [make_memory(f"m {i}", embedding=unit_vector(20 + i)) for i in range(3)],
+        )
+        first = await store.search(tenant.org_id, tenant.agent_id, query, 10)
+        assert isinstance(first, ColdMatches) and first.plan is ColdPlan.EXACT and len(first) == 3
+        await store.upsert_memories(
+            tenant.org_id,
+            tenant.agent_id,
+            [make_memory(f"n {i}", embedding=unit_vector(40 + i)) for i in range(2)],
+        )
+        # The count of 3 is cached: still exact (it finds the new memories all the same).
+        cached = await store.search(tenant.org_id, tenant.agent_id, query, 10)
+        assert isinstance(cached, ColdMatches) and cached.plan is ColdPlan.EXACT and len(cached) == 5
+        now[0] += 61
+        grown = await store.search(tenant.org_id, tenant.agent_id, query, 10)
+        assert isinstance(grown, ColdMatches) and grown.plan is ColdPlan.HNSW
+        assert [m.id for m in grown] == [m.id for m in cached]
+    finally:
+        await store.aclose()
 
 
 async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
@@ -166,7 +224,7 @@ async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
     observer = await asyncpg.connect(private_postgres_dsn)
     waiting_sql = (
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
-        " AND state = 'active' AND query LIKE '%embedding <=>%'"
+        " AND state = 'active' AND query LIKE '%ibex_cold_%'"
     )
 
     async def searches_waiting(expected: int) -> int:

@@ -25,7 +25,17 @@ from ibex_context.observability.exposition import (
     MetricsServer,
     start_metrics_server,
 )
-from ibex_context.pipeline.report import SOURCES, STAGES, AssemblyReport, Outcome, Reason, SourceStatus
+from ibex_context.pipeline.report import (
+    SOURCES,
+    STAGES,
+    AssemblyReport,
+    Outcome,
+    Reason,
+    SourceName,
+    SourceStatus,
+    plan_of,
+)
+from ibex_context.stores.cold_plan import ColdPlan
 
 __all__ = [
     "ASSEMBLY_BUCKETS",
@@ -65,6 +75,7 @@ GC_GENERATIONS: tuple[str, ...] = ("0", "1", "2")
 LOOP_LAG_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.045, 0.1, 0.25,
 )  # fmt: skip
+COLD_PLANS: tuple[str, ...] = tuple(plan.value for plan in ColdPlan)
 
 # Degradation reasons the assembler reports (``AssemblyReport.reasons``). Anything
 # else is counted as ``other``: a new reason shows up on the dashboard as ``other``
@@ -148,6 +159,13 @@ class Metrics:
             "ibex_context_retrieval_failures",
             "Retrieval sources that timed out or failed.",
             ["source", "kind"],
+            registry=registry,
+        )
+        self.cold_plans = Counter(
+            "ibex_context_cold_search_plans",
+            "Vector searches that answered, by the plan the service chose for the agent's size"
+            " (exact scan or the partition's HNSW graph; ADR-0009).",
+            ["plan"],
             registry=registry,
         )
         self.memories_injected = Histogram(
@@ -271,6 +289,7 @@ class Metrics:
         for outcome in ("success", "failure"):
             self.profile_reloads.labels(outcome)
         self._by_generation = [self.gc_pause.labels(g) for g in GC_GENERATIONS]
+        self._by_plan = {p: self.cold_plans.labels(p) for p in (*COLD_PLANS, OTHER)}
         self._rpc_counters: dict[tuple[str, Status], Counter] = {}
         self._rpc_histograms: dict[str, Histogram] = {}
 
@@ -322,6 +341,10 @@ class Metrics:
             if kind is not None:
                 name = source.source if source.source in SOURCES else OTHER
                 self._by_failure[(name, kind)].inc()
+            elif source.source == SourceName.COLD and source.status is SourceStatus.OK:
+                plan = plan_of(source.detail)
+                if plan is not None:
+                    self._by_plan[plan if plan in COLD_PLANS else OTHER].inc()
         self.memories_injected.observe(report.memories_injected)
         self.tokens_injected.observe(report.tokens_injected)
         self.candidates_evaluated.observe(report.candidates_evaluated)

@@ -108,6 +108,20 @@ class StageSpan:
         return (self.end_ns - self.start_ns) // 1000
 
 
+# The cold source's ``detail`` when it answered: which plan searched (stores.cold_plan),
+# e.g. "plan: hnsw". On the wire as SourceOutcome.detail; counted by plan in metrics.
+_PLAN_PREFIX = "plan: "
+
+
+def plan_detail(plan: str) -> str:
+    return _PLAN_PREFIX + plan
+
+
+def plan_of(detail: str) -> str | None:
+    """The plan named by a ``plan_detail``, else None."""
+    return detail[len(_PLAN_PREFIX) :] if detail.startswith(_PLAN_PREFIX) else None
+
+
 @dataclass(slots=True)
 class SourceResult:
     source: SourceName

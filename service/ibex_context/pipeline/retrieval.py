@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
-from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus
+from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
+from ibex_context.stores.cold_plan import ColdMatches
 
 T = TypeVar("T")
 
@@ -231,6 +232,8 @@ class Retriever:
         )
         if not isinstance(cold, _Failed):
             state.cold = cold
+            if isinstance(cold, ColdMatches):  # the plan the store chose, into the metadata
+                state.sources[SourceName.COLD].detail = plan_detail(cold.plan.value)
 
 
 @dataclass(frozen=True, slots=True)

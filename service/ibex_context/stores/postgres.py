@@ -43,6 +43,7 @@ from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
 from ibex_context.settings import Settings
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, choose_plan
 from ibex_context.stores.hot_score import hot_set_order_sql
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 
@@ -68,28 +69,30 @@ _MEMORY_COLUMNS = (
 # Scoped by the tenant on both sides ($1 = org_id, $2 = agent_id).
 _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 AND u.memory_id = m.id"
 
-# The nearest rows are chosen first (a subquery with its own LIMIT, planned exactly as
-# the search alone: HNSW or tenant index + top-N sort), then each of those K rows looks
-# up its counters by primary key. The lateral LIMIT 1 (memory_id is unique) keeps the
-# planner from flattening it into a join it could plan as a hash join over the
-# agent's whole usage table (a generic plan did, for the 100k-memory agent: 22 ms).
-# Public: benchmarks/cold_plans.py EXPLAINs and times exactly this statement.
-SEARCH_SQL = f"""
+
+# The nearest rows come from the plan's function (migration 0008: ``ibex_cold_exact``
+# or ``ibex_cold_hnsw``, each with its plan fixed by its settings; ``stores.cold_plan``
+# chooses), then each of those K rows looks up its counters by primary key. The
+# lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
+# join it could plan as a hash join over the agent's whole usage table (a generic
+# plan did, for the 100k-memory agent: 22 ms).
+def _search_sql(plan: ColdPlan) -> str:
+    return f"""
     SELECT {_MEMORY_COLUMNS}, m.distance
-    FROM (
-        SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts,
-               embedding <=> $3 AS distance
-        FROM memories
-        WHERE org_id = $1 AND agent_id = $2
-        ORDER BY embedding <=> $3
-        LIMIT $4
-    ) AS m
+    FROM ibex_cold_{plan.value}($1, $2, $3, $4) AS m
     LEFT JOIN LATERAL (
         SELECT retrieval_count, last_injected_at FROM memory_usage
         WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
         LIMIT 1
     ) AS u ON true
 """
+
+
+# Public: benchmarks/cold_plans.py times exactly these statements.
+SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPlan}
+# Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
+DEFAULT_EXACT_MAX_MEMORIES = 5_000
+_AGENT_SIZE_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
 
 
 # Ranks the agent's memories on narrow rows (id + score), then reads content and
@@ -359,9 +362,18 @@ class PostgresMemoryStore:
     ``create_pool``); searches with a larger limit raise it per transaction.
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, ef_search: int) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        ef_search: int,
+        exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
+        agent_sizes: AgentSizes | None = None,
+    ) -> None:
         self._pool = pool
         self._ef_search = ef_search
+        self._exact_max_memories = exact_max_memories
+        self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
         self._token_counts = TokenCountsDecoder()
 
     @classmethod
@@ -373,7 +385,7 @@ class PostgresMemoryStore:
             max_size=settings.postgres_pool_max,
             ef_search=ef_search,
         )
-        return cls(pool, ef_search=ef_search)
+        return cls(pool, ef_search=ef_search, exact_max_memories=settings.cold_exact_max_memories)
 
     async def aclose(self) -> None:
         await self._pool.close()
@@ -394,7 +406,9 @@ class PostgresMemoryStore:
         connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
         try:
             for conn in connections:
-                await conn.fetch(SEARCH_SQL, nobody, nobody, probe, 1)
+                for statement in SEARCH_SQL.values():
+                    await conn.fetch(statement, nobody, nobody, probe, 1)
+                await conn.fetchval(_AGENT_SIZE_SQL, nobody, nobody)
                 await conn.fetch(_LEXICAL_SQL, nobody, nobody, "warm up", 1)
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
@@ -407,22 +421,34 @@ class PostgresMemoryStore:
     async def search(
         self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
     ) -> list[MemoryRecord]:
-        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first."""
+        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first: a
+        ``ColdMatches`` that names the plan chosen for the agent's size (``stores.cold_plan``)."""
         if limit <= 0:
-            return []
+            return ColdMatches([], ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with self._pool.acquire() as conn:
-            if limit > self._ef_search:
+            plan = choose_plan(await self._agent_size(conn, org, agent), self._exact_max_memories)
+            statement = SEARCH_SQL[plan]
+            if plan is ColdPlan.HNSW and limit > self._ef_search:
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL hnsw.ef_search = {min(int(limit), 1000)}")
-                    rows = await conn.fetch(SEARCH_SQL, org, agent, embedding, limit)
+                    rows = await conn.fetch(statement, org, agent, embedding, limit)
             else:
-                rows = await conn.fetch(SEARCH_SQL, org, agent, embedding, limit)
+                rows = await conn.fetch(statement, org, agent, embedding, limit)
         decode = self._token_counts
         records = [_search_record(row, decode) for row in rows]
         # relaxed_order iterative scans may return rows slightly out of order.
         records.sort(key=lambda r: -(r.similarity or 0.0))
-        return records
+        return ColdMatches(records, plan)
+
+    async def _agent_size(self, conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> int:
+        """The agent's memory count (``memory_stats``), cached for a while."""
+        key = (org, agent)
+        size = self._agent_sizes.get(key)
+        if size is None:
+            size = int(await conn.fetchval(_AGENT_SIZE_SQL, org, agent) or 0)
+            self._agent_sizes.put(key, size)
+        return size
 
     @_store_errors
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:

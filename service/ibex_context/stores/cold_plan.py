@@ -1,0 +1,89 @@
+"""Which plan runs an agent's vector (cold) search: the service decides, not the planner.
+
+Memories live in hash partitions on (org_id, agent_id), one HNSW graph per partition
+(migration 0008, ADR-0009). An agent with few memories is searched exactly: its rows
+by the tenant key, every distance computed (cost proportional to its size, exact
+answers). An agent with many memories is searched through its partition's graph,
+which it shares with at most a few other agents (cost roughly flat in its size,
+approximate answers, recall measured per data shape). The switch-over point is where
+the exact scan's cost reaches the graph's, measured (``Settings.cold_exact_max_memories``).
+
+The agent's size comes from ``memory_stats.memories``, which statement triggers keep
+true for every writer (migration 0005). The store caches it per agent for
+``ttl`` seconds: a plan chosen on a count a minute old costs speed at worst, never
+correctness (both plans return the agent's nearest memories; HNSW approximately).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ibex_context.models import MemoryRecord
+
+
+class ColdPlan(enum.StrEnum):
+    """The values are the plan's name in metadata and in the metric's label."""
+
+    EXACT = "exact"
+    HNSW = "hnsw"
+
+
+def choose_plan(memories: int, exact_max_memories: int) -> ColdPlan:
+    """Exact up to ``exact_max_memories`` memories, the partition's HNSW graph beyond."""
+    return ColdPlan.EXACT if memories <= exact_max_memories else ColdPlan.HNSW
+
+
+class ColdMatches(list[MemoryRecord]):
+    """The vector search's records, nearest first, with the plan that found them.
+
+    A ``list[MemoryRecord]`` like every store's search result; the retrieval reads
+    ``plan`` (when present) into the cold source's metadata.
+    """
+
+    __slots__ = ("plan",)
+
+    def __init__(self, records: list[MemoryRecord], plan: ColdPlan) -> None:
+        super().__init__(records)
+        self.plan = plan
+
+
+@dataclass(slots=True)
+class _Entry:
+    memories: int
+    expires_at: float
+
+
+class AgentSizes:
+    """A bounded cache of agents' memory counts, each kept ``ttl`` seconds.
+
+    Least recently used agents are dropped past ``capacity``. Keys are the tenant's
+    (org_id, agent_id) pair; nothing here is logged or exported.
+    """
+
+    def __init__(
+        self, *, ttl: float = 60.0, capacity: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._ttl = ttl
+        self._capacity = capacity
+        self._clock = clock
+        self._entries: OrderedDict[tuple[object, object], _Entry] = OrderedDict()
+
+    def get(self, key: tuple[object, object]) -> int | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.expires_at <= self._clock():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry.memories
+
+    def put(self, key: tuple[object, object], memories: int) -> None:
+        self._entries[key] = _Entry(memories, self._clock() + self._ttl)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
