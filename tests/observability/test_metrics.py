@@ -6,7 +6,7 @@ from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
-from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus, plan_detail
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample
@@ -91,6 +91,27 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
     assert failures == {("cold", "timeout"): 1, ("hot", "error"): 1}
 
 
+def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> None:
+    metrics = Metrics(CollectorRegistry())
+    for detail in (plan_detail("hnsw"), plan_detail("hnsw"), plan_detail("exact"), plan_detail("guess")):
+        metrics.record_assembly(fresh_report(sources=[SourceResult("cold", SourceStatus.OK, detail=detail)]))
+    # A failed search and a skipped one name no plan; neither counts.
+    metrics.record_assembly(
+        fresh_report(
+            sources=[
+                SourceResult("cold", SourceStatus.TIMEOUT, detail="no answer within 20.0 ms"),
+                SourceResult("cold", SourceStatus.SKIPPED, detail="cold_limit is 0"),
+            ]
+        )
+    )
+    plans = {
+        dict(labels)["plan"]: value
+        for (name, labels), value in values(metrics).items()
+        if name == "ibex_context_cold_search_plans_total"
+    }
+    assert plans == {"exact": 1, "hnsw": 2, OTHER: 1}
+
+
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
     report = fresh_report()
@@ -153,6 +174,7 @@ def test_no_label_can_carry_an_id() -> None:
         "method",
         "code",
         "generation",
+        "plan",
         "le",
     }
 

@@ -6,9 +6,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.pipeline.report import SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
+from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 
 ORG = "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01"
 AGENT = "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11"
@@ -96,3 +98,25 @@ async def test_a_cold_task_cancelled_while_embedding_records_the_search_as_skipp
     assert state.sources["cold"].status is SourceStatus.SKIPPED
     assert state.sources["cold"].detail == "query embedding did not finish"
     assert cold.searches == 0
+
+
+class _PlannedCold(_Cold):
+    """A store that names the plan of its vector search, as the PostgreSQL store does."""
+
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
+    ) -> list[MemoryRecord]:
+        self.searches += 1
+        return ColdMatches([], ColdPlan.HNSW)
+
+
+async def test_the_cold_sources_detail_names_the_plan_the_store_chose() -> None:
+    cold, state = _PlannedCold(), RetrievalState()
+    retriever = Retriever(
+        directives=_Directives(), hot_memories=_Hot(), cold_memories=cold, embedder=HashingEmbedder(8)
+    )
+    tasks = retriever.start(_plan(cold_timeout=5.0), state)
+    await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
+    assert cold.searches == 1
+    assert state.sources["cold"].status is SourceStatus.OK
+    assert state.sources["cold"].detail == "plan: hnsw"
