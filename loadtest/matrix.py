@@ -15,7 +15,11 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
 6. one agent x 100k memories (HNSW, random unit vectors) at 50 RPS: the cold-search
    stage's p95 from the service's histogram against the 30 ms gate;
 7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
-   HNSW build take tens of minutes here; see the estimate printed).
+   HNSW build take tens of minutes here; see the estimate printed);
+8. ``shapes`` (only when asked, ``--only shapes [--shapes agents-1k,big,...]``): issue 13's
+   data shapes (``SHAPES``: 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50 RPS,
+   each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
+   recall@50 against exact), gated on cold p95 <= 10 ms, FULL >= 99.9 %, p99 < 30 ms.
 
 Each step writes ``benchmarks/results/loadtest/<date>-<label>.md`` (committed when ``--commit``),
 and the matrix writes ``benchmarks/results/loadtest/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -44,7 +49,20 @@ from loadtest import options, runner  # noqa: E402
 from loadtest.machine import git_commit  # noqa: E402
 from loadtest.measure import RunResult  # noqa: E402
 
-STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big")
+STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big", "shapes")
+# Issue 13's data shapes (scenario, data label), each at 50 RPS and as single searches
+# (benchmarks.cold_plans). 1M rows each: seeding + index builds take minutes apiece.
+SHAPES: tuple[tuple[str, str], ...] = (
+    ("agents-1k", "1000x1k"),
+    ("big", "100x10k"),
+    ("agents-100k", "10x100k"),
+    ("one-1m", "1x1M"),
+    ("mixed", "5x100k+500x1k"),
+)
+# Issue 13's targets for every shape at 50 RPS.
+SHAPE_COLD_P95_MS = 10.0
+SHAPE_FULL_SHARE = 0.999
+SHAPE_P99_MS = 30.0
 
 
 @dataclass(slots=True)
@@ -56,6 +74,7 @@ class Row:
     result: RunResult | None
     path: Path | None
     note: str = ""
+    shape: bool = False
 
     def get(self, key: str) -> Any:
         return None if self.result is None else self.result.summary.get(key)
@@ -69,6 +88,28 @@ class Row:
     @property
     def passed(self) -> bool:
         return self.result is not None and runner.passed(self.result)
+
+    @property
+    def full_share(self) -> float | None:
+        if self.result is None:
+            return None
+        counts = {k: v.get("count") or 0 for k, v in self.result.assembly.items() if k != "all"}
+        total = sum(counts.values())
+        return counts.get("full", 0) / total if total else None
+
+    def shape_misses(self) -> list[str]:
+        """Issue 13's targets this shape's run missed, with the figures."""
+        if self.result is None:
+            return ["did not run"]
+        cold, full, p99 = self.stage_cold_p95, self.full_share, self.get("p99_ms")
+        misses = []
+        if cold is None or cold > SHAPE_COLD_P95_MS:
+            misses.append(f"cold p95 {f_or(cold)} ms > {SHAPE_COLD_P95_MS:g}")
+        if full is None or full < SHAPE_FULL_SHARE:
+            misses.append(f"FULL {100 * (full or 0):.2f} % < {100 * SHAPE_FULL_SHARE:g} %")
+        if p99 is None or p99 >= SHAPE_P99_MS:
+            misses.append(f"p99 {f_or(p99)} ms >= {SHAPE_P99_MS:g}")
+        return misses
 
     @property
     def sustained(self) -> bool:
@@ -212,6 +253,26 @@ class Matrix:
                 rps,
             )
 
+    def shapes(self) -> None:
+        wanted = self.opts.shapes.split(",") if self.opts.shapes else [name for name, _ in SHAPES]
+        for scenario, data in SHAPES:
+            if scenario not in wanted:
+                continue
+            argv = ["--scenario", scenario, "--rps", "50"]
+            row = self.step(f"shape-{data}-50rps", data, "hashing, 1 process", argv, 50)
+            row.shape = True
+            args = options.parse_args(argv)
+            data_dir = ROOT / "loadtest" / "out" / "data" / options.dataset_key(args)
+            if not data_dir.exists():
+                continue
+            runner.log(f"=== single searches on {data_dir.name}: benchmarks.cold_plans")
+            done = subprocess.run(
+                [sys.executable, "-m", "benchmarks.cold_plans", str(data_dir)], cwd=ROOT, check=False
+            )
+            plans = RESULTS / f"cold_plans-{data_dir.name.split('-')[0]}.md"
+            if done.returncode == 0 and self.opts.commit:
+                commit(plans, f"Cold search plans and recall on {data}")
+
     # -- summary --------------------------------------------------------------------------
 
     def render(self) -> str:
@@ -286,6 +347,14 @@ class Matrix:
                 else f"**missed** ({best or 0:g} of 600 RPS, {100 * (best or 0) / 600:.0f} %)"
             )
         )
+        for r in self.rows:
+            if r.shape:
+                misses = r.shape_misses()
+                out.append(
+                    f"- {r.data} at 50 RPS: cold p95 <= {SHAPE_COLD_P95_MS:g} ms, FULL >= {100 * SHAPE_FULL_SHARE:g} %,"
+                    f" p99 < {SHAPE_P99_MS:g} ms -> "
+                    + ("**met**" if not misses else "**missed**: " + "; ".join(misses))
+                )
         large = by_label.get("large-agent-100k")
         if large is not None and large.result is not None:
             cold = large.stage_cold_p95
@@ -313,7 +382,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--only",
-        default=",".join(s for s in STEPS if s != "big"),
+        default=",".join(s for s in STEPS if s not in ("big", "shapes")),
         help=f"steps to run, of {', '.join(STEPS)}",
     )
     p.add_argument("--duration", type=float, default=40.0)
@@ -324,6 +393,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-max", type=float, default=1500.0)
     p.add_argument("--profile-rps", type=float, default=600.0)
     p.add_argument("--include-big", action="store_true")
+    p.add_argument(
+        "--shapes", default="", help=f"with --only shapes: a subset of {', '.join(n for n, _ in SHAPES)}"
+    )
     p.add_argument("--commit", action="store_true", help="git-commit each results file as it is written")
     opts = p.parse_args(raw)
     opts.argv = raw
@@ -345,9 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "minilm": matrix.minilm,
         "large": matrix.large,
         "big": matrix.big,
+        "shapes": matrix.shapes,
     }
     # A subset of the steps gets its own summary, so it does not replace the full one.
-    default = [s for s in STEPS if s != "big"]
+    default = [s for s in STEPS if s not in ("big", "shapes")]
     suffix = "" if chosen == default else "-" + "-".join(chosen)
     out = ROOT / "benchmarks" / "results" / "loadtest" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
     for name in STEPS:

@@ -18,7 +18,8 @@ What it does, in order:
    contiguously, which is what ``CLUSTER`` would do (grpc_stack digest §4: an
    unclustered 1k-row agent costs ~12.7 ms p99 per search instead of ~1.9 ms)
    without CLUSTER's cost (it rebuilds the HNSW index: 209 s per 100k rows);
-4. rebuilds the HNSW index with ``maintenance_work_mem`` raised, ANALYZEs, and sets
+4. rebuilds the HNSW index (one graph per partition, migration 0008) with
+   ``maintenance_work_mem`` raised and one parallel worker, ANALYZEs, and sets
    a directive for every agent;
 5. writes the agents file the locustfile reads: org/agent ids, memory counts and a
    few sample queries per agent derived from its own memories.
@@ -59,6 +60,11 @@ HNSW_INDEX_SQL = (
     "CREATE INDEX IF NOT EXISTS memories_embedding_hnsw ON memories "
     "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
 )
+_PARTS_SIZE_SQL = """
+    SELECT coalesce(sum(CASE $2::text WHEN 'pg_table_size' THEN pg_table_size(inhrelid)
+                                     ELSE pg_relation_size(inhrelid) END), 0)
+    FROM pg_inherits WHERE inhparent = $1::text::regclass
+"""
 MEMORY_COLUMNS: tuple[str, ...] = (
     "org_id",
     "agent_id",
@@ -344,7 +350,9 @@ async def seed(
     report = SeedReport(agents=plan.agents)
     try:
         if reset:
-            await conn.execute("TRUNCATE memories, directives, memory_feedback")
+            await conn.execute(
+                "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats"
+            )
         else:
             log("seed: --no-reset: rows are appended, agents' rows are not guaranteed to be contiguous")
         await conn.execute("DROP INDEX IF EXISTS memories_embedding_hnsw")
@@ -412,8 +420,10 @@ async def seed(
         t1 = time.perf_counter()
         # The graph must fit in maintenance_work_mem or the build slows down many
         # times (pgvector's notice); ~2 kB per 384-dim row.
-        memory_gb = 1 if plan.total_memories <= 300_000 else 4
-        await conn.execute(f"SET maintenance_work_mem = '{memory_gb}GB'")
+        # Each partition has its own graph (migration 0008), built one after another,
+        # each by this backend and a parallel worker (the second core).
+        await conn.execute("SET maintenance_work_mem = '1GB'")
+        await conn.execute("SET max_parallel_maintenance_workers = 1")
         await conn.execute(HNSW_INDEX_SQL)
         report.index_seconds = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -425,8 +435,11 @@ async def seed(
         # lexical search scan the index alone, as it does in steady state.
         await conn.execute("VACUUM ANALYZE memory_terms")
         report.analyze_seconds = time.perf_counter() - t2
-        report.heap_mb = (await conn.fetchval("SELECT pg_table_size('memories')")) / 1e6
-        report.index_mb = (await conn.fetchval("SELECT pg_relation_size('memories_embedding_hnsw')")) / 1e6
+        # Partitioned (0008): the sizes are the partitions' sums.
+        report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
+        report.index_mb = (
+            await conn.fetchval(_PARTS_SIZE_SQL, "memories_embedding_hnsw", "pg_relation_size")
+        ) / 1e6
     finally:
         await conn.close()
 
