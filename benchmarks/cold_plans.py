@@ -9,8 +9,9 @@ Run on a data set the load test seeded (``loadtest/run`` keeps them under
 It starts that data set's PostgreSQL and runs the service's own search statements
 (``stores.postgres.SEARCH_SQL``, one per plan of ``stores.cold_plan``) for
 ``--agents`` agents (the largest and, for mixed data sets, the smallest; ``--calls``
-random unit queries each, one pooled connection, sequential, after a warm-up round of
-at least 30 calls), and writes ``benchmarks/results/cold_plans-<data set>.md``:
+queries each, by default the mean of two of the agent's memories' vectors; one pooled
+connection, sequential, after a warm-up round of at least 30 calls), and writes
+``benchmarks/results/cold_plans-<data set>[-<label>].md``:
 
 * **exact**: ``ibex_cold_exact``: the agent's rows by the tenant key, every distance
   computed, top-K sorted;
@@ -42,6 +43,10 @@ RESULTS = Path(__file__).parent / "results"
 LIMIT = 50
 # Enough to bring a freshly started data set's pages into memory for a single agent.
 WARM_UP_CALLS = 30
+QUERIES = {
+    "memories": "the normalised mean of two of the agent's memories' vectors",
+    "random": "random unit vectors",
+}
 
 
 @dataclass(slots=True)
@@ -73,25 +78,50 @@ async def _timed(
 
 
 async def measure(
-    conn: asyncpg.Connection, agents: list[asyncpg.Record], calls: int, exact_max: int, dim: int
+    conn: asyncpg.Connection,
+    agents: list[asyncpg.Record],
+    calls: int,
+    exact_max: int,
+    dim: int,
+    queries: str,
 ) -> list[Measured]:
-    """Every query runs under each plan back to back, so recall compares like with like."""
-    rng = np.random.default_rng(7)
+    """Every query runs under each plan back to back, so recall compares like with like.
 
-    def query() -> np.ndarray:
-        vector = rng.standard_normal(dim).astype(np.float32)
+    ``queries``: ``random`` unit vectors, or ``memories``: the normalised mean of two of
+    the agent's own memories' vectors, a point among its data as a question about them
+    is (a random vector in 384 dimensions is about equally far from everything).
+    """
+    rng = np.random.default_rng(7)
+    pools: dict[tuple[object, object], np.ndarray] = {}
+    if queries == "memories":
+        for agent in agents:
+            rows = await conn.fetch(
+                "SELECT embedding FROM memories WHERE org_id = $1 AND agent_id = $2 ORDER BY id LIMIT 400",
+                agent["org_id"],
+                agent["agent_id"],
+            )
+            pools[(agent["org_id"], agent["agent_id"])] = np.stack([r["embedding"] for r in rows])
+
+    def query(agent: asyncpg.Record) -> np.ndarray:
+        pool = pools.get((agent["org_id"], agent["agent_id"]))
+        if pool is None:
+            vector = rng.standard_normal(dim).astype(np.float32)
+        else:
+            a, b = rng.choice(len(pool), size=2, replace=len(pool) < 2)
+            vector = pool[a] + pool[b]
         return vector / np.linalg.norm(vector)
 
     for i in range(max(len(agents), WARM_UP_CALLS)):
+        agent = agents[i % len(agents)]
         for plan in ColdPlan:
-            await _timed(conn, plan, agents[i % len(agents)], query())
+            await _timed(conn, plan, agent, query(agent))
     exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
     exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
     for agent in agents:
         service.plans[choose_plan(agent["memories"], exact_max).value] += 1
     for _ in range(calls):
         for agent in agents:
-            q = query()
+            q = query(agent)
             exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q)
             hnsw_ms, found = await _timed(conn, ColdPlan.HNSW, agent, q)
             exact.milliseconds.append(exact_ms)
@@ -104,7 +134,9 @@ async def measure(
     return [exact, hnsw, service]
 
 
-async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int, exact_max: int) -> str:
+async def run(
+    data_dir: Path, agents_wanted: int, calls: int, ef_search: int, exact_max: int, queries: str
+) -> str:
     postgres = start_postgres(data_dir)
     try:
         pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=ef_search)
@@ -134,7 +166,7 @@ async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int, ex
                 partitions = await conn.fetchval(
                     "SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass"
                 )
-                measured = await measure(conn, agents, calls, exact_max, dim)
+                measured = await measure(conn, agents, calls, exact_max, dim, queries)
         finally:
             await pool.close()
     finally:
@@ -145,13 +177,14 @@ async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int, ex
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
         f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}"
-        f" --ef-search {ef_search} --exact-max {exact_max}).",
+        f" --ef-search {ef_search} --exact-max {exact_max} --queries {queries}).",
         "",
         f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
         f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
         f" hnsw.ef_search {ef_search}, iterative scan relaxed; exact up to {exact_max:,} memories);"
-        " each random unit query under both plans back to back, recall@50 of HNSW against the exact"
-        " answer (mean / min); one pooled connection, sequential, after >= 30 warm-up calls per plan;"
+        f" queries: {QUERIES[queries]}; each under both plans back to back, recall@50 of HNSW against"
+        " the exact answer (mean / min); one pooled connection, sequential, after >= 30 warm-up calls"
+        " per plan;"
         f" wall time per call including the Unix-socket round trip. Load average {os.getloadavg()[0]:.2f}"
         f" (2 vCPUs shared). {platform.machine()}; {versions}.",
         "",
@@ -170,12 +203,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5, help="rounds over the agents")
     parser.add_argument("--ef-search", type=int, default=64)
     parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
+    parser.add_argument("--queries", choices=sorted(QUERIES), default="memories")
+    parser.add_argument("--label", default="", help="appended to the results file's name")
     args = parser.parse_args()
     report = asyncio.run(
-        run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max)
+        run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max, args.queries)
     )
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"cold_plans-{args.data_dir.name.split('-')[0]}.md"
+    shape = args.data_dir.name.split("-")[0]
+    path = RESULTS / f"cold_plans-{shape}{'-' + args.label if args.label else ''}.md"
     path.write_text(report)
     print(report)
     print(f"written: {path}")

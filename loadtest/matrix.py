@@ -16,7 +16,7 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
    stage's p95 from the service's histogram against the 30 ms gate;
 7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
    HNSW build take tens of minutes here; see the estimate printed);
-8. ``shapes`` (only when asked, ``--only shapes [--shapes agents-1k,big,...]``): issue 13's
+8. ``shapes`` (only when asked, ``--only shapes [--shapes agents-1k,agents-10k,...]``): issue 13's
    data shapes (``SHAPES``: 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50 RPS,
    each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
    recall@50 against exact), gated on cold p95 <= 10 ms, FULL >= 99.9 %, p99 < 30 ms.
@@ -54,7 +54,7 @@ STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big", "shapes
 # (benchmarks.cold_plans). 1M rows each: seeding + index builds take minutes apiece.
 SHAPES: tuple[tuple[str, str], ...] = (
     ("agents-1k", "1000x1k"),
-    ("big", "100x10k"),
+    ("agents-10k", "100x10k"),
     ("agents-100k", "10x100k"),
     ("one-1m", "1x1M"),
     ("mixed", "5x100k+500x1k"),

@@ -62,7 +62,7 @@ HNSW_INDEX_SQL = (
 )
 _PARTS_SIZE_SQL = """
     SELECT coalesce(sum(CASE $2::text WHEN 'pg_table_size' THEN pg_table_size(inhrelid)
-                                     ELSE pg_relation_size(inhrelid) END), 0)
+                                     ELSE pg_relation_size(inhrelid) END), 0)::float8
     FROM pg_inherits WHERE inhparent = $1::text::regclass
 """
 MEMORY_COLUMNS: tuple[str, ...] = (
