@@ -11,10 +11,11 @@
 --
 -- The table is rebuilt: a new partitioned table is filled from the old one in tenant
 -- order (each agent's rows contiguous, as CLUSTER would lay them out), its indexes are
--- built, the old table is dropped and the new one takes its name, indexes, constraints
--- and triggers. The copy holds a SHARE lock on the old table: reads (searches) go on,
--- writes wait until the migration commits; the final swap takes an ACCESS EXCLUSIVE
--- lock for an instant. Measured here: ADR-0009 (about N minutes for 1M rows).
+-- built, the old table is dropped and the new one takes its name, index names,
+-- constraints and triggers. A SHARE lock on the old table throughout: reads (searches)
+-- go on, writes wait until the migration commits; the final swap holds an ACCESS
+-- EXCLUSIVE lock for seconds. Measured here: 91 s for 100k memories at load average ~5
+-- (benchmarks/results/migration_0008-*.md); about 15 min expected for 1M (ADR-0009).
 -- memory_terms, memory_stats and memory_usage are keyed by tenant and unchanged.
 
 LOCK TABLE memories IN SHARE MODE;
@@ -73,16 +74,26 @@ BEGIN
 END
 $$;
 
+-- Constraints and indexes under temporary names, built while searches still read the
+-- old table (the HNSW graphs are most of the migration's time).
+ALTER TABLE memories_partitioned ADD CONSTRAINT memories_partitioned_pkey PRIMARY KEY (org_id, agent_id, id);
+ALTER TABLE memories_partitioned ADD CONSTRAINT memories_partitioned_content_hash_key
+    UNIQUE (org_id, agent_id, content_hash);
+CREATE INDEX memories_partitioned_tenant_created ON memories_partitioned (org_id, agent_id, created_at, id);
+CREATE INDEX memories_partitioned_tenant_occurred
+    ON memories_partitioned (org_id, agent_id, (coalesce(occurred_at, created_at)), id);
+CREATE INDEX memories_partitioned_embedding_hnsw
+    ON memories_partitioned USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64);
+
+-- The swap: from here to the commit, an ACCESS EXCLUSIVE lock (seconds).
 DROP TABLE memories;
 ALTER TABLE memories_partitioned RENAME TO memories;
-
-ALTER TABLE memories ADD CONSTRAINT memories_pkey PRIMARY KEY (org_id, agent_id, id);
-ALTER TABLE memories ADD CONSTRAINT memories_org_id_agent_id_content_hash_key
-    UNIQUE (org_id, agent_id, content_hash);
-CREATE INDEX memories_tenant_created ON memories (org_id, agent_id, created_at, id);
-CREATE INDEX memories_tenant_occurred ON memories (org_id, agent_id, (coalesce(occurred_at, created_at)), id);
-CREATE INDEX memories_embedding_hnsw
-    ON memories USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64);
+ALTER TABLE memories RENAME CONSTRAINT memories_partitioned_pkey TO memories_pkey;
+ALTER TABLE memories RENAME CONSTRAINT memories_partitioned_content_hash_key
+    TO memories_org_id_agent_id_content_hash_key;
+ALTER INDEX memories_partitioned_tenant_created RENAME TO memories_tenant_created;
+ALTER INDEX memories_partitioned_tenant_occurred RENAME TO memories_tenant_occurred;
+ALTER INDEX memories_partitioned_embedding_hnsw RENAME TO memories_embedding_hnsw;
 
 -- The statement triggers that keep memory_terms and memory_stats (0005); they are
 -- created after the copy, whose rows' postings and counts already exist.
@@ -99,15 +110,16 @@ CREATE TRIGGER memory_stats_update AFTER UPDATE ON memories
 -- chooses between them from memory_stats, stores.cold_plan). Generic plans, made once
 -- per connection: partitions are pruned when the executor starts, from the tenant.
 --
--- Exact: the agent's rows by the primary key's range, every distance computed, the
--- top N sorted ("+ 0": an order no index provides, so never the approximate graph).
+-- Exact: the agent's rows by the tenant key (a bitmap scan reads their pages in order:
+-- 170 vs 256 ms for an index scan of a 100k-memory agent), every distance computed,
+-- the top N sorted ("+ 0": an order no index provides, so never the approximate graph;
+-- no sequential scan of a partition other agents share).
 CREATE OR REPLACE FUNCTION ibex_cold_exact(p_org uuid, p_agent uuid, p_query vector, p_limit integer)
 RETURNS TABLE (id uuid, content text, category text, confidence real, usefulness real,
                occurred_at timestamptz, created_at timestamptz, token_counts jsonb, distance double precision)
 LANGUAGE sql STABLE
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
-SET enable_bitmapscan = off
 AS $$
     SELECT m.id, m.content, m.category, m.confidence, m.usefulness, m.occurred_at, m.created_at,
            m.token_counts, m.embedding <=> p_query
