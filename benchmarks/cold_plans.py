@@ -171,7 +171,7 @@ async def run(
         pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=ef_search)
         try:
             async with pool.acquire() as conn:
-                rows = await conn.fetchval("SELECT sum(memories) FROM memory_stats")
+                rows = await conn.fetchval("SELECT sum(memories)::bigint FROM memory_stats")
                 largest = await conn.fetch(
                     "SELECT org_id, agent_id, memories FROM memory_stats WHERE memories > 0"
                     " ORDER BY memories DESC, 1, 2 LIMIT $1",
