@@ -13,11 +13,11 @@ session settings:
   index scan, the scan continues until LIMIT rows pass the filter. Rows may come
   back slightly out of order; they are re-sorted by distance here.
 * ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
-  switch to a generic plan after five runs, fixing one plan (HNSW vs. the tenant
-  index plus an exact sort) for every tenant regardless of its size. Replanning
-  costs ~0.3-0.5 ms of backend CPU per search (measured, benchmarks/results/
-  stores-after.md); a generic plan that picks the exact path for a 100k-memory
-  tenant costs far more, so the custom plan stays.
+  switch to a generic plan after five runs. The vector search no longer depends on
+  it: its two plans are SQL functions whose settings fix them (migration 0008) and
+  the store chooses between them from the agent's size (``stores.cold_plan``,
+  ADR-0009). Other statements keep custom plans (replanning costs ~0.3-0.5 ms of
+  backend CPU, benchmarks/results/stores-after.md).
 * ``statement_timeout``: a server-side backstop. The request deadline is enforced
   by cancelling the awaiting task, which makes asyncpg send a cancel request, so
   the query stops on the server too (tested).
