@@ -118,3 +118,33 @@ async def test_postings_follow_new_content_feedback_and_deletes(
     await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [memory.id])
     assert await _postings(postgres_dsn, tenant) == 0
     assert await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "river", 5) == []
+
+
+async def test_a_word_more_memories_hold_than_the_bound_is_left_out_of_the_ranking(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    # Migration 0009: a word held by more than p_max_df of the agent's memories costs
+    # more to read than it tells; the search stays bounded by the rarer words.
+    common = [make_memory(f"Caroline said something ordinary number {i}") for i in range(6)]
+    rare = make_memory("Caroline looked through the telescope")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*common, rare])
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+
+        async def ranked(max_df: int) -> list[str]:
+            rows = await conn.fetch(
+                "SELECT memory_id FROM ibex_bm25($1, $2, 'Caroline telescope', 10, $3)",
+                tenant.org_id,
+                tenant.agent_id,
+                max_df,
+            )
+            return [str(r["memory_id"]) for r in rows]
+
+        # "caroline" is in 7 memories: counted under a bound of 7, left out under 6.
+        assert set(await ranked(7)) == {m.id for m in [*common, rare]}
+        assert await ranked(6) == [rare.id]
+        # The default bound (2,000) is above any small agent: the store's search is unchanged.
+        found = await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 10)
+        assert len(found) == 7 and found[0].id == rare.id
+    finally:
+        await conn.close()
