@@ -341,6 +341,11 @@ async def create_pool(
                 "application_name": "ibex-context",
                 "hnsw.ef_search": str(ef_search),
                 "hnsw.iterative_scan": "relaxed_order",
+                # Every statement is one tenant's: parallel workers only compete with the
+                # other calls for the stores' cores (the first 50 RPS run after the
+                # partitioned layout spent 0.8 backends on parallel workers of the exact
+                # scan and answered 2 % of calls in full).
+                "max_parallel_workers_per_gather": "0",
                 "plan_cache_mode": "force_custom_plan",
                 "statement_timeout": str(statement_timeout_ms),
                 **(server_settings or {}),
@@ -779,10 +784,15 @@ class PostgresMemoryStore:
             SELECT b.org_id, b.agent_id, b.memory_id, b.n, to_timestamp(b.at), to_timestamp(b.at)
             FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
                 AS b(org_id, agent_id, memory_id, n, at)
-            WHERE EXISTS (
+            -- LATERAL, not EXISTS: a semi-join of a batch of many tenants against the
+            -- partitioned table is planned as a hash join over every partition (162 ms
+            -- for 200 injections over 100k memories); a lateral probe per injection is
+            -- pruned to its tenant's partition at run time (1.6 ms).
+            CROSS JOIN LATERAL (
                 SELECT 1 FROM memories AS m
                 WHERE m.org_id = b.org_id AND m.agent_id = b.agent_id AND m.id = b.memory_id
-            )
+                LIMIT 1
+            ) AS present
             ORDER BY b.org_id, b.agent_id, b.memory_id
             ON CONFLICT (org_id, agent_id, memory_id) DO UPDATE SET
                 retrieval_count = u.retrieval_count + EXCLUDED.retrieval_count,
