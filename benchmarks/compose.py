@@ -47,7 +47,7 @@ from ibex_context.profiles.model import Profile  # noqa: E402
 from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
 from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
 
-from benchmarks.pipeline import DIM, Workload, make_workload  # noqa: E402
+from benchmarks.pipeline import DIM, Workload, make_workload, pct  # noqa: E402
 
 LEXICAL = 50
 
@@ -61,6 +61,7 @@ class _Sources:
         self.lexical: list[MemoryRecord] = []
         self.query: np.ndarray | None = None
         self.directive: Directive | None = None
+        self.messages: tuple[ChatMessage, ...] = ()
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         state.directive, state.directive_done = self.directive, True
@@ -99,6 +100,7 @@ def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
     sources = _Sources()
     sources.hot, sources.cold, sources.lexical, sources.query = hot, cold, lexical, w.query
     sources.directive = Directive(content=w.directive, version=1)
+    sources.messages = w.messages
     return sources
 
 
@@ -121,7 +123,6 @@ async def _run(
     )
     profile = Profile()
     samples: dict[str, list[int]] = {k: [] for k in ("total", "score", "pack", "format", "injected")}
-    workloads = make_workload_messages()
     for i in range(calls + len(answers)):
         a = answers[i % len(answers)]
         # Fresh records every call, as the stores decode them from rows (not timed).
@@ -136,7 +137,7 @@ async def _run(
             session_id=session,
             model="gpt-4o",
             request_id=str(i),
-            messages=workloads,
+            messages=a.messages,
         )
         t0 = time.thread_time_ns()
         assembly = await assembler.assemble(request, profile, 1.0)
@@ -149,24 +150,6 @@ async def _run(
         for stage in ("score", "pack", "format"):
             samples[stage].append(assembly.report.stage_us(stage) * 1000)
     return samples
-
-
-def make_workload_messages() -> tuple[ChatMessage, ...]:
-    return (
-        ChatMessage(role="system", content="You are a helpful platform assistant."),
-        ChatMessage(
-            role="user", content="Our canary deploy keeps rolling back; what did we decide about it?"
-        ),
-        ChatMessage(
-            role="assistant", content="You decided to hold canaries at 5 % for an hour before promoting."
-        ),
-        ChatMessage(role="user", content="And what is the retry policy for the billing workers?"),
-    )
-
-
-def pct(values: list[int], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
 
 
 def main(argv: list[str]) -> int:

@@ -139,7 +139,6 @@ def _memory_tokens(
     counter: MessageTokenCounter | None,
 ) -> int:
     """Exact tokens of one memory block, through the counter's caches when given."""
-    source = _fingerprint(record, encoding)
     if fmt != "json" and encoding.splits_after_newline and _starts_safely(record.content):
         # The opening line ends with "\n" and the content starts safely, so the block
         # is opening + body. The body depends on no handle: its count is shared by
@@ -160,7 +159,7 @@ def _memory_tokens(
             )
         body = counter.count_block(
             (encoding.name, encoding.exact, fmt, record.id, variant),
-            source,
+            _fingerprint(record, encoding),
             partial(_count_body, record, encoding, fmt, variant),
         )
         return counter.count_text_cached(opening_line(record, fmt, handle), encoding) + body
@@ -168,6 +167,7 @@ def _memory_tokens(
         return _count_block(record, encoding, fmt, handle, variant)
     # The block depends on the handle (key) and on content, category and the
     # stored count (the source the cached count is checked against).
+    source = _fingerprint(record, encoding)
     return counter.count_block(
         (encoding.name, encoding.exact, fmt, handle, record.id, variant),
         source,
@@ -340,18 +340,7 @@ class BlockCosts:
         self._xml_opening = counter.count_text_cached(f'<memory id="{COSTING_HANDLE}">\n', encoding)
 
     def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
-        record = record_of(memory)
-        if self._key is not None:
-            body = record.token_counts.get(self._key)
-            if body is not None:
-                if self._fmt == "xml":
-                    opening = self._xml_opening
-                else:
-                    opening = self._counter.count_text_cached(
-                        opening_line(record, self._fmt, COSTING_HANDLE), self._encoding
-                    )
-                return opening + body + JOIN_ALLOWANCE_TOKENS
-        return memory_cost(record, self._encoding, self._fmt, counter=self._counter)
+        return memory_cost(memory, self._encoding, self._fmt, counter=self._counter)
 
     def by_index(self, records: Sequence[MemoryRecord]) -> Callable[[int], int]:
         """The packer's ``cost_of``: the cost of ``records[i]``. In xml (the default) a
