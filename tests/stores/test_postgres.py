@@ -460,6 +460,38 @@ async def test_injections_of_unknown_or_other_tenants_memories_are_skipped(
     assert stored.retrieval_count == 0
 
 
+async def test_a_batch_counts_each_memory_once_whatever_the_spelling_of_its_id(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """Repeats add up across spellings (PostgreSQL groups by the uuid), the last time
+    wins, and the counters come back keyed by canonical text, as the hot set keys them."""
+    memory = make_memory("spelt twice")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
+    shouted = memory.id.upper()
+    counters = await pg_store.record_injection_counters(
+        [
+            Injection(tenant.org_id, tenant.agent_id, memory.id, 1_700_000_000.0),
+            Injection(tenant.org_id.upper(), tenant.agent_id, shouted, 1_700_000_005.0),
+        ]
+    )
+    assert [(c.org_id, c.memory_id, c.retrieval_count, c.last_injected_at) for c in counters] == [
+        (tenant.org_id, memory.id, 2, 1_700_000_005.0)
+    ]
+
+
+async def test_an_injection_whose_id_is_not_a_uuid_is_refused_naming_it(
+    pg_store: PostgresMemoryStore, tenant: Tenant
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        await pg_store.record_injection_counters(
+            [
+                Injection(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), 1.0),
+                Injection(tenant.org_id, tenant.agent_id, "not-a-uuid", 1.0),
+            ]
+        )
+    assert refused.value.field == "injections[1].memory_id"
+
+
 async def test_deleting_a_memory_deletes_its_counters_and_a_reused_id_starts_from_zero(
     pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:

@@ -7,9 +7,16 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
+from ibex_context.stores import redis as redis_module
 from ibex_context.stores.hot_score import frequency_weight
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key, hot_set_key
+from ibex_context.stores.redis import (
+    RedisContextCache,
+    create_redis_client,
+    directive_key,
+    hot_data_key,
+    hot_set_key,
+)
 
 from tests.conftest import Tenant
 from tests.stores.helpers import unit_vector
@@ -174,6 +181,36 @@ async def test_patching_counters_moves_only_the_frequency_term_of_members_alread
     await redis_cache.patch_hot_counters(org, agent, [MemoryCounters(org, agent, record(2).id, 61, 5.0)])
     [again] = [r for r in await redis_cache.get_hot_memories(org, agent, 5) or [] if r.id == record(2).id]
     assert (again.retrieval_count, again.last_injected_at) == (61, 1_700_000_000.5)
+
+
+async def test_a_batch_of_patches_travels_as_one_argument_and_each_lands(
+    redis_url: str, tenant: Tenant
+) -> None:
+    """200 members patched in one script call: the packed form carries every patch."""
+    cache = RedisContextCache(
+        create_redis_client(redis_url, max_connections=2),
+        directive_ttl_seconds=300,
+        hot_set_size=200,
+        hot_set_ttl_seconds=600,
+    )
+    org, agent = tenant.org_id, tenant.agent_id
+    members = [record(n) for n in range(200)]
+    counters = [MemoryCounters(org, agent, m.id, n + 1, 1_700_000_000.0 + n) for n, m in enumerate(members)]
+    try:
+        await cache.replace_hot_set(org, agent, [(m, 0.5) for m in members], 0)
+        assert len(redis_module._patch_args(counters)) == 4
+        assert await cache.patch_hot_counters(org, agent, counters) == 200
+        hot = {r.id: r for r in await cache.get_hot_memories(org, agent, 200) or []}
+    finally:
+        await cache.aclose()
+    assert [(hot[m.id].retrieval_count, hot[m.id].last_injected_at) for m in members] == [
+        (n + 1, 1_700_000_000.0 + n) for n in range(200)
+    ]
+
+
+def test_a_memory_id_that_is_not_canonical_uuid_text_is_refused_not_cut() -> None:
+    with pytest.raises(ValueError, match="canonical UUID"):
+        redis_module._patch_args([MemoryCounters("o", "a", "{" + str(uuid.UUID(int=1)) + "}", 1, 1.0)])
 
 
 async def test_patching_a_missing_hot_set_changes_nothing(

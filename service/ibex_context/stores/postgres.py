@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 import struct
 import time
@@ -755,35 +754,28 @@ class PostgresMemoryStore:
         """
         if not injections:
             return []
-        # Keys are canonical UUID text (each distinct id parsed once): it sorts as
-        # PostgreSQL orders uuids, and asyncpg encodes it without uuid.UUID objects,
-        # whose Python comparisons made sorting a large batch cost milliseconds.
-        canonical: dict[str, str] = {}
-
-        def canon(value: str, field: str) -> str:
-            text = canonical.get(value)
-            if text is None:
-                canonical_already = _CANONICAL_UUID.fullmatch(value) is not None
-                text = canonical[value] = value if canonical_already else str(as_uuid(value, field))
-            return text
-
-        grouped: dict[tuple[str, str, str], tuple[int, float]] = {}
-        for n, item in enumerate(injections):
-            key = (
-                canon(item.org_id, f"injections[{n}].org_id"),
-                canon(item.agent_id, f"injections[{n}].agent_id"),
-                canon(item.memory_id, f"injections[{n}].memory_id"),
-            )
-            count, at = grouped.get(key, (0, -math.inf))
-            grouped[key] = (count + 1, max(at, item.at))
-        keys = sorted(grouped)
+        # The batch goes as it is, one array per field: PostgreSQL groups repeated
+        # injections and sorts the keys. Building, grouping and sorting key tuples in
+        # Python made the batch's first loop step ~1 ms for 200 injections (now ~0.6 ms,
+        # benchmarks.bookkeeping). Each distinct id is checked once.
+        orgs = [item.org_id for item in injections]
+        agents = [item.agent_id for item in injections]
+        memories = [item.memory_id for item in injections]
+        for field, values in (("org_id", orgs), ("agent_id", agents), ("memory_id", memories)):
+            for value in set(values):
+                if _CANONICAL_UUID.fullmatch(value) is None:
+                    as_uuid(value, f"injections[{values.index(value)}].{field}")
         rows = await self._pool.fetch(
             """
             INSERT INTO memory_usage AS u
                 (org_id, agent_id, memory_id, retrieval_count, last_retrieved_at, last_injected_at)
             SELECT b.org_id, b.agent_id, b.memory_id, b.n, to_timestamp(b.at), to_timestamp(b.at)
-            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::float8[])
-                AS b(org_id, agent_id, memory_id, n, at)
+            FROM (
+                SELECT i.org_id, i.agent_id, i.memory_id, count(*)::int AS n, max(i.at) AS at
+                FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::float8[])
+                    AS i(org_id, agent_id, memory_id, at)
+                GROUP BY i.org_id, i.agent_id, i.memory_id
+            ) AS b
             -- LATERAL, not EXISTS: a semi-join of a batch of many tenants against the
             -- partitioned table is planned as a hash join over every partition (162 ms
             -- for 200 injections over 100k memories); a lateral probe per injection is
@@ -798,24 +790,18 @@ class PostgresMemoryStore:
                 retrieval_count = u.retrieval_count + EXCLUDED.retrieval_count,
                 last_retrieved_at = greatest(u.last_retrieved_at, EXCLUDED.last_retrieved_at),
                 last_injected_at = greatest(u.last_injected_at, EXCLUDED.last_injected_at)
-            RETURNING u.org_id, u.agent_id, u.memory_id, u.retrieval_count,
+            RETURNING u.org_id::text, u.agent_id::text, u.memory_id::text, u.retrieval_count,
                       extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at
             """,
-            [k[0] for k in keys],
-            [k[1] for k in keys],
-            [k[2] for k in keys],
-            [grouped[k][0] for k in keys],
-            [grouped[k][1] for k in keys],
+            orgs,
+            agents,
+            memories,
+            [item.at for item in injections],
         )
+        # Ids come back as text and rows are unpacked by position: no uuid.UUID built
+        # and turned back into text per row.
         return [
-            MemoryCounters(
-                org_id=str(r["org_id"]),
-                agent_id=str(r["agent_id"]),
-                memory_id=str(r["memory_id"]),
-                retrieval_count=int(r["retrieval_count"]),
-                last_injected_at=_epoch(r["last_injected_at"]),
-            )
-            for r in rows
+            MemoryCounters(org, agent, memory, count, _epoch(at)) for org, agent, memory, count, at in rows
         ]
 
     @staticmethod

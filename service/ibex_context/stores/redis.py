@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import struct
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -108,22 +109,24 @@ return removed
 # records keep their counters until the next rebuild. Bumps the generation when
 # it changed anything, so a rebuild that read PostgreSQL before these counters
 # were committed cannot install its older snapshot over them.
-# ARGV: generation TTL, weight, cap, then (id, retrieval_count, last_injected_at) triples.
+# ARGV: generation TTL, weight, cap, then the patches packed (``_PATCH``: 36-byte member id,
+# uint32 retrieval_count, float64 last_injected_at; little-endian), 48 bytes each.
 _PATCH_COUNTERS = """
 local weight = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
+local packed = ARGV[4]
 local patched = 0
-for i = 4, #ARGV, 3 do
-  local blob = redis.call('HGET', KEYS[2], ARGV[i])
+for at = 1, #packed, 48 do
+  local id = string.sub(packed, at, at + 35)
+  local count, last = struct.unpack('<I4d', packed, at + 36)
+  local blob = redis.call('HGET', KEYS[2], id)
   if blob and string.byte(blob, 1) == 2 then
     local _, old_count, old_last = struct.unpack('<BI4d', blob)
-    local count = tonumber(ARGV[i + 1])
-    local last = tonumber(ARGV[i + 2])
     if old_last == old_last and old_last > last then last = old_last end
     local delta = weight * (math.min(count / cap, 1) - math.min(old_count / cap, 1))
-    redis.call('HSET', KEYS[2], ARGV[i], struct.pack('<BI4d', 2, count, last) .. string.sub(blob, 14))
+    redis.call('HSET', KEYS[2], id, struct.pack('<BI4d', 2, count, last) .. string.sub(blob, 14))
     -- XX: data and member are written and trimmed together; never add a member here.
-    if delta ~= 0 then redis.call('ZADD', KEYS[1], 'XX', 'INCR', delta, ARGV[i]) end
+    if delta ~= 0 then redis.call('ZADD', KEYS[1], 'XX', 'INCR', delta, id) end
     patched = patched + 1
   end
 end
@@ -216,14 +219,26 @@ def decode_directive(value: bytes) -> DirectiveState:
     return DirectiveState(content=fields["c"], version=int(version), token_counts=fields["t"])
 
 
-def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int]:
+# One patch as the script reads it: the member id (canonical UUID text), the new
+# retrieval_count and last_injected_at. A batch's patches of one agent travel as one
+# argument: redis-py encodes each argument in Python (three per memory made packing a
+# 1,000-injection batch the bookkeeping's largest cost, benchmarks.bookkeeping).
+_PATCH = struct.Struct("<36sId")
+_UUID_TEXT_LENGTH = 36
+
+
+def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int | bytes]:
     weight, cap = frequency_weight()
-    args: list[str | float | int] = [GENERATION_TTL_SECONDS, weight, cap]
+    pack = _PATCH.pack
+    patches = []
     for item in counters:
-        # A NaN would not survive Lua's tonumber; injected memories always have a time.
+        member = item.memory_id.encode("ascii")
+        if len(member) != _UUID_TEXT_LENGTH:  # '36s' would pad or cut it silently
+            raise ValueError(f"memory_id {item.memory_id!r} is not a canonical UUID")
+        # Injected memories always have a time; 0 keeps the member's own if ever not.
         at = item.last_injected_at if item.last_injected_at is not None else 0.0
-        args += [item.memory_id, item.retrieval_count, repr(float(at))]
-    return args
+        patches.append(pack(member, item.retrieval_count, at))
+    return [GENERATION_TTL_SECONDS, weight, cap, b"".join(patches)]
 
 
 class RedisContextCache:
