@@ -27,7 +27,7 @@ from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.stores.base import PreparedMemory
-from ibex_context.stores.hot_record import decode_record, encode_record
+from ibex_context.stores.hot_record import decode_records, encode_record
 from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache
@@ -106,8 +106,7 @@ async def _run(data_dir: Path) -> list[str]:
         decode_samples = []
         for _ in range(2000):
             t = time.perf_counter()
-            for blob in blobs:
-                decode_record(blob)
+            decode_records(blobs)
             decode_samples.append(time.perf_counter() - t)
         rows.append(f"| decode 20 hot records (pure, {len(blobs[0])} B each) | {_stats(decode_samples)} |")
         directive = await _time(lambda: repository.get_directive(org, agent), 1000)

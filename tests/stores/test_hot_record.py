@@ -1,52 +1,72 @@
-"""The hot set's compact record form round-trips every field the scorer reads."""
+"""The hot set's records: every field the scorer reads comes back from a read's records."""
 
 from __future__ import annotations
 
-import json
-import struct
-
 import numpy as np
 from ibex_context.models import MemoryRecord, Source
-from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_record, encode_record
+from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
 
 from tests.stores.helpers import unit_vector
 
+COUNTS = {"o200k_base": 7, "o200k_base/xml": 12, "cl100k_base": 8}
 
-def test_a_record_round_trips_with_its_embedding_as_float32() -> None:
-    record = MemoryRecord(
-        id="0f8fad5b-d9cb-469f-a165-70867728950e",
-        content="Prefers tea — ☕ not coffee",
-        category="preference",
-        confidence=0.75,
-        usefulness=0.5,
-        retrieval_count=3,
-        occurred_at=1_700_000_000.25,
-        last_injected_at=None,
-        token_counts={"o200k_base": 7, "cl100k_base": 8},
-        embedding=unit_vector(4),
-        similarity=0.9,
-        source=Source.COLD,
-    )
-    decoded = decode_record(encode_record(record))
-    assert decoded is not None
-    assert decoded.embedding is not None and decoded.embedding.dtype == np.float32
-    np.testing.assert_array_equal(decoded.embedding, record.embedding)
+
+def stored(n: int, **fields: object) -> MemoryRecord:
+    values: dict[str, object] = {
+        "id": f"0f8fad5b-d9cb-469f-a165-7086772895{n:02d}",
+        "content": f"Prefers tea — ☕ not coffee ({n})\nsince 2020 \U0001f375",
+        "category": "preference",
+        "confidence": 0.75,
+        "usefulness": 0.5 + n / 100,
+        "retrieval_count": n,
+        "occurred_at": 1_700_000_000.25 + n,
+        "last_injected_at": None if n % 2 else 1_700_000_100.5,
+        "token_counts": {key: count + n for key, count in COUNTS.items()},
+        "embedding": unit_vector(n),
+        "similarity": 0.9,
+        "source": Source.COLD,
+    }
+    values.update(fields)
+    return MemoryRecord(**values)  # type: ignore[arg-type]
+
+
+def read(records: list[MemoryRecord]) -> list[MemoryRecord]:
+    return decode_records([encode_record(record) for record in records])
+
+
+def assert_same(decoded: MemoryRecord, record: MemoryRecord) -> None:
     assert (decoded.id, decoded.content, decoded.category) == (record.id, record.content, record.category)
-    assert (decoded.confidence, decoded.usefulness, decoded.retrieval_count) == (0.75, 0.5, 3)
-    assert (decoded.occurred_at, decoded.last_injected_at) == (1_700_000_000.25, None)
-    assert decoded.token_counts == {"o200k_base": 7, "cl100k_base": 8}
+    assert (decoded.confidence, decoded.usefulness, decoded.retrieval_count) == (
+        record.confidence,
+        record.usefulness,
+        record.retrieval_count,
+    )
+    assert (decoded.occurred_at, decoded.last_injected_at) == (record.occurred_at, record.last_injected_at)
+    assert decoded.token_counts == record.token_counts
+    if record.embedding is None:
+        assert decoded.embedding is None
+    else:
+        assert decoded.embedding is not None and decoded.embedding.dtype == np.float32
+        np.testing.assert_array_equal(decoded.embedding, record.embedding)
     # Hot records carry no similarity: the scorer computes relevance from the embedding.
     assert decoded.similarity is None and decoded.source is Source.HOT
 
 
-def test_an_unknown_format_version_is_skipped() -> None:
-    blob = encode_record(MemoryRecord(id="x", content="c", category="factual"))
-    assert decode_record(b"\x03" + blob[1:]) is None
+def test_records_read_back_in_the_order_read_with_every_field() -> None:
+    records = [stored(n) for n in range(5)]
+    decoded = read(records)
+    assert len(decoded) == 5
+    for got, record in zip(decoded, records, strict=True):
+        assert_same(got, record)
 
 
-def test_missing_numbers_round_trip_as_none() -> None:
-    decoded = decode_record(encode_record(MemoryRecord(id="x", content="c", category="factual")))
-    assert decoded is not None
+def test_a_read_of_nothing_is_empty() -> None:
+    assert decode_records([]) == []
+
+
+def test_missing_numbers_read_back_as_none() -> None:
+    bare = MemoryRecord(id="x", content="c", category="factual")
+    [decoded] = read([bare])
     assert (decoded.confidence, decoded.usefulness, decoded.occurred_at, decoded.last_injected_at) == (
         None,
         None,
@@ -56,26 +76,43 @@ def test_missing_numbers_round_trip_as_none() -> None:
     assert decoded.embedding is None and decoded.token_counts == {}
 
 
+def test_records_that_disagree_on_counts_or_embedding_read_back_each_as_written() -> None:
+    # Written by versions with other encodings, or a record without an embedding.
+    records = [
+        stored(1),
+        stored(2, token_counts={"o200k_base": 3}),
+        stored(3, embedding=None),
+        stored(4, token_counts={}, embedding=unit_vector(4)[:8]),
+    ]
+    for got, record in zip(read(records), records, strict=True):
+        assert_same(got, record)
+
+
+def test_texts_are_cut_by_characters_not_bytes() -> None:
+    # Multi-byte characters before a field shift every later field's byte offset.
+    records = [
+        stored(1, id="é" * 3, category="ß", content="日本語のテキスト"),
+        stored(2, content=""),
+        stored(3, category="factual", content="plain"),
+    ]
+    assert [(r.id, r.category, r.content) for r in read(records)] == [
+        (r.id, r.category, r.content) for r in records
+    ]
+
+
+def test_each_record_gets_its_own_token_counts() -> None:
+    first, second = read([stored(1), stored(2)])
+    first.token_counts["o200k_base"] = 999  # type: ignore[index]
+    assert second.token_counts["o200k_base"] == COUNTS["o200k_base"] + 2
+
+
 def test_the_injection_counters_are_a_fixed_prefix_that_can_be_patched_in_place() -> None:
-    record = MemoryRecord(
-        id="x", content="c", category="factual", retrieval_count=3, embedding=unit_vector(5)
-    )
+    record = stored(3, retrieval_count=3)
     blob = encode_record(record)
+    assert blob[0] == FORMAT_VERSION
     patched = COUNTERS.pack(FORMAT_VERSION, 9, 1_700_000_123.5) + blob[COUNTERS.size :]
-    decoded = decode_record(patched)
-    assert decoded is not None
+    [decoded] = decode_records([patched])
     assert (decoded.retrieval_count, decoded.last_injected_at) == (9, 1_700_000_123.5)
+    assert decoded.content == record.content and decoded.token_counts == record.token_counts
     assert decoded.embedding is not None
     np.testing.assert_array_equal(decoded.embedding, record.embedding)
-
-
-def test_records_written_in_format_1_are_still_read() -> None:
-    fields = {"i": "x", "c": "tea", "k": "preference", "f": 0.5, "u": 0.25, "n": 2, "t": 1.0, "l": None}
-    body = json.dumps({**fields, "o": {"o200k_base": 1}}).encode()
-    vector = unit_vector(6).astype("<f4")
-    blob = struct.pack("<BI", 1, len(body)) + body + vector.tobytes()
-    decoded = decode_record(blob)
-    assert decoded is not None
-    assert (decoded.content, decoded.category, decoded.retrieval_count) == ("tea", "preference", 2)
-    assert decoded.embedding is not None
-    np.testing.assert_array_equal(decoded.embedding, vector)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import pytest
@@ -26,6 +27,18 @@ def record(n: int) -> MemoryRecord:
     return MemoryRecord(
         id=str(uuid.UUID(int=n)), content=f"memory {n}", category="factual", embedding=unit_vector(n)
     )
+
+
+def format_2_record(record: MemoryRecord) -> bytes:
+    """A record as the previous version (format 2) wrote it."""
+    ident, category, content = (value.encode() for value in (record.id, record.category, record.content))
+    counts = b"{}"
+    nan = float("nan")
+    header = struct.pack(
+        "<BIddddHHIH", 2, 0, nan, nan, nan, nan, len(ident), len(category), len(content), len(counts)
+    )
+    vector = b"" if record.embedding is None else record.embedding.astype("<f4").tobytes()
+    return header + ident + category + content + counts + vector
 
 
 def test_keys_are_hash_tagged_by_org_so_one_agent_lives_in_one_slot() -> None:
@@ -240,3 +253,30 @@ async def test_patching_several_agents_in_one_round_trip_patches_each_on_its_own
     hot = {r.id: r for r in await redis_cache.get_hot_memories(org, agent, 5) or []}
     assert hot[record(1).id].retrieval_count == 7 and hot[record(2).id].retrieval_count == 0
     assert await redis_cache.get_hot_memories(org, other, 5) is None
+
+
+async def test_a_hot_set_holding_a_record_of_an_older_format_reads_as_missing_and_is_not_patched(
+    redis_cache: RedisContextCache, tenant: Tenant, redis_url: str
+) -> None:
+    # Left by the previous version: the read answers "missing", so the repository rebuilds it.
+    org, agent = tenant.org_id, tenant.agent_id
+    await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5), (record(2), 0.4)], 0)
+    old = format_2_record(record(3))
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.zadd(hot_set_key(org, agent), {record(3).id: 0.3})
+        await client.hset(hot_data_key(org, agent), record(3).id, old)
+        # Above the limit it is not read, so the best two still serve.
+        top = await redis_cache.get_hot_memories(org, agent, 2)
+        assert top is not None and [r.id for r in top] == [record(1).id, record(2).id]
+        assert await redis_cache.get_hot_memories(org, agent, 3) is None
+        counters = [MemoryCounters(org, agent, record(3).id, 5, 1_700_000_000.0)]
+        assert await redis_cache.patch_hot_counters(org, agent, counters) == 0
+        assert await client.hget(hot_data_key(org, agent), record(3).id) == old
+    finally:
+        await client.aclose()
+    # A rebuild replaces the whole set in the current format.
+    generation = await redis_cache.hot_set_generation(org, agent)
+    assert await redis_cache.replace_hot_set(org, agent, [(record(3), 0.3)], generation)
+    rebuilt = await redis_cache.get_hot_memories(org, agent, 3)
+    assert rebuilt is not None and [r.content for r in rebuilt] == ["memory 3"]

@@ -14,7 +14,14 @@ from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import RedisContextCache, create_redis_client, directive_key, hot_set_key
+from ibex_context.stores.hot_record import FORMAT_VERSION
+from ibex_context.stores.redis import (
+    RedisContextCache,
+    create_redis_client,
+    directive_key,
+    hot_data_key,
+    hot_set_key,
+)
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant
@@ -269,3 +276,24 @@ async def test_the_first_write_builds_the_hot_set_so_reads_see_it(
     memory = make_memory("written first")
     await repository.upsert_memories(org, agent, [memory])
     assert [m.id for m in await repository.get_hot_memories(org, agent, 5)] == [memory.id]
+
+
+async def test_a_hot_set_left_by_an_older_version_is_rebuilt_in_the_current_format(
+    repository: ContextRepository, redis_url: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    org, agent = tenant.org_id, tenant.agent_id
+    batch = [make_memory(f"fact {i}", confidence=i / 10) for i in range(1, 4)]
+    await repository.upsert_memories(org, agent, batch)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        # One member as the previous version (format 2) stored it: a version byte of 2.
+        data = await client.hget(hot_data_key(org, agent), batch[0].id)
+        await client.hset(hot_data_key(org, agent), batch[0].id, b"\x02" + data[1:])
+        assert await repository.get_hot_memories(org, agent, 5) == []  # read as missing
+        assert await repository.schedule_hot_set_rebuild(org, agent)  # the rebuild that scheduled
+        hot = await repository.get_hot_memories(org, agent, 5)
+        assert [m.content for m in hot] == ["fact 3", "fact 2", "fact 1"]
+        stored = await client.hvals(hot_data_key(org, agent))
+        assert sorted(value[0] for value in stored if value != b"1") == [FORMAT_VERSION] * 3
+    finally:
+        await client.aclose()

@@ -1,39 +1,51 @@
-"""The compact form of a memory inside the Redis hot set (pure functions).
+"""The hot set's records in Redis, and how a read decodes them (pure functions).
 
-Format 2 (written), all little-endian:
+Each member of an agent's hot set is one record (format 3), all little-endian:
 
-    header  B version=2 | I4 retrieval_count | d last_injected_at
-            | d occurred_at | d confidence | d usefulness          (NaN = None)
-            | H len(id) | H len(category) | I4 len(content) | H len(token_counts)
-    body    id | category | content (UTF-8) | token_counts (JSON) | float32 embedding
+    header   B version=3 | I4 retrieval_count | d last_injected_at
+             | d occurred_at | d confidence | d usefulness              (NaN = None)
+             | I4 token counts (k) | I4 embedding dimensions (d)
+             | I4 characters of: id, category, content, count keys
+    numbers  k x uint32 token counts | d x float32 embedding
+    text     id | category | content | count keys joined by "\\n"      (UTF-8)
 
-Numbers live at fixed offsets so decoding is one ``struct.unpack_from``, the text
-is sliced and decoded without a JSON pass (JSON-parsing the content was the largest
-part of decoding format 1), and the embedding is one ``np.frombuffer``. The
-injection counters are the first 13 bytes, so the Redis script that records
-injections (``stores.redis``) patches them in place without decoding the rest.
+The read script (``stores.redis``) returns the best records as they are stored
+(any other shape costs Redis more: cutting and joining them in Lua doubled its CPU
+per read, benchmarks/results/hot_read-2026-11-26.md). ``decode_records`` turns them
+into records without a Python loop over per-record decoding: records that agree on
+``k`` and ``d`` (those one deployment writes) share every offset, so each part of
+all of them is cut by one ``map`` of a slice and joined: the headers unpack into
+columns (``zip(*map(HEADER.unpack_from, ...))``), the numbers into one
+``np.frombuffer`` table whose columns are the token counts and whose other columns
+are the embedding matrix, the texts into one UTF-8 decode, cut at the character
+offsets the headers give. What remains per record is building the ``MemoryRecord``
+values the pipeline consumes (a ``map`` over the columns).
 
-Format 1 (``b"\\x01" | uint32 n | n bytes of JSON | float32 embedding``) is still
-read, so hot sets written before an upgrade keep serving until their TTL; any
-other version byte is skipped (a record from a newer format).
+The injection counters are the first 13 bytes, so the Redis script that records
+injections patches them in place without decoding the rest (``COUNTERS``).
+
+Records of older formats (1 and 2, before this one) are not decoded: the read
+script treats a hot set holding one as missing, so the repository rebuilds it in
+the new format (see docs/adr/0003-stores.md, "Hot-set records").
 """
 
 from __future__ import annotations
 
-import json
 import math
 import struct
+from collections.abc import Iterable, Sequence
+from itertools import accumulate, chain, repeat
+from operator import itemgetter
 
 import numpy as np
 
-from ibex_context.models import MemoryRecord, Source
+from ibex_context.models import FloatVector, MemoryRecord, Source
 
-FORMAT_VERSION = 2
-_V1 = 1
-_V1_HEADER = struct.Struct("<BI")
-HEADER = struct.Struct("<BIddddHHIH")
+FORMAT_VERSION = 3
+HEADER = struct.Struct("<BIddddIIIIII")
 # The prefix the injection recorder rewrites: version, retrieval_count, last_injected_at.
 COUNTERS = struct.Struct("<BId")
+_KEY_SEPARATOR = "\n"
 _NAN = math.nan
 
 
@@ -41,15 +53,9 @@ def _number(value: float | None) -> float:
     return _NAN if value is None else float(value)
 
 
-def _optional(value: float) -> float | None:
-    return None if value != value else value  # NaN encodes None
-
-
 def encode_record(record: MemoryRecord) -> bytes:
-    ident = record.id.encode("utf-8")
-    category = record.category.encode("utf-8")
-    content = record.content.encode("utf-8")
-    counts = json.dumps(dict(record.token_counts), separators=(",", ":")).encode("utf-8")
+    keys = list(record.token_counts)
+    joined_keys = _KEY_SEPARATOR.join(keys)
     embedding = b"" if record.embedding is None else np.asarray(record.embedding, dtype="<f4").tobytes()
     header = HEADER.pack(
         FORMAT_VERSION,
@@ -58,61 +64,92 @@ def encode_record(record: MemoryRecord) -> bytes:
         _number(record.occurred_at),
         _number(record.confidence),
         _number(record.usefulness),
-        len(ident),
-        len(category),
-        len(content),
-        len(counts),
+        len(keys),
+        len(embedding) // 4,
+        len(record.id),
+        len(record.category),
+        len(record.content),
+        len(joined_keys),
     )
-    return b"".join((header, ident, category, content, counts, embedding))
+    counts = np.asarray([record.token_counts[key] for key in keys], dtype="<u4").tobytes()
+    text = "".join((record.id, record.category, record.content, joined_keys)).encode("utf-8")
+    return b"".join((header, counts, embedding, text))
 
 
-def decode_record(data: bytes) -> MemoryRecord | None:
-    """The record, or None for a format this version does not know."""
-    if data[0] == _V1:
-        return _decode_v1(data)
-    if data[0] != FORMAT_VERSION:
-        return None
-    (_, count, last, created, confidence, usefulness, n_id, n_cat, n_content, n_counts) = HEADER.unpack_from(
-        data
+def decode_records(records: Sequence[bytes]) -> list[MemoryRecord]:
+    """The records a read returned (all of this format: the read script checks), in its order."""
+    n = len(records)
+    if n == 0:
+        return []
+    (_, counts, last, occurred, confidence, usefulness, ks, dims, *chars) = zip(
+        *map(HEADER.unpack_from, records), strict=True
     )
-    start = HEADER.size
-    cat_at = start + n_id
-    content_at = cat_at + n_cat
-    counts_at = content_at + n_content
-    vector_at = counts_at + n_counts
-    return MemoryRecord(
-        data[start:cat_at].decode("utf-8"),
-        data[content_at:counts_at].decode("utf-8"),
-        data[cat_at:content_at].decode("utf-8"),
-        _optional(confidence),
-        _optional(usefulness),
-        count,
-        _optional(created),
-        _optional(last),
-        json.loads(data[counts_at:vector_at]),
-        np.frombuffer(data, dtype="<f4", offset=vector_at) if len(data) > vector_at else None,
-        None,
-        Source.HOT,
+    k, d = ks[0], dims[0]
+    if ks.count(k) == n and dims.count(d) == n:
+        token_values, embeddings, text = _cut_alike(records, k, d)
+    else:
+        token_values, embeddings, text = _cut_one_by_one(records, ks, dims)
+    ends = list(accumulate(chain.from_iterable(zip(*chars, strict=True))))
+    fields = [text[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+    return list(
+        map(
+            MemoryRecord,
+            fields[0::4],
+            fields[2::4],
+            fields[1::4],
+            _optional(confidence),
+            _optional(usefulness),
+            counts,
+            _optional(occurred),
+            _optional(last),
+            map(dict, map(zip, _count_keys(fields[3::4]), token_values)),
+            embeddings,
+            repeat(None, n),
+            repeat(Source.HOT, n),
+        )
     )
 
 
-def _decode_v1(data: bytes) -> MemoryRecord:
-    _, length = _V1_HEADER.unpack_from(data)
-    start = _V1_HEADER.size
-    fields = json.loads(data[start : start + length])
-    tail = len(data) - start - length
-    embedding = np.frombuffer(data, dtype="<f4", offset=start + length) if tail else None
-    return MemoryRecord(
-        id=fields["i"],
-        content=fields["c"],
-        category=fields["k"],
-        confidence=fields["f"],
-        usefulness=fields["u"],
-        retrieval_count=fields["n"],
-        occurred_at=fields["t"],
-        last_injected_at=fields["l"],
-        token_counts=fields["o"],
-        embedding=embedding,
-        similarity=None,
-        source=Source.HOT,
-    )
+def _cut_alike(
+    records: Sequence[bytes], k: int, d: int
+) -> tuple[list[list[int]], Sequence[FloatVector | None], str]:
+    """Records that agree on k and d (one deployment writes no others) share their
+    offsets: each part of all of them is one slice per record (``map``, no Python
+    loop), joined into one table of numbers and one text."""
+    n = len(records)
+    text_at = HEADER.size + 4 * (k + d)
+    numbers = b"".join(map(itemgetter(slice(HEADER.size, text_at)), records))
+    table = np.frombuffer(numbers, dtype="<u4").reshape(n, k + d)
+    text = b"".join(map(itemgetter(slice(text_at, None)), records)).decode("utf-8")
+    embeddings: Sequence[FloatVector | None] = list(table[:, k:].view("<f4")) if d else [None] * n
+    return table[:, :k].tolist(), embeddings, text
+
+
+def _cut_one_by_one(
+    records: Sequence[bytes], ks: Sequence[int], dims: Sequence[int]
+) -> tuple[list[list[int]], list[FloatVector | None], str]:
+    """Records that disagree (written with other encodings, or without an embedding)."""
+    values: list[list[int]] = []
+    embeddings: list[FloatVector | None] = []
+    texts: list[bytes] = []
+    for record, k, d in zip(records, ks, dims, strict=True):
+        text_at = HEADER.size + 4 * (k + d)
+        words = np.frombuffer(record, dtype="<u4", count=k + d, offset=HEADER.size)
+        values.append(words[:k].tolist())
+        embeddings.append(words[k:].view("<f4") if d else None)
+        texts.append(record[text_at:])
+    return values, embeddings, b"".join(texts).decode("utf-8")
+
+
+def _count_keys(joined: list[str]) -> Iterable[list[str]]:
+    first = joined[0]
+    if joined.count(first) == len(joined):
+        return repeat(first.split(_KEY_SEPARATOR) if first else [], len(joined))
+    return [keys.split(_KEY_SEPARATOR) if keys else [] for keys in joined]
+
+
+def _optional(column: tuple[float, ...]) -> Sequence[float | None]:
+    """The column's values with NaN (how the header stores None) as None."""
+    if any(map(math.isnan, column)):
+        return [None if math.isnan(value) else value for value in column]
+    return column

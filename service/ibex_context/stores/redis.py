@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.hot_record import decode_record, encode_record
+from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
 from ibex_context.stores.hot_score import frequency_weight
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 
@@ -48,13 +48,27 @@ BUILT_MARKER = "~"
 # a rebuild is in flight.
 GENERATION_TTL_SECONDS = 86_400
 
-_READ_HOT = """
+# Answers false when the hot set is missing, else the best ``limit`` records in rank
+# order, as stored (``stores.hot_record.decode_records`` reads them). A record of an
+# older format makes the whole set read as missing, so the repository rebuilds it in
+# this one.
+_READ_HOT = f"""
 if redis.call('EXISTS', KEYS[2]) == 0 then return false end
 local limit = tonumber(ARGV[1])
-if limit <= 0 then return {} end
+if limit <= 0 then return {{}} end
 local ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1, 'REV')
-if #ids == 0 then return {} end
-return redis.call('HMGET', KEYS[2], unpack(ids))
+if #ids == 0 then return {{}} end
+local records = redis.call('HMGET', KEYS[2], unpack(ids))
+local found = {{}}
+for i = 1, #records do
+  local record = records[i]
+  -- A member without data (which no script leaves) is skipped, not an error.
+  if record then
+    if string.byte(record, 1) ~= {FORMAT_VERSION} then return false end
+    found[#found + 1] = record
+  end
+end
+return found
 """
 
 _REPLACE_HOT = """
@@ -101,17 +115,17 @@ return removed
 """
 
 # Records injections in the hot set without PostgreSQL: for each member that is in
-# the hot set (as a format-2 record), set its counters to the values PostgreSQL
-# returned (in the record's fixed-offset prefix, see ``stores.hot_record``) and move
-# its score by the change of the frequency term, the only term the counters feed:
-# score += weight * (min(new/cap, 1) - min(old/cap, 1)). Members that are not there
-# are not added (that would make a partial hot set look complete); format-1
-# records keep their counters until the next rebuild. Bumps the generation when
-# it changed anything, so a rebuild that read PostgreSQL before these counters
-# were committed cannot install its older snapshot over them.
+# the hot set (as a record of the current format), set its counters to the values
+# PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.hot_record``)
+# and move its score by the change of the frequency term, the only term the counters
+# feed: score += weight * (min(new/cap, 1) - min(old/cap, 1)). Members that are not
+# there are not added (that would make a partial hot set look complete); records of
+# an older format are left as they are (a read rebuilds their set). Bumps the
+# generation when it changed anything, so a rebuild that read PostgreSQL before these
+# counters were committed cannot install its older snapshot over them.
 # ARGV: generation TTL, weight, cap, then the patches packed (``_PATCH``: 36-byte member id,
 # uint32 retrieval_count, float64 last_injected_at; little-endian), 48 bytes each.
-_PATCH_COUNTERS = """
+_PATCH_COUNTERS = f"""
 local weight = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
 local packed = ARGV[4]
@@ -120,11 +134,12 @@ for at = 1, #packed, 48 do
   local id = string.sub(packed, at, at + 35)
   local count, last = struct.unpack('<I4d', packed, at + 36)
   local blob = redis.call('HGET', KEYS[2], id)
-  if blob and string.byte(blob, 1) == 2 then
+  if blob and string.byte(blob, 1) == {FORMAT_VERSION} then
     local _, old_count, old_last = struct.unpack('<BI4d', blob)
     if old_last == old_last and old_last > last then last = old_last end
     local delta = weight * (math.min(count / cap, 1) - math.min(old_count / cap, 1))
-    redis.call('HSET', KEYS[2], id, struct.pack('<BI4d', 2, count, last) .. string.sub(blob, 14))
+    local counters = struct.pack('<BI4d', {FORMAT_VERSION}, count, last)
+    redis.call('HSET', KEYS[2], id, counters .. string.sub(blob, {COUNTERS.size + 1}))
     -- XX: data and member are written and trimmed together; never add a member here.
     if delta ~= 0 then redis.call('ZADD', KEYS[1], 'XX', 'INCR', delta, id) end
     patched = patched + 1
@@ -329,15 +344,8 @@ class RedisContextCache:
 
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord] | None:
         """The best ``limit`` hot memories in one round trip; None when the hot set is missing."""
-        blobs = await self._read_hot(keys=self._hot_keys(org_id, agent_id)[:2], args=[limit])
-        if blobs is None:
-            return None
-        records = []
-        for blob in blobs:
-            # A member without data (a concurrent trim) is skipped, not an error.
-            if blob is not None and (record := decode_record(blob)) is not None:
-                records.append(record)
-        return records
+        records = await self._read_hot(keys=self._hot_keys(org_id, agent_id)[:2], args=[limit])
+        return None if records is None else decode_records(records)
 
     async def hot_set_generation(self, org_id: str, agent_id: str) -> int:
         value = await self._client.get(hot_generation_key(org_id, agent_id))
