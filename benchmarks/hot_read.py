@@ -20,7 +20,10 @@ Per call it reports:
 * with ``--callgrind``: the client's instructions per call, exact and independent of
   the machine's load: the script is run under ``valgrind --tool=callgrind`` with two
   numbers of calls and the difference is divided by the difference of calls (Redis
-  runs outside valgrind: children are not traced).
+  runs outside valgrind: children are not traced);
+* with ``--lua-alternative`` (format 3 only): Redis's CPU per read of the read script
+  against the alternative that cuts the records into three concatenated columns in
+  Lua (``_CUT_IN_LUA``), over the same hot sets, alternating.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import platform
 import random
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -102,6 +106,54 @@ async def _evalsha_usec(cache: RedisContextCache) -> tuple[int, int]:
     stats = await cache._client.info("commandstats")
     entry = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
     return int(entry["calls"]), int(entry["usec"])
+
+
+# The alternative not taken (docs/adr/0003-stores.md): headers, numbers and texts of the
+# records cut and joined in Lua, so the client receives three strings.
+_HEADER_SIZE = 61  # format 3's header
+_SIZES_AT = struct.calcsize("<BIdddd") + 1  # k and d in the header, 1-based for Lua
+_CUT_IN_LUA = f"""
+if redis.call('EXISTS', KEYS[2]) == 0 then return false end
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'REV')
+local records = redis.call('HMGET', KEYS[2], unpack(ids))
+local headers, numbers, texts = {{}}, {{}}, {{}}
+for i = 1, #records do
+  local record = records[i]
+  local counts, dims = struct.unpack('<I4I4', record, {_SIZES_AT})
+  local text_at = {_HEADER_SIZE + 1} + 4 * (counts + dims)
+  headers[i] = string.sub(record, 1, {_HEADER_SIZE})
+  numbers[i] = string.sub(record, {_HEADER_SIZE + 1}, text_at - 1)
+  texts[i] = string.sub(record, text_at)
+end
+return {{table.concat(headers), table.concat(numbers), table.concat(texts)}}
+"""
+
+
+async def _lua_alternative(url: str, calls: int) -> list[str]:
+    cache = RedisContextCache(
+        create_redis_client(url, max_connections=2),
+        directive_ttl_seconds=300,
+        hot_set_size=HOT_SET_SIZE,
+        hot_set_ttl_seconds=3600,
+    )
+    org = str(uuid.UUID(int=1))
+    agents = [str(uuid.UUID(int=100 + i)) for i in range(AGENTS)]
+    await _install(cache, org, agents)
+    client = cache._client
+    scripts = {"as stored (kept)": cache._read_hot, "cut in Lua": client.register_script(_CUT_IN_LUA)}
+    lines = ["| records | script | Redis CPU µs per read |", "|---:|---|---:|"]
+    for limit in LIMITS:
+        for _round in range(2):
+            for name, script in scripts.items():
+                for i in range(50):
+                    await script(keys=cache._hot_keys(org, agents[i % AGENTS])[:2], args=[limit])
+                await client.config_resetstat()
+                for i in range(calls):
+                    await script(keys=cache._hot_keys(org, agents[i % AGENTS])[:2], args=[limit])
+                lines.append(f"| {limit} | {name} | {(await _evalsha_usec(cache))[1] / calls:.1f} |")
+                print(lines[-1], flush=True)
+    await cache.aclose()
+    return lines
 
 
 def _pct(samples: Sequence[float], q: float) -> float:
@@ -193,6 +245,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--callgrind", action="store_true", help="also count instructions per call")
+    parser.add_argument("--lua-alternative", action="store_true", help="also compare Redis's CPU")
     parser.add_argument("--untimed-calls", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--untimed-limit", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -219,6 +272,14 @@ def main(argv: list[str]) -> int:
             f"| {instructions} |"
         )
         print(lines[-1], flush=True)
+    if args.lua_alternative:
+        with tempfile.TemporaryDirectory(prefix="ibex-hot-read-") as tmp:
+            redis = RedisProcess(Path(tmp))
+            redis.start()
+            try:
+                lines += ["", *asyncio.run(_lua_alternative(redis.url, args.calls))]
+            finally:
+                redis.stop()
     setup = (
         f"{args.label} {args.calls} sequential `get_hot_memories` calls per row over {AGENTS} agents' "
         f"hot sets of {HOT_SET_SIZE} (50-400-token contents, 6 token counts, {DIM}-d float32 vectors), "

@@ -45,6 +45,7 @@ FORMAT_VERSION = 3
 HEADER = struct.Struct("<BIddddIIIIII")
 # The prefix the injection recorder rewrites: version, retrieval_count, last_injected_at.
 COUNTERS = struct.Struct("<BId")
+# Token-count keys are encoding names and "<encoding>/<format>": never a newline.
 _KEY_SEPARATOR = "\n"
 _NAN = math.nan
 
