@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
-from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.hot_record import FORMAT_VERSION
+from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.redis import (
     RedisContextCache,
     create_redis_client,
