@@ -71,8 +71,8 @@ class Settings(BaseSettings):
         le=1000,
     )
     hnsw_ef_search: int = _f(
-        200,
-        "pgvector hnsw.ef_search: candidates the graph search keeps (raised to cold_limit). 200 on"
+        400,
+        "pgvector hnsw.ef_search: candidates the graph search keeps (raised to cold_limit). 400 on"
         " migration 0010's graphs: recall@50 >= 0.95 against exact search (ADR-0009).",
         ge=1,
         le=1000,

@@ -256,3 +256,45 @@ async def test_the_recall_migration_rebuilds_every_partitions_graph_with_twice_t
             assert plans[0] == plans[1] and len(plans[0]) == 4
     finally:
         await conn.close()
+
+
+async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not_rebuilt(
+    empty_database_dsn: str,
+) -> None:
+    """ADR-0009's online path for 0010: the parent index made ON ONLY the table, each
+    partition's graph built (CONCURRENTLY in production) and attached. Until every
+    partition is attached the migration refuses; then it only swaps the names."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version < 10])
+        await conn.execute(
+            "CREATE INDEX memories_embedding_hnsw_m32 ON ONLY memories"
+            " USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128)"
+        )
+        with pytest.raises(asyncpg.RaiseError, match="attach every partition"):
+            await apply_migrations(conn, 8)
+        assert await conn.fetchval("SELECT max(version) FROM schema_migrations") == 9
+        for n in range(64):
+            await conn.execute(
+                f"CREATE INDEX memories_p{n:02d}_graph_m32 ON memories_p{n:02d}"
+                " USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128)"
+            )
+            await conn.execute(
+                f"ALTER INDEX memories_embedding_hnsw_m32 ATTACH PARTITION memories_p{n:02d}_graph_m32"
+            )
+        built = await conn.fetchval(
+            "SELECT array_agg(inhrelid::oid ORDER BY inhrelid) FROM pg_inherits"
+            " WHERE inhparent = 'memories_embedding_hnsw_m32'::regclass"
+        )
+
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 10]
+
+        swapped = await conn.fetch(
+            "SELECT inhrelid::oid AS oid, inhrelid::regclass::text AS name FROM pg_inherits"
+            " WHERE inhparent = 'memories_embedding_hnsw'::regclass ORDER BY inhrelid"
+        )
+        assert [r["oid"] for r in swapped] == built
+        assert sorted(r["name"] for r in swapped) == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
+    finally:
+        await conn.close()

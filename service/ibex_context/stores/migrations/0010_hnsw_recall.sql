@@ -7,15 +7,16 @@
 -- ef_search to pgvector's limit (1,000) brought the 100k agent to 0.95 at best, at 3-4x
 -- the cost. Short questions against long memories are far from every stored vector, and
 -- a sparse graph's greedy walk settles in the wrong neighbourhood; a graph with twice
--- the links per node reaches 0.96 at ef_search 200 on the same data
--- (benchmarks/results/cold_plans-*-0010*.md). The service's default ef_search rises with
--- it (Settings.hnsw_ef_search).
+-- the links per node reaches 0.955-0.972 at ef_search 400 on the same data
+-- (benchmarks/results/cold_plans-*-0010-ef*.md). The service's default ef_search rises
+-- with it (Settings.hnsw_ef_search: 400).
 --
 -- Online for reads, not for writes: the new graphs are built beside the old ones under
--- a temporary name (CREATE INDEX: a SHARE lock per partition, so writes wait and
--- searches go on through the old graphs), then the old index is dropped and the new one
--- takes its name (ACCESS EXCLUSIVE, milliseconds). Measured here for 1M memories:
--- benchmarks/results/migration_0010-*.md (ADR-0009). An installation that cannot stop
+-- a temporary name (a SHARE lock, so writes wait and searches go on through the old
+-- graphs), then the old index is dropped and the new one takes its name (ACCESS
+-- EXCLUSIVE, milliseconds). Measured here: 1,433 s for 1M memories (100 x 10k), 299 s
+-- for one agent of 100k, niced beside other jobs at load average 7-13
+-- (benchmarks/results/migration_0010-*.md, ADR-0009). An installation that cannot stop
 -- writes that long builds memories_embedding_hnsw_m32 beforehand, concurrently, one
 -- partition at a time (ADR-0009 gives the statements); this migration then only swaps.
 
@@ -33,6 +34,16 @@ $$;
 
 CREATE INDEX IF NOT EXISTS memories_embedding_hnsw_m32
     ON memories USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128);
+
+-- Built beforehand by hand, it must cover every partition: a partitioned index is valid
+-- only once each partition's index is attached.
+DO $$
+BEGIN
+    IF NOT (SELECT indisvalid FROM pg_index WHERE indexrelid = 'memories_embedding_hnsw_m32'::regclass) THEN
+        RAISE EXCEPTION 'memories_embedding_hnsw_m32 is not valid: attach every partition''s graph first (ADR-0009)';
+    END IF;
+END
+$$;
 
 DROP INDEX memories_embedding_hnsw;
 ALTER INDEX memories_embedding_hnsw_m32 RENAME TO memories_embedding_hnsw;
