@@ -1,15 +1,15 @@
 -- The partitions' HNSW graphs rebuilt with twice the links (m 32, ef_construction 128)
--- so the approximate plan finds what the exact one finds: recall@50 >= 0.95 against
--- exact search (issue 13, ADR-0009 "Recall").
+-- so the approximate plan finds what the exact one finds (issue 13's target: recall@50
+-- >= 0.95 against exact search; ADR-0009 "Recall").
 --
 -- With 0008's graphs (m 16, ef_construction 64) the hashing embedder's vectors gave a
 -- mean recall@50 of 0.82 (100 x 10k) and 0.77 (1 x 100k) at hnsw.ef_search 64; raising
 -- ef_search to pgvector's limit (1,000) brought the 100k agent to 0.95 at best, at 3-4x
 -- the cost. Short questions against long memories are far from every stored vector, and
 -- a sparse graph's greedy walk settles in the wrong neighbourhood; a graph with twice
--- the links per node reaches 0.955-0.972 at ef_search 400 on the same data
--- (benchmarks/results/cold_plans-*-0010-ef*.md). The service's default ef_search rises
--- with it (Settings.hnsw_ef_search: 400).
+-- the links per node reaches 0.972 (100 x 10k) and 0.915-0.955 (1 x 100k, by question
+-- sample) at ef_search 400 on the same data (benchmarks/results/cold_plans-*-0010*.md).
+-- The service's default ef_search rises with it (Settings.hnsw_ef_search: 400).
 --
 -- Online for reads, not for writes: the new graphs are built beside the old ones under
 -- a temporary name (a SHARE lock, so writes wait and searches go on through the old
