@@ -9,7 +9,8 @@
 -- a sparse graph's greedy walk settles in the wrong neighbourhood; a graph with twice
 -- the links per node reaches 0.972 (100 x 10k) and 0.915-0.955 (1 x 100k, by question
 -- sample) at ef_search 400 on the same data (benchmarks/results/cold_plans-*-0010*.md).
--- The service's default ef_search rises with it (Settings.hnsw_ef_search: 400).
+-- The service's ef_search rises with it: 200, and 400 for agents of more than 50,000
+-- memories (Settings.hnsw_ef_search, hnsw_ef_search_large_agents).
 --
 -- Online for reads, not for writes: the new graphs are built beside the old ones under
 -- a temporary name (a SHARE lock, so writes wait and searches go on through the old
