@@ -38,6 +38,7 @@ import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdPlan, choose_plan
 from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
 
@@ -230,7 +231,7 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path, help="a seeded data set, e.g. loadtest/out/data/100x10000-...")
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--calls", type=int, default=5, help="rounds over the agents")
-    parser.add_argument("--ef-search", type=int, default=64)
+    parser.add_argument("--ef-search", type=int, default=Settings.model_fields["hnsw_ef_search"].default)
     parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
     parser.add_argument("--queries", choices=sorted(QUERIES), default="questions")
     parser.add_argument("--label", default="", help="appended to the results file's name")

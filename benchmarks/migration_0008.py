@@ -25,7 +25,8 @@ COUNTS = (
 )
 
 
-async def run(data_dir: Path) -> str:
+async def run(data_dir: Path, migration: str = "0008", module: str = "migration_0008") -> str:
+    """Times the pending migrations on ``data_dir``; the report is titled by ``migration``."""
     postgres = start_postgres(data_dir)
     try:
         conn = await asyncpg.connect(postgres.dsn)
@@ -33,7 +34,10 @@ async def run(data_dir: Path) -> str:
             version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
             dim = int(await conn.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
             before = tuple(await conn.fetchrow(COUNTS))
-            heap = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('memories'))")
+            heap = await conn.fetchval(
+                "SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid)))"
+                " FROM pg_inherits WHERE inhparent = 'memories'::regclass"
+            ) or await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('memories'))")
             started = time.perf_counter()
             applied = await apply_migrations(conn, dim)
             seconds = time.perf_counter() - started
@@ -47,13 +51,13 @@ async def run(data_dir: Path) -> str:
     finally:
         postgres.stop()
     return (
-        f"# Migration 0008 on {data_dir.name}\n\n"
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `python -m benchmarks.migration_0008"
+        f"# Migration {migration} on {data_dir.name}\n\n"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `python -m benchmarks.{module}"
         f" {data_dir}`.\n\n"
         f"From schema version {version}: {before[0]:,} memories ({heap} with indexes),"
         f" {before[1]:,} postings."
-        f" Applied {', '.join(applied) or 'nothing'} in **{seconds:.0f} s** (one transaction; writes wait"
-        f" throughout, reads until the swap). Settings: {settings}; load average"
+        f" Applied {', '.join(applied) or 'nothing'} in **{seconds:.0f} s** (one transaction each;"
+        f" writes wait throughout, reads until the swap). Settings: {settings}; load average"
         f" {os.getloadavg()[0]:.2f} (2 vCPUs shared with other jobs).\n\n"
         f"Memories / postings / counted memories before {before}, after {after}:"
         f" {'unchanged' if before == after else 'CHANGED'}.\n"

@@ -71,10 +71,24 @@ class Settings(BaseSettings):
         le=1000,
     )
     hnsw_ef_search: int = _f(
-        64,
-        "pgvector hnsw.ef_search (HNSW returns at most this many rows; raised to cold_limit).",
+        200,
+        "pgvector hnsw.ef_search: candidates the graph search keeps (raised to cold_limit), for"
+        " agents up to cold_large_agent_memories. At 200 on migration 0010's graphs recall@50"
+        " against exact search is 0.96-0.98 for 10k-memory agents (ADR-0009).",
         ge=1,
         le=1000,
+    )
+    hnsw_ef_search_large_agents: int = _f(
+        400,
+        "hnsw.ef_search for agents with more than cold_large_agent_memories memories: a 100k-memory"
+        " agent reaches recall@50 0.92-0.96 at 400, 0.93-0.94 at 200 (ADR-0009).",
+        ge=1,
+        le=1000,
+    )
+    cold_large_agent_memories: int = _f(
+        50_000,
+        "Agents with more memories than this are searched with hnsw_ef_search_large_agents.",
+        ge=0,
     )
     cold_exact_max_memories: int = _f(
         5_000,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, choose_plan
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 
 
 def test_agents_up_to_the_limit_are_searched_exactly_and_larger_ones_through_the_graph() -> None:
@@ -10,6 +10,20 @@ def test_agents_up_to_the_limit_are_searched_exactly_and_larger_ones_through_the
     assert choose_plan(5_000, 5_000) is ColdPlan.EXACT
     assert choose_plan(5_001, 5_000) is ColdPlan.HNSW
     assert choose_plan(1, 0) is ColdPlan.HNSW
+
+
+def test_agents_above_the_large_size_get_the_wider_graph_search() -> None:
+    width = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
+    assert width.for_agent(10_000, 50) == 200
+    assert width.for_agent(50_000, 50) == 200
+    assert width.for_agent(50_001, 50) == 400
+
+
+def test_the_graph_search_keeps_at_least_the_rows_asked_for_and_at_most_pgvectors_limit() -> None:
+    width = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
+    assert width.for_agent(10_000, 300) == 300
+    assert width.for_agent(100_000, 600) == 600
+    assert width.for_agent(100_000, 5_000) == 1000
 
 
 def test_matches_are_a_list_of_records_that_names_its_plan() -> None:

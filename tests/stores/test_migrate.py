@@ -196,3 +196,105 @@ async def test_the_partitioning_migration_keeps_every_memory_and_what_is_derived
         assert await conn.fetchval(stats, org, agent) == 11
     finally:
         await conn.close()
+
+
+async def test_the_recall_migration_rebuilds_every_partitions_graph_with_twice_the_links(
+    empty_database_dsn: str,
+) -> None:
+    """A database at 0009 with data, migrated: every partition's graph is rebuilt with
+    m 32 / ef_construction 128 under the old names, the rows are untouched, and the graph
+    plan finds what the exact plan finds."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version < 10])
+        tenants = [(uuid.uuid4(), uuid.uuid4()) for _ in range(6)]
+        await conn.executemany(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', $5::text::vector)",
+            [
+                (org, agent, f"note {n}", f"{agent}{n}".encode(), f"[{n + 1},1,{n % 3},0,0,0,0,{9 - n}]")
+                for org, agent in tenants
+                for n in range(10)
+            ],
+        )
+        snapshot = "SELECT org_id, agent_id, id, content, embedding::text FROM memories ORDER BY 1, 2, 3"
+        before = [tuple(r) for r in await conn.fetch(snapshot)]
+        graphs = (
+            "SELECT c.relname, c.reloptions::text[] FROM pg_inherits AS i"
+            " JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'memories_embedding_hnsw'::regclass ORDER BY 1"
+        )
+        assert {tuple(r["reloptions"]) for r in await conn.fetch(graphs)} == {("m=16", "ef_construction=64")}
+
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 10]
+
+        rebuilt = await conn.fetch(graphs)
+        assert [r["relname"] for r in rebuilt] == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
+        assert {tuple(r["reloptions"]) for r in rebuilt} == {("m=32", "ef_construction=128")}
+        assert await conn.fetchval(
+            "SELECT reloptions::text[] FROM pg_class WHERE relname = 'memories_embedding_hnsw'"
+        ) == ["m=32", "ef_construction=128"]
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_indexes"
+                " WHERE tablename = 'memories' AND indexdef LIKE '%USING hnsw%'"
+            )
+            == 1
+        )
+        assert [tuple(r) for r in await conn.fetch(snapshot)] == before
+        for org, agent in tenants:
+            plans = [
+                [
+                    r["id"]
+                    for r in await conn.fetch(
+                        f"SELECT id FROM ibex_cold_{plan}($1, $2, '[1,1,0,0,0,0,0,1]', 4)", org, agent
+                    )
+                ]
+                for plan in ("exact", "hnsw")
+            ]
+            assert plans[0] == plans[1] and len(plans[0]) == 4
+    finally:
+        await conn.close()
+
+
+async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not_rebuilt(
+    empty_database_dsn: str,
+) -> None:
+    """ADR-0009's online path for 0010: the parent index made ON ONLY the table, each
+    partition's graph built (CONCURRENTLY in production) and attached. Until every
+    partition is attached the migration refuses; then it only swaps the names."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version < 10])
+        await conn.execute(
+            "CREATE INDEX memories_embedding_hnsw_m32 ON ONLY memories"
+            " USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128)"
+        )
+        with pytest.raises(asyncpg.RaiseError, match="attach every partition"):
+            await apply_migrations(conn, 8)
+        assert await conn.fetchval("SELECT max(version) FROM schema_migrations") == 9
+        for n in range(64):
+            await conn.execute(
+                f"CREATE INDEX memories_p{n:02d}_graph_m32 ON memories_p{n:02d}"
+                " USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128)"
+            )
+            await conn.execute(
+                f"ALTER INDEX memories_embedding_hnsw_m32 ATTACH PARTITION memories_p{n:02d}_graph_m32"
+            )
+        built = await conn.fetchval(
+            "SELECT array_agg(inhrelid::oid ORDER BY inhrelid) FROM pg_inherits"
+            " WHERE inhparent = 'memories_embedding_hnsw_m32'::regclass"
+        )
+
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 10]
+
+        swapped = await conn.fetch(
+            "SELECT inhrelid::oid AS oid, inhrelid::regclass::text AS name FROM pg_inherits"
+            " WHERE inhparent = 'memories_embedding_hnsw'::regclass ORDER BY inhrelid"
+        )
+        assert [r["oid"] for r in swapped] == built
+        assert sorted(r["name"] for r in swapped) == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
+    finally:
+        await conn.close()

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
-from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
 
@@ -212,6 +212,36 @@ async def test_the_plan_follows_the_agents_memory_count(
         grown = await store.search(tenant.org_id, tenant.agent_id, query, 10)
         assert isinstance(grown, ColdMatches) and grown.plan is ColdPlan.HNSW
         assert [m.id for m in grown] == [m.id for m in cached]
+    finally:
+        await store.aclose()
+
+
+async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer(
+    postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """Above ``large_agent_memories`` the search sets its own ef_search for its
+    transaction; the connection's setting is untouched afterwards."""
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=EF_SEARCH)
+    width = GraphSearchWidth(
+        ef_search=EF_SEARCH, large_agent_ef_search=EF_SEARCH + 36, large_agent_memories=4
+    )
+    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=0, graph_width=width)
+    try:
+        query = unit_vector(5)
+        await store.upsert_memories(
+            tenant.org_id,
+            tenant.agent_id,
+            [make_memory(f"w {i}", embedding=near(query, 0.2 * (i + 1), seed=900 + i)) for i in range(6)],
+        )
+        found = await store.search(tenant.org_id, tenant.agent_id, query, 5)
+        exact = await PostgresMemoryStore(pool, ef_search=EF_SEARCH).search(
+            tenant.org_id, tenant.agent_id, query, 5
+        )
+        assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
+        assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
+        assert [m.content for m in found] == [m.content for m in exact] == [f"w {i}" for i in range(5)]
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW hnsw.ef_search") == str(EF_SEARCH)
     finally:
         await store.aclose()
 

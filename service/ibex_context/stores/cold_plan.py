@@ -37,6 +37,31 @@ def choose_plan(memories: int, exact_max_memories: int) -> ColdPlan:
     return ColdPlan.EXACT if memories <= exact_max_memories else ColdPlan.HNSW
 
 
+# pgvector's largest hnsw.ef_search.
+MAX_EF_SEARCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSearchWidth:
+    """How many candidates the graph search keeps (``hnsw.ef_search``), by the agent's size.
+
+    A larger agent needs a wider search for the same recall: on migration 0010's graphs
+    ef_search 200 gives recall@50 0.96-0.98 for 10k-memory agents, a 100k-memory agent
+    needs 400 to come near 0.95 (ADR-0009 "Recall"); 400 would cost the 10k agents
+    ~1.6x for nothing.
+    """
+
+    ef_search: int
+    large_agent_ef_search: int
+    large_agent_memories: int
+
+    def for_agent(self, memories: int, limit: int) -> int:
+        """The ef_search for a search of ``limit`` rows among ``memories``: never below
+        ``limit`` (the graph keeps at most ef_search candidates), at most pgvector's 1000."""
+        width = self.large_agent_ef_search if memories > self.large_agent_memories else self.ef_search
+        return min(MAX_EF_SEARCH, max(width, limit))
+
+
 class ColdMatches(list[MemoryRecord]):
     """The vector search's records, nearest first, with the plan that found them.
 

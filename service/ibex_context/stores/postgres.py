@@ -8,7 +8,9 @@ session settings:
 
 * ``hnsw.ef_search`` = max(settings.hnsw_ef_search, settings.cold_limit): HNSW
   returns at most ef_search rows, so a smaller value silently truncates the top K.
-  A search asking for more raises it with ``SET LOCAL`` for that one transaction.
+  A search asking for more, or of an agent larger than ``cold_large_agent_memories``
+  (``stores.cold_plan.GraphSearchWidth``), sets its own with ``SET LOCAL`` for that one
+  transaction.
 * ``hnsw.iterative_scan = relaxed_order``: with the tenant filter applied after the
   index scan, the scan continues until LIMIT rows pass the filter. Rows may come
   back slightly out of order; they are re-sorted by distance here.
@@ -42,7 +44,7 @@ from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
 from ibex_context.settings import Settings
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
-from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, choose_plan
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.hot_score import hot_set_order_sql
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 
@@ -373,9 +375,12 @@ class PostgresMemoryStore:
         ef_search: int,
         exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
         agent_sizes: AgentSizes | None = None,
+        graph_width: GraphSearchWidth | None = None,
     ) -> None:
         self._pool = pool
         self._ef_search = ef_search
+        # Without one, every agent's graph search keeps the session's ef_search.
+        self._graph_width = graph_width or GraphSearchWidth(ef_search, ef_search, 0)
         self._exact_max_memories = exact_max_memories
         self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
         self._token_counts = TokenCountsDecoder()
@@ -389,7 +394,16 @@ class PostgresMemoryStore:
             max_size=settings.postgres_pool_max,
             ef_search=ef_search,
         )
-        return cls(pool, ef_search=ef_search, exact_max_memories=settings.cold_exact_max_memories)
+        return cls(
+            pool,
+            ef_search=ef_search,
+            exact_max_memories=settings.cold_exact_max_memories,
+            graph_width=GraphSearchWidth(
+                ef_search=settings.hnsw_ef_search,
+                large_agent_ef_search=settings.hnsw_ef_search_large_agents,
+                large_agent_memories=settings.cold_large_agent_memories,
+            ),
+        )
 
     async def aclose(self) -> None:
         await self._pool.close()
@@ -431,11 +445,14 @@ class PostgresMemoryStore:
             return ColdMatches([], ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with self._pool.acquire() as conn:
-            plan = choose_plan(await self._agent_size(conn, org, agent), self._exact_max_memories)
+            size = await self._agent_size(conn, org, agent)
+            plan = choose_plan(size, self._exact_max_memories)
             statement = SEARCH_SQL[plan]
-            if plan is ColdPlan.HNSW and limit > self._ef_search:
+            ef_search = self._graph_width.for_agent(size, limit)
+            if plan is ColdPlan.HNSW and ef_search != self._ef_search:
+                # A large agent, or more rows than the session's ef_search: for this search only.
                 async with conn.transaction():
-                    await conn.execute(f"SET LOCAL hnsw.ef_search = {min(int(limit), 1000)}")
+                    await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
                     rows = await conn.fetch(statement, org, agent, embedding, limit)
             else:
                 rows = await conn.fetch(statement, org, agent, embedding, limit)
