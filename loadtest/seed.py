@@ -51,10 +51,11 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ibex_context.memory_api.writes import STORED_ENCODINGS
+
 from loadtest import bulkload, corpus, pgcopy
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 
-STORED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
 MIN_TOKENS, MAX_TOKENS = 50, 400
 HNSW_INDEX_SQL = (
     "CREATE INDEX IF NOT EXISTS memories_embedding_hnsw ON memories "
@@ -114,15 +115,41 @@ class AgentPlan:
     memories: int
 
 
+@dataclass(frozen=True, slots=True)
+class SlicePlan:
+    """Up to ``SLICE_MEMORIES`` of one agent's memories: the unit of work of a worker
+    process, so that one large agent keeps every core busy and bounds the memory in
+    flight. Slice 0 draws from the agent's own random stream (an agent of at most
+    ``SLICE_MEMORIES`` memories is generated exactly as when agents were not sliced)
+    and also makes the directive; slice k > 0 draws from a stream of its own."""
+
+    agent: AgentPlan
+    index: int
+    memories: int
+
+
 @dataclass(slots=True)
-class AgentData:
-    plan: AgentPlan
-    copy_rows: bytes  # the agent's memories in binary COPY format (MEMORY_COLUMNS), no header
-    rows: int
-    directive: str
-    directive_tokens: dict[str, int]
-    queries: list[str]
-    tokens: list[int] = field(default_factory=list)
+class SliceData:
+    plan: SlicePlan
+    rows: list[bytes]  # binary COPY tuples (MEMORY_COLUMNS)
+    hashes: list[bytes]  # each row's content hash, to drop a text another slice also drew
+    tokens: list[int]  # each row's cl100k count
+    queries: list[str]  # sample queries from this slice's memories
+    directive: str = ""  # slice 0 only
+    directive_tokens: dict[str, int] = field(default_factory=dict)
+
+
+# Memories per slice: ~12 MB of COPY data, ~2 s of a worker's CPU.
+SLICE_MEMORIES = 5_000
+
+
+def plan_slices(agents: Sequence[AgentPlan], size: int = SLICE_MEMORIES) -> list[SlicePlan]:
+    """Every agent's slices, in agent order (the COPY order)."""
+    return [
+        SlicePlan(agent=agent, index=i, memories=min(size, agent.memories - i * size))
+        for agent in agents
+        for i in range(max(1, -(-agent.memories // size)))
+    ]
 
 
 def _uuid(rng: random.Random) -> str:
@@ -217,19 +244,25 @@ def _within(counts: dict[str, int]) -> bool:
     return all(MIN_TOKENS <= counts[name] <= MAX_TOKENS for name in STORED_ENCODINGS)
 
 
-def generate_agent(agent: AgentPlan, plan: SeedPlan, now: float) -> AgentData:
-    """One agent's rows as binary COPY data, its directive and sample queries (runs in a
-    worker process)."""
+def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
+    stream = f"{plan.seed}:{piece.agent.agent_id}"
+    return random.Random(stream if piece.index == 0 else f"{stream}:{piece.index}")
+
+
+def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
+    """One slice's rows as binary COPY tuples, its sample queries and (slice 0) the
+    agent's directive (runs in a worker process)."""
     count = _WORKER["count"]
     stored_counts = _WORKER["stored_counts"]
-    rng = random.Random(f"{plan.seed}:{agent.agent_id}")
+    agent = piece.agent
+    rng = slice_random(piece, plan)
     org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
     specs: list[corpus.MemorySpec] = []
     texts: list[str] = []
     token_counts: list[dict[str, int]] = []
     hashes: list[bytes] = []
     seen: set[bytes] = set()
-    while len(specs) < agent.memories:
+    while len(specs) < piece.memories:
         spec = corpus.memory_spec(rng)
         # The stored counts hold every stored encoding's count of the content: most
         # texts are in range as generated and are tokenised once, not twice.
@@ -280,18 +313,18 @@ def generate_agent(agent: AgentPlan, plan: SeedPlan, now: float) -> AgentData:
                 )
             )
         )
-    directive = corpus.directive_text(rng)
+    directive = corpus.directive_text(rng) if piece.index == 0 else ""
     queries = [
         corpus.query_from_memory(rng, t) for t in rng.sample(texts, min(plan.queries_per_agent, len(texts)))
     ]
-    return AgentData(
-        plan=agent,
-        copy_rows=b"".join(rows),
-        rows=len(rows),
-        directive=directive,
-        directive_tokens={name: count(name, directive) for name in STORED_ENCODINGS},
-        queries=queries,
+    return SliceData(
+        plan=piece,
+        rows=rows,
+        hashes=hashes,
         tokens=[c["cl100k_base"] for c in token_counts],
+        queries=queries,
+        directive=directive,
+        directive_tokens={name: count(name, directive) for name in STORED_ENCODINGS} if directive else {},
     )
 
 
@@ -299,18 +332,18 @@ def generate_agent(agent: AgentPlan, plan: SeedPlan, now: float) -> AgentData:
 
 
 def _ordered_results(
-    pool: ProcessPoolExecutor, agents: Sequence[AgentPlan], plan: SeedPlan, now: float, window: int
-) -> Iterator[Future[AgentData]]:
-    """Futures in agent order, at most ``window`` running ahead (bounded memory)."""
-    pending: list[Future[AgentData]] = []
-    it = iter(agents)
-    for agent in it:
-        pending.append(pool.submit(generate_agent, agent, plan, now))
+    pool: ProcessPoolExecutor, slices: Sequence[SlicePlan], plan: SeedPlan, now: float, window: int
+) -> Iterator[Future[SliceData]]:
+    """Futures in slice order, at most ``window`` running ahead (bounded memory)."""
+    pending: list[Future[SliceData]] = []
+    it = iter(slices)
+    for piece in it:
+        pending.append(pool.submit(generate_slice, piece, plan, now))
         if len(pending) >= window:
             break
-    for agent in it:
+    for piece in it:
         yield pending.pop(0)
-        pending.append(pool.submit(generate_agent, agent, plan, now))
+        pending.append(pool.submit(generate_slice, piece, plan, now))
     yield from pending
 
 
@@ -318,7 +351,17 @@ def _ordered_results(
 # statements only bound how much one carries (and space the progress lines).
 COPY_CHUNK_ROWS = 50_000
 # Per index build; builds run two at a time (the postings' and the graphs).
-MAINTENANCE_WORK_MEM = "1GB"
+MAINTENANCE_WORK_MEM_MB = 1024
+# An HNSW build slows down many times once its graph outgrows maintenance_work_mem
+# (pgvector's notice): ~2.2 kB per 384-d element here, with a margin.
+HNSW_BYTES_PER_ROW = 3072
+
+
+def graph_work_mem_mb(plan: SeedPlan) -> int:
+    """maintenance_work_mem for the graphs: the largest agent's graph must fit (one
+    partition holds it whole: 1 x 1M needs ~3 GB, more than the default)."""
+    largest = max((plan.memories_of(i) for i in range(plan.agents)), default=0)
+    return max(MAINTENANCE_WORK_MEM_MB, -(-largest * HNSW_BYTES_PER_ROW // 2**20))
 
 
 @dataclass(slots=True)
@@ -355,46 +398,85 @@ class SeedReport:
 
 
 @dataclass(slots=True)
+class _AgentLoad:
+    """An agent whose slices are arriving."""
+
+    seen: set[bytes] = field(default_factory=set)
+    memories: int = 0
+    queries: list[str] = field(default_factory=list)
+    slices: int = 0
+
+
+@dataclass(slots=True)
 class _Loaded:
     """What the COPY phase collects besides the rows themselves."""
 
+    seed: int
+    queries_per_agent: int
     memories: int = 0
     entries: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     directives: list[tuple[Any, ...]] = field(default_factory=list)
+    _agent: _AgentLoad = field(default_factory=_AgentLoad)
 
-    def add(self, data: AgentData) -> None:
-        self.memories += data.rows
-        self.tokens.extend(data.tokens)
-        org, agent = uuid.UUID(data.plan.org_id), uuid.UUID(data.plan.agent_id)
-        self.directives.append((org, agent, data.directive, 1, json.dumps(data.directive_tokens)))
-        self.entries.append(
-            {
-                "org_id": data.plan.org_id,
-                "agent_id": data.plan.agent_id,
-                "memories": data.plan.memories,
-                "queries": data.queries,
-            }
-        )
+    def add(self, data: SliceData, last: bool) -> bytes:
+        """Takes a slice (``last``: its agent's last); returns its rows to COPY."""
+        agent, current = data.plan.agent, self._agent
+        if data.plan.index == 0:
+            current = self._agent = _AgentLoad()
+            org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
+            self.directives.append((org, agent_uuid, data.directive, 1, json.dumps(data.directive_tokens)))
+        # Slices draw independently: a text one of them drew already is left out
+        # (the schema allows one row per content per agent; none in practice).
+        rows: list[bytes] = []
+        for row, digest, tokens in zip(data.rows, data.hashes, data.tokens, strict=True):
+            if digest not in current.seen:
+                current.seen.add(digest)
+                rows.append(row)
+                self.tokens.append(tokens)
+        current.memories += len(rows)
+        current.queries.extend(data.queries)
+        current.slices += 1
+        self.memories += len(rows)
+        if last:
+            queries = current.queries
+            if current.slices > 1:  # a sample of every slice's, so from all the agent's memories
+                picker = random.Random(f"{self.seed}:{agent.agent_id}:queries")
+                queries = picker.sample(queries, min(self.queries_per_agent, len(queries)))
+            self.entries.append(
+                {
+                    "org_id": agent.org_id,
+                    "agent_id": agent.agent_id,
+                    "memories": current.memories,
+                    "queries": queries,
+                }
+            )
+        return b"".join(rows)
 
 
 async def _copy_memories(
-    conn: asyncpg.Connection, results: Iterator[Future[AgentData]], total_agents: int, log: Any
-) -> _Loaded:
-    """Streams the workers' COPY data to PostgreSQL as they finish, in agent order."""
-    loaded = _Loaded()
+    conn: asyncpg.Connection,
+    results: Iterator[Future[SliceData]],
+    slices: Sequence[SlicePlan],
+    loaded: _Loaded,
+    log: Any,
+) -> None:
+    """Streams the workers' COPY data to PostgreSQL as they finish, in slice order."""
     t0 = time.perf_counter()
+    total_agents = sum(1 for piece in slices if piece.index == 0)
     exhausted = False
+    position = 0
 
     async def chunk() -> AsyncIterator[bytes]:
-        nonlocal exhausted
+        nonlocal exhausted, position
         yield pgcopy.HEADER
         rows = 0
         for future in results:
             data = await asyncio.wrap_future(future)
-            loaded.add(data)
-            yield data.copy_rows
-            rows += data.rows
+            position += 1
+            last = position == len(slices) or slices[position].index == 0
+            yield loaded.add(data, last)
+            rows += data.plan.memories
             if rows >= COPY_CHUNK_ROWS:
                 break
         else:
@@ -408,11 +490,10 @@ async def _copy_memories(
             f"  {len(loaded.entries)}/{total_agents} agents, {loaded.memories:,} memories, "
             f"{loaded.memories / elapsed:,.0f}/s"
         )
-    return loaded
 
 
 async def _build_postings(conn: asyncpg.Connection) -> int:
-    count = await bulkload.build_postings_and_stats(conn, maintenance_work_mem=MAINTENANCE_WORK_MEM)
+    count = await bulkload.build_postings_and_stats(conn, maintenance_work_mem=f"{MAINTENANCE_WORK_MEM_MB}MB")
     # A running installation's postings are vacuumed by autovacuum (migration 0005
     # tunes it); a fresh bulk load is vacuumed here, so the visibility map lets the
     # lexical search scan the index alone, as it does in steady state.
@@ -421,12 +502,10 @@ async def _build_postings(conn: asyncpg.Connection) -> int:
     return count
 
 
-async def _build_graphs(conn: asyncpg.Connection) -> None:
-    # The graph must fit in maintenance_work_mem or the build slows down many
-    # times (pgvector's notice); ~2 kB per 384-dim row. Each partition has its own
-    # graph (migration 0008), built one after another, each by this backend and a
-    # parallel worker.
-    await conn.execute(f"SET maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
+async def _build_graphs(conn: asyncpg.Connection, work_mem_mb: int) -> None:
+    # Each partition has its own graph (migration 0008), built one after another,
+    # each by this backend and a parallel worker.
+    await conn.execute(f"SET maintenance_work_mem = '{work_mem_mb}MB'")
     await conn.execute("SET max_parallel_maintenance_workers = 1")
     await conn.execute(HNSW_INDEX_SQL)
     await conn.execute("ANALYZE memories")
@@ -450,6 +529,7 @@ async def seed(
     reset: bool,
     embedding_storage: str = "schema",
     sequential: bool = False,
+    slice_memories: int = SLICE_MEMORIES,
     log: Any = print,
 ) -> SeedReport:
     """Seeds the plan. ``sequential``: the postings and the graphs are built one after
@@ -485,8 +565,10 @@ async def seed(
             with ProcessPoolExecutor(
                 max_workers=jobs, initializer=_init_worker, initargs=(plan.embedder, plan.dim, plan.vectors)
             ) as pool:
-                results = _ordered_results(pool, agents, plan, now, window=2 * jobs)
-                loaded = await _copy_memories(conn, results, len(agents), log)
+                slices = plan_slices(agents, slice_memories)
+                results = _ordered_results(pool, slices, plan, now, window=2 * jobs)
+                loaded = _Loaded(seed=plan.seed, queries_per_agent=plan.queries_per_agent)
+                await _copy_memories(conn, results, slices, loaded, log)
             report.memories = loaded.memories
             if report.triggers_off:
                 await bulkload.triggers_on(conn)
@@ -512,12 +594,13 @@ async def seed(
             with clock.phase("postings + stats, their index, VACUUM"):
                 report.postings = await postings
             with clock.phase("HNSW graphs, ANALYZE memories"):
-                await _build_graphs(conn)
+                await _build_graphs(conn, graph_work_mem_mb(plan))
         else:
             # Two backends, each with a parallel worker: both cores stay busy.
             side_conn = await asyncpg.connect(dsn)
+            graphs = _build_graphs(side_conn, graph_work_mem_mb(plan))
             with clock.phase("postings + stats | HNSW graphs, side by side"):
-                report.postings, _ = await asyncio.gather(postings, _build_graphs(side_conn))
+                report.postings, _ = await asyncio.gather(postings, graphs)
         # Partitioned (0008): the sizes are the partitions' sums.
         report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
         report.index_mb = (
