@@ -13,15 +13,16 @@ import json
 import random
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.models import NewMemory
+from ibex_context.stores.base import MemoryWriter
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.tokens.encodings import EncodingRegistry
+
 from loadtest import seed
 
 PLAN = seed.SeedPlan(agents=3, memories=30, orgs=2, queries_per_agent=4)
@@ -49,7 +50,8 @@ async def _write_through_the_service(dsn: str, rows: list[asyncpg.Record]) -> No
     pool = await create_pool(dsn, min_size=1, max_size=2, ef_search=40)
     try:
         writes = MemoryWrites(
-            writer=PostgresMemoryStore(pool, ef_search=40),
+            # _store_errors types the store's methods as Awaitable, not Coroutine.
+            writer=cast(MemoryWriter, PostgresMemoryStore(pool, ef_search=40)),
             embedder=HashingEmbedder(PLAN.dim),
             encodings=EncodingRegistry(),
         )
