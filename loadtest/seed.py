@@ -6,26 +6,40 @@
 What it does, in order:
 
 1. applies the migrations (``ibex_context.stores.migrate``) and, with ``--reset``
-   (the default), empties ``memories``, ``directives`` and ``memory_feedback``;
-2. generates every agent's memories in worker processes (``--jobs``): plausible text
-   of 50-400 tokens from ``loadtest.corpus`` with a fixed seed (category mix,
-   confidence, usefulness, retrieval counts, ``created_at`` spread over a year),
-   token counts for cl100k_base and o200k_base (``ibex_context.tokens``, offline),
-   sha256 content hashes (unique per org+agent), and embeddings from the configured
-   embedder or random unit vectors;
-3. drops the HNSW index and COPYs the rows (asyncpg ``copy_records_to_table``) in
+   (the default), empties ``memories``, ``directives``, ``memory_feedback``,
+   ``memory_usage`` and the postings and stats, and turns this session's triggers
+   off (``loadtest.bulkload``);
+2. generates the memories in worker processes (``--jobs``), in slices of at most
+   ``SLICE_MEMORIES`` of one agent (a 1M-memory agent keeps every core busy):
+   plausible text of 50-400 tokens from ``loadtest.corpus`` with a fixed seed
+   (category mix, confidence, usefulness, retrieval counts, ``created_at`` spread
+   over a year), the token counts the service stores (``costing.stored_token_counts``,
+   one tokenisation per encoding for a text already in range), sha256 content
+   hashes (unique per org+agent), and embeddings from the configured embedder (the
+   hashing embedder in one vectorised batch per slice) or random unit vectors; each
+   worker encodes its rows straight to binary COPY tuples (``loadtest.pgcopy``);
+3. drops the HNSW index and streams the tuples to ``COPY ... (FORMAT binary)`` in
    (org_id, agent_id) order: on an emptied table that lays every agent's rows out
    contiguously, which is what ``CLUSTER`` would do (grpc_stack digest §4: an
    unclustered 1k-row agent costs ~12.7 ms p99 per search instead of ~1.9 ms)
    without CLUSTER's cost (it rebuilds the HNSW index: 209 s per 100k rows);
-4. rebuilds the HNSW index (one graph per partition, migration 0008) with
-   ``maintenance_work_mem`` raised and one parallel worker, ANALYZEs, and sets
-   a directive for every agent;
+   copies the directives and the usage counters;
+4. side by side on two connections (``--sequential``: one after the other):
+   every posting in one ``INSERT ... SELECT`` with the postings' index dropped and
+   rebuilt by sorting, the per-agent stats in one ``GROUP BY`` (the same rows the
+   triggers would write: ``tests/loadtest/test_bulkload.py``), VACUUM; and the HNSW
+   graphs (one per partition, migration 0008) with ``maintenance_work_mem`` sized
+   to the largest agent and one parallel worker, then ANALYZE;
 5. writes the agents file the locustfile reads: org/agent ids, memory counts and a
    few sample queries per agent derived from its own memories.
 
-Prints the throughput of each phase. Redis is not touched: the service fills its
-caches from PostgreSQL on a miss (start it after seeding, or flush Redis).
+An agent of at most ``SLICE_MEMORIES`` memories gets the same texts, vectors and
+counts as before slicing; a larger one's later slices draw from streams of their own.
+Prints each phase's wall time and CPU seconds (the seeder's processes, and
+PostgreSQL's when it runs on this machine): on a shared machine the CPU figures are
+the ones to compare. Measured: benchmarks/results/seeding-2026-11-26.md. Redis is
+not touched: the service fills its caches from PostgreSQL on a miss (start it after
+seeding, or flush Redis).
 """
 
 from __future__ import annotations
