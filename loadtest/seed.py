@@ -6,26 +6,40 @@
 What it does, in order:
 
 1. applies the migrations (``ibex_context.stores.migrate``) and, with ``--reset``
-   (the default), empties ``memories``, ``directives`` and ``memory_feedback``;
-2. generates every agent's memories in worker processes (``--jobs``): plausible text
-   of 50-400 tokens from ``loadtest.corpus`` with a fixed seed (category mix,
-   confidence, usefulness, retrieval counts, ``created_at`` spread over a year),
-   token counts for cl100k_base and o200k_base (``ibex_context.tokens``, offline),
-   sha256 content hashes (unique per org+agent), and embeddings from the configured
-   embedder or random unit vectors;
-3. drops the HNSW index and COPYs the rows (asyncpg ``copy_records_to_table``) in
+   (the default), empties ``memories``, ``directives``, ``memory_feedback``,
+   ``memory_usage`` and the postings and stats, and turns this session's triggers
+   off (``loadtest.bulkload``);
+2. generates the memories in worker processes (``--jobs``), in slices of at most
+   ``SLICE_MEMORIES`` of one agent (a 1M-memory agent keeps every core busy):
+   plausible text of 50-400 tokens from ``loadtest.corpus`` with a fixed seed
+   (category mix, confidence, usefulness, retrieval counts, ``created_at`` spread
+   over a year), the token counts the service stores (``costing.stored_token_counts``,
+   one tokenisation per encoding for a text already in range), sha256 content
+   hashes (unique per org+agent), and embeddings from the configured embedder (the
+   hashing embedder in one vectorised batch per slice) or random unit vectors; each
+   worker encodes its rows straight to binary COPY tuples (``loadtest.pgcopy``);
+3. drops the HNSW index and streams the tuples to ``COPY ... (FORMAT binary)`` in
    (org_id, agent_id) order: on an emptied table that lays every agent's rows out
    contiguously, which is what ``CLUSTER`` would do (grpc_stack digest §4: an
    unclustered 1k-row agent costs ~12.7 ms p99 per search instead of ~1.9 ms)
    without CLUSTER's cost (it rebuilds the HNSW index: 209 s per 100k rows);
-4. rebuilds the HNSW index (one graph per partition, migration 0008) with
-   ``maintenance_work_mem`` raised and one parallel worker, ANALYZEs, and sets
-   a directive for every agent;
+   copies the directives and the usage counters;
+4. side by side on two connections (``--sequential``: one after the other):
+   every posting in one ``INSERT ... SELECT`` with the postings' index dropped and
+   rebuilt by sorting, the per-agent stats in one ``GROUP BY`` (the same rows the
+   triggers would write: ``tests/loadtest/test_bulkload.py``), VACUUM; and the HNSW
+   graphs (one per partition, migration 0008) with ``maintenance_work_mem`` sized
+   to the largest agent and one parallel worker, then ANALYZE;
 5. writes the agents file the locustfile reads: org/agent ids, memory counts and a
    few sample queries per agent derived from its own memories.
 
-Prints the throughput of each phase. Redis is not touched: the service fills its
-caches from PostgreSQL on a miss (start it after seeding, or flush Redis).
+An agent of at most ``SLICE_MEMORIES`` memories gets the same texts, vectors and
+counts as before slicing; a larger one's later slices draw from streams of their own.
+Prints each phase's wall time and CPU seconds (the seeder's processes, and
+PostgreSQL's when it runs on this machine): on a shared machine the CPU figures are
+the ones to compare. Measured: benchmarks/results/seeding-2026-11-26.md. Redis is
+not touched: the service fills its caches from PostgreSQL on a miss (start it after
+seeding, or flush Redis).
 """
 
 from __future__ import annotations
@@ -36,11 +50,10 @@ import hashlib
 import json
 import os
 import random
-import struct
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,9 +65,11 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from loadtest import corpus
+from ibex_context.memory_api.writes import STORED_ENCODINGS
 
-STORED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
+from loadtest import bulkload, corpus, pgcopy
+from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
+
 MIN_TOKENS, MAX_TOKENS = 50, 400
 HNSW_INDEX_SQL = (
     "CREATE INDEX IF NOT EXISTS memories_embedding_hnsw ON memories "
@@ -114,14 +129,41 @@ class AgentPlan:
     memories: int
 
 
+@dataclass(frozen=True, slots=True)
+class SlicePlan:
+    """Up to ``SLICE_MEMORIES`` of one agent's memories: the unit of work of a worker
+    process, so that one large agent keeps every core busy and bounds the memory in
+    flight. Slice 0 draws from the agent's own random stream (an agent of at most
+    ``SLICE_MEMORIES`` memories is generated exactly as when agents were not sliced)
+    and also makes the directive; slice k > 0 draws from a stream of its own."""
+
+    agent: AgentPlan
+    index: int
+    memories: int
+
+
 @dataclass(slots=True)
-class AgentData:
-    plan: AgentPlan
-    rows: list[tuple[Any, ...]]
-    directive: str
-    directive_tokens: dict[str, int]
-    queries: list[str]
-    tokens: list[int] = field(default_factory=list)
+class SliceData:
+    plan: SlicePlan
+    rows: list[bytes]  # binary COPY tuples (MEMORY_COLUMNS)
+    hashes: list[bytes]  # each row's content hash, to drop a text another slice also drew
+    tokens: list[int]  # each row's cl100k count
+    queries: list[str]  # sample queries from this slice's memories
+    directive: str = ""  # slice 0 only
+    directive_tokens: dict[str, int] = field(default_factory=dict)
+
+
+# Memories per slice: ~12 MB of COPY data, ~2 s of a worker's CPU.
+SLICE_MEMORIES = 5_000
+
+
+def plan_slices(agents: Sequence[AgentPlan], size: int = SLICE_MEMORIES) -> list[SlicePlan]:
+    """Every agent's slices, in agent order (the COPY order)."""
+    return [
+        SlicePlan(agent=agent, index=i, memories=min(size, agent.memories - i * size))
+        for agent in agents
+        for i in range(max(1, -(-agent.memories // size)))
+    ]
 
 
 def _uuid(rng: random.Random) -> str:
@@ -140,9 +182,15 @@ def plan_agents(plan: SeedPlan) -> list[AgentPlan]:
     return sorted(agents, key=lambda a: (a.org_id, a.agent_id))
 
 
-def fit_tokens(text: str, count: Any, rng: random.Random, low: int, high: int) -> tuple[str, dict[str, int]]:
-    """Pads or trims ``text`` until every stored encoding counts between ``low`` and ``high``."""
-    counts = {name: count(name, text) for name in STORED_ENCODINGS}
+def fit_tokens(
+    text: str, count: Any, rng: random.Random, low: int, high: int, counts: dict[str, int] | None = None
+) -> tuple[str, dict[str, int]]:
+    """Pads or trims ``text`` until every stored encoding counts between ``low`` and ``high``
+    (``counts``: the text's counts when already known)."""
+    if counts is None:
+        counts = {name: count(name, text) for name in STORED_ENCODINGS}
+    else:
+        counts = {name: counts[name] for name in STORED_ENCODINGS}
     while min(counts.values()) < low:
         text = f"{text} {rng.choice(corpus.FILLER)}"
         counts = {name: count(name, text) for name in STORED_ENCODINGS}
@@ -190,146 +238,300 @@ def build_embedder(name: str, dim: int) -> Any:
         return HashingEmbedder(dim)
 
 
-def _embed(texts: Sequence[str], dim: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _embed(texts: Sequence[str], dim: int, rng: np.random.Generator) -> np.ndarray:
+    """The texts' vectors as the rows of one float32 matrix."""
     embedder = _WORKER.get("embedder")
     if embedder is None:
         vectors = rng.standard_normal((len(texts), dim), dtype=np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return list(vectors)
-    embed_one = getattr(embedder, "embed_one", None)
-    if embed_one is not None:
-        return [embed_one(t) for t in texts]
+        return vectors
+    embed_many = getattr(embedder, "embed_many", None)
+    if embed_many is not None:  # the hashing embedder: one vectorised batch
+        return np.asarray(embed_many(texts), dtype=np.float32)
     out: list[np.ndarray] = []
     for i in range(0, len(texts), 64):
         out.extend(asyncio.run(embedder.embed(list(texts[i : i + 64]))))
-    return out
+    return np.stack(out).astype(np.float32) if out else np.zeros((0, dim), dtype=np.float32)
 
 
-def generate_agent(agent: AgentPlan, plan: SeedPlan, now: float) -> AgentData:
-    """One agent's rows, directive and sample queries (runs in a worker process)."""
+def _within(counts: dict[str, int]) -> bool:
+    return all(MIN_TOKENS <= counts[name] <= MAX_TOKENS for name in STORED_ENCODINGS)
+
+
+def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
+    stream = f"{plan.seed}:{piece.agent.agent_id}"
+    return random.Random(stream if piece.index == 0 else f"{stream}:{piece.index}")
+
+
+def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
+    """One slice's rows as binary COPY tuples, its sample queries and (slice 0) the
+    agent's directive (runs in a worker process)."""
     count = _WORKER["count"]
-    rng = random.Random(f"{plan.seed}:{agent.agent_id}")
+    stored_counts = _WORKER["stored_counts"]
+    agent = piece.agent
+    rng = slice_random(piece, plan)
     org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
     specs: list[corpus.MemorySpec] = []
     texts: list[str] = []
     token_counts: list[dict[str, int]] = []
-    hashes: set[bytes] = set()
-    while len(specs) < agent.memories:
+    hashes: list[bytes] = []
+    seen: set[bytes] = set()
+    while len(specs) < piece.memories:
         spec = corpus.memory_spec(rng)
-        text, _ = fit_tokens(spec.content, count, rng, MIN_TOKENS, MAX_TOKENS)
-        counts = _WORKER["stored_counts"](text)
+        # The stored counts hold every stored encoding's count of the content: most
+        # texts are in range as generated and are tokenised once, not twice.
+        text, counts = spec.content, stored_counts(spec.content)
+        if not _within(counts):
+            text, _ = fit_tokens(text, count, rng, MIN_TOKENS, MAX_TOKENS, counts)
+            counts = stored_counts(text)
         digest = hashlib.sha256(text.encode("utf-8")).digest()
-        if digest in hashes:  # the schema allows one row per content per agent
+        if digest in seen:  # the schema allows one row per content per agent
             continue
-        hashes.add(digest)
+        seen.add(digest)
         specs.append(spec)
         texts.append(text)
         token_counts.append(counts)
-    vectors = _embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64)))
-    rows: list[tuple[Any, ...]] = []
+        hashes.append(digest)
+    vectors = pgcopy.vector_values(_embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64))))
     base = datetime.fromtimestamp(now, UTC)
-    for spec, text, counts, vector in zip(specs, texts, token_counts, vectors, strict=True):
-        created = base - timedelta(seconds=spec.age_seconds)
+    org_bytes, agent_bytes = pgcopy.uuid_value(org), pgcopy.uuid_value(agent_uuid)
+    metadata = pgcopy.jsonb_value(json.dumps({"source": "loadtest-seed"}))
+    rows: list[bytes] = []
+    for spec, text, counts, digest, vector in zip(specs, texts, token_counts, hashes, vectors, strict=True):
+        created = pgcopy.timestamptz_value(base - timedelta(seconds=spec.age_seconds))
         injected = (
             None
             if spec.last_injected_ago_seconds is None
-            else base - timedelta(seconds=spec.last_injected_ago_seconds)
+            else pgcopy.timestamptz_value(base - timedelta(seconds=spec.last_injected_ago_seconds))
         )
+        # In MEMORY_COLUMNS order.
         rows.append(
-            (
-                org,
-                agent_uuid,
-                uuid.UUID(int=rng.getrandbits(128), version=4),
-                text,
-                hashlib.sha256(text.encode("utf-8")).digest(),
-                spec.category,
-                spec.confidence,
-                spec.usefulness,
-                spec.retrieval_count,
-                injected,
-                injected,
-                created,
-                created,
-                json.dumps({"source": "loadtest-seed"}),
-                json.dumps(counts),
-                vector,
+            pgcopy.row(
+                (
+                    org_bytes,
+                    agent_bytes,
+                    pgcopy.uuid_value(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                    pgcopy.text_value(text),
+                    digest,
+                    pgcopy.text_value(spec.category),
+                    pgcopy.real_value(spec.confidence),
+                    pgcopy.real_value(spec.usefulness),
+                    pgcopy.integer_value(spec.retrieval_count),
+                    injected,
+                    injected,
+                    created,
+                    created,
+                    metadata,
+                    pgcopy.jsonb_value(json.dumps(counts)),
+                    vector,
+                )
             )
         )
-    directive = corpus.directive_text(rng)
+    directive = corpus.directive_text(rng) if piece.index == 0 else ""
     queries = [
         corpus.query_from_memory(rng, t) for t in rng.sample(texts, min(plan.queries_per_agent, len(texts)))
     ]
-    return AgentData(
-        plan=agent,
+    return SliceData(
+        plan=piece,
         rows=rows,
-        directive=directive,
-        directive_tokens={name: count(name, directive) for name in STORED_ENCODINGS},
-        queries=queries,
+        hashes=hashes,
         tokens=[c["cl100k_base"] for c in token_counts],
+        queries=queries,
+        directive=directive,
+        directive_tokens={name: count(name, directive) for name in STORED_ENCODINGS} if directive else {},
     )
 
 
 # --------------------------------------------------------------------------- database
 
 
-def _encode_vector(value: Any) -> bytes:
-    array = np.asarray(value, dtype=">f4")
-    return struct.pack(">HH", array.shape[0], 0) + array.tobytes()
-
-
-def _decode_vector(data: bytes) -> np.ndarray:
-    (dim,) = struct.unpack_from(">H", data)
-    return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
-
-
-async def _connect(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn)
-    await conn.set_type_codec(
-        "vector", schema="public", encoder=_encode_vector, decoder=_decode_vector, format="binary"
-    )
-    return conn
-
-
 def _ordered_results(
-    pool: ProcessPoolExecutor, agents: Sequence[AgentPlan], plan: SeedPlan, now: float, window: int
-) -> Iterator[Future[AgentData]]:
-    """Futures in agent order, at most ``window`` running ahead (bounded memory)."""
-    pending: list[Future[AgentData]] = []
-    it = iter(agents)
-    for agent in it:
-        pending.append(pool.submit(generate_agent, agent, plan, now))
+    pool: ProcessPoolExecutor, slices: Sequence[SlicePlan], plan: SeedPlan, now: float, window: int
+) -> Iterator[Future[SliceData]]:
+    """Futures in slice order, at most ``window`` running ahead (bounded memory)."""
+    pending: list[Future[SliceData]] = []
+    it = iter(slices)
+    for piece in it:
+        pending.append(pool.submit(generate_slice, piece, plan, now))
         if len(pending) >= window:
             break
-    for agent in it:
+    for piece in it:
         yield pending.pop(0)
-        pending.append(pool.submit(generate_agent, agent, plan, now))
+        pending.append(pool.submit(generate_slice, piece, plan, now))
     yield from pending
+
+
+# Rows per COPY statement: each is fed from the workers as they finish agents, so the
+# statements only bound how much one carries (and space the progress lines).
+COPY_CHUNK_ROWS = 50_000
+# Per index build; builds run two at a time (the postings' and the graphs).
+MAINTENANCE_WORK_MEM_MB = 1024
+# An HNSW build slows down many times once its graph outgrows maintenance_work_mem
+# (pgvector's notice): ~2.2 kB per 384-d element here, with a margin.
+HNSW_BYTES_PER_ROW = 3072
+
+
+def graph_work_mem_mb(plan: SeedPlan) -> int:
+    """maintenance_work_mem for the graphs: the largest agent's graph must fit (one
+    partition holds it whole: 1 x 1M needs ~3 GB, more than the default)."""
+    largest = max((plan.memories_of(i) for i in range(plan.agents)), default=0)
+    return max(MAINTENANCE_WORK_MEM_MB, -(-largest * HNSW_BYTES_PER_ROW // 2**20))
 
 
 @dataclass(slots=True)
 class SeedReport:
     agents: int = 0
     memories: int = 0
-    generate_copy_seconds: float = 0.0
-    index_seconds: float = 0.0
-    analyze_seconds: float = 0.0
+    postings: int = 0
     total_seconds: float = 0.0
     heap_mb: float = 0.0
     index_mb: float = 0.0
     tokens_p50: int = 0
     tokens_min: int = 0
     tokens_max: int = 0
+    triggers_off: bool = False
+    phases: list[PhaseCost] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        rate = self.memories / self.generate_copy_seconds if self.generate_copy_seconds else 0.0
-        return [
-            f"seeded {self.agents} agents, {self.memories:,} memories "
-            f"(cl100k tokens min/p50/max {self.tokens_min}/{self.tokens_p50}/{self.tokens_max})",
-            f"  generate+embed+COPY {self.generate_copy_seconds:.1f} s ({rate:,.0f} memories/s)",
-            f"  HNSW build {self.index_seconds:.1f} s, ANALYZE {self.analyze_seconds:.1f} s, "
-            f"total {self.total_seconds:.1f} s",
+        lines = [
+            f"seeded {self.agents} agents, {self.memories:,} memories, {self.postings:,} postings "
+            f"(cl100k tokens min/p50/max {self.tokens_min}/{self.tokens_p50}/{self.tokens_max}; "
+            + ("postings built after the COPY)" if self.triggers_off else "postings by the triggers)"),
+        ]
+        for phase in self.phases:
+            server = "-" if phase.server_cpu_seconds is None else f"{phase.server_cpu_seconds:.1f}"
+            lines.append(
+                f"  {phase.name}: {phase.wall_seconds:.1f} s wall; CPU s: "
+                f"seeder {phase.own_cpu_seconds:.1f}, PostgreSQL {server}"
+            )
+        lines += [
+            f"  total {self.total_seconds:.1f} s",
             f"  heap {self.heap_mb:.0f} MB, HNSW index {self.index_mb:.0f} MB",
         ]
+        return lines
+
+
+@dataclass(slots=True)
+class _AgentLoad:
+    """An agent whose slices are arriving."""
+
+    seen: set[bytes] = field(default_factory=set)
+    memories: int = 0
+    queries: list[str] = field(default_factory=list)
+    slices: int = 0
+
+
+@dataclass(slots=True)
+class _Loaded:
+    """What the COPY phase collects besides the rows themselves."""
+
+    seed: int
+    queries_per_agent: int
+    memories: int = 0
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    directives: list[tuple[Any, ...]] = field(default_factory=list)
+    _agent: _AgentLoad = field(default_factory=_AgentLoad)
+
+    def add(self, data: SliceData, last: bool) -> bytes:
+        """Takes a slice (``last``: its agent's last); returns its rows to COPY."""
+        agent, current = data.plan.agent, self._agent
+        if data.plan.index == 0:
+            current = self._agent = _AgentLoad()
+            org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
+            self.directives.append((org, agent_uuid, data.directive, 1, json.dumps(data.directive_tokens)))
+        # Slices draw independently: a text one of them drew already is left out
+        # (the schema allows one row per content per agent; none in practice).
+        rows: list[bytes] = []
+        for row, digest, tokens in zip(data.rows, data.hashes, data.tokens, strict=True):
+            if digest not in current.seen:
+                current.seen.add(digest)
+                rows.append(row)
+                self.tokens.append(tokens)
+        current.memories += len(rows)
+        current.queries.extend(data.queries)
+        current.slices += 1
+        self.memories += len(rows)
+        if last:
+            queries = current.queries
+            if current.slices > 1:  # a sample of every slice's, so from all the agent's memories
+                picker = random.Random(f"{self.seed}:{agent.agent_id}:queries")
+                queries = picker.sample(queries, min(self.queries_per_agent, len(queries)))
+            self.entries.append(
+                {
+                    "org_id": agent.org_id,
+                    "agent_id": agent.agent_id,
+                    "memories": current.memories,
+                    "queries": queries,
+                }
+            )
+        return b"".join(rows)
+
+
+async def _copy_memories(
+    conn: asyncpg.Connection,
+    results: Iterator[Future[SliceData]],
+    slices: Sequence[SlicePlan],
+    loaded: _Loaded,
+    log: Any,
+) -> None:
+    """Streams the workers' COPY data to PostgreSQL as they finish, in slice order."""
+    t0 = time.perf_counter()
+    total_agents = sum(1 for piece in slices if piece.index == 0)
+    exhausted = False
+    position = 0
+
+    async def chunk() -> AsyncIterator[bytes]:
+        nonlocal exhausted, position
+        yield pgcopy.HEADER
+        rows = 0
+        for future in results:
+            data = await asyncio.wrap_future(future)
+            position += 1
+            last = position == len(slices) or slices[position].index == 0
+            yield loaded.add(data, last)
+            rows += data.plan.memories
+            if rows >= COPY_CHUNK_ROWS:
+                break
+        else:
+            exhausted = True
+        yield pgcopy.TRAILER
+
+    while not exhausted:
+        await conn.copy_to_table("memories", source=chunk(), columns=MEMORY_COLUMNS, format="binary")
+        elapsed = time.perf_counter() - t0
+        log(
+            f"  {len(loaded.entries)}/{total_agents} agents, {loaded.memories:,} memories, "
+            f"{loaded.memories / elapsed:,.0f}/s"
+        )
+
+
+async def _build_postings(conn: asyncpg.Connection) -> int:
+    count = await bulkload.build_postings_and_stats(conn, maintenance_work_mem=f"{MAINTENANCE_WORK_MEM_MB}MB")
+    # A running installation's postings are vacuumed by autovacuum (migration 0005
+    # tunes it); a fresh bulk load is vacuumed here, so the visibility map lets the
+    # lexical search scan the index alone, as it does in steady state.
+    await conn.execute("VACUUM ANALYZE memory_terms")
+    await conn.execute("ANALYZE memory_stats")
+    return count
+
+
+async def _build_graphs(conn: asyncpg.Connection, work_mem_mb: int) -> None:
+    # Each partition has its own graph (migration 0008), built one after another,
+    # each by this backend and a parallel worker.
+    await conn.execute(f"SET maintenance_work_mem = '{work_mem_mb}MB'")
+    await conn.execute("SET max_parallel_maintenance_workers = 1")
+    await conn.execute(HNSW_INDEX_SQL)
+    await conn.execute("ANALYZE memories")
+
+
+async def _server_pid(conn: asyncpg.Connection) -> int | None:
+    """The server's pid when it runs on this machine and the role may see where."""
+    try:
+        data_directory = await conn.fetchval("SHOW data_directory")
+    except asyncpg.PostgresError:
+        return None
+    return postmaster_pid(str(data_directory))
 
 
 async def seed(
@@ -340,19 +542,30 @@ async def seed(
     jobs: int,
     reset: bool,
     embedding_storage: str = "schema",
+    sequential: bool = False,
+    slice_memories: int = SLICE_MEMORIES,
     log: Any = print,
 ) -> SeedReport:
+    """Seeds the plan. ``sequential``: the postings and the graphs are built one after
+    the other instead of side by side (slower; each phase's CPU figures are its own)."""
     from ibex_context.stores.migrate import migrate
 
     started = time.perf_counter()
     await migrate(dsn, plan.dim)
-    conn = await _connect(dsn)
+    conn = await asyncpg.connect(dsn)
+    side_conn: asyncpg.Connection | None = None
     report = SeedReport(agents=plan.agents)
+    clock = PhaseClock(await _server_pid(conn))
     try:
         if reset:
             await conn.execute(
                 "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats"
             )
+            # Emptied tables: the postings and stats are derived once after the COPY
+            # (loadtest.bulkload), not by the triggers statement by statement.
+            report.triggers_off = await bulkload.triggers_off(conn)
+            if not report.triggers_off:
+                log("seed: this role may not turn triggers off: they keep the postings (slower)")
         else:
             log("seed: --no-reset: rows are appended, agents' rows are not guaranteed to be contiguous")
         await conn.execute("DROP INDEX IF EXISTS memories_embedding_hnsw")
@@ -362,79 +575,46 @@ async def seed(
             log("seed: EXPERIMENT: memories.embedding set to STORAGE PLAIN")
         agents = plan_agents(plan)
         now = time.time()
-        entries: list[dict[str, Any]] = []
-        tokens: list[int] = []
-        t0 = time.perf_counter()
-        batch: list[tuple[Any, ...]] = []
-        directives: list[tuple[Any, ...]] = []
-        with ProcessPoolExecutor(
-            max_workers=jobs, initializer=_init_worker, initargs=(plan.embedder, plan.dim, plan.vectors)
-        ) as pool:
-            for n, future in enumerate(_ordered_results(pool, agents, plan, now, window=2 * jobs), 1):
-                data = await asyncio.wrap_future(future)
-                batch.extend(data.rows)
-                tokens.extend(data.tokens)
-                directives.append(
-                    (
-                        uuid.UUID(data.plan.org_id),
-                        uuid.UUID(data.plan.agent_id),
-                        data.directive,
-                        1,
-                        json.dumps(data.directive_tokens),
-                    )
-                )
-                entries.append(
-                    {
-                        "org_id": data.plan.org_id,
-                        "agent_id": data.plan.agent_id,
-                        "memories": data.plan.memories,
-                        "queries": data.queries,
-                    }
-                )
-                if len(batch) >= 5000 or n == len(agents):
-                    await conn.copy_records_to_table("memories", records=batch, columns=MEMORY_COLUMNS)
-                    report.memories += len(batch)
-                    batch = []
-                    elapsed = time.perf_counter() - t0
-                    log(
-                        f"  {n}/{len(agents)} agents, {report.memories:,} memories, "
-                        f"{report.memories / elapsed:,.0f}/s"
-                    )
-        await conn.copy_records_to_table(
-            "directives",
-            records=directives,
-            columns=("org_id", "agent_id", "content", "version", "token_counts"),
-        )
-        # Usage counters live in memory_usage (migration 0003): copy the seeded ones there.
-        await conn.execute(
-            """
-            INSERT INTO memory_usage (org_id, agent_id, memory_id, retrieval_count, last_retrieved_at,
-                                      last_injected_at)
-            SELECT org_id, agent_id, id, retrieval_count, last_retrieved_at, last_injected_at
-            FROM memories WHERE retrieval_count > 0
-            ON CONFLICT (org_id, agent_id, memory_id) DO NOTHING
-            """
-        )
-        report.generate_copy_seconds = time.perf_counter() - t0
-
-        t1 = time.perf_counter()
-        # The graph must fit in maintenance_work_mem or the build slows down many
-        # times (pgvector's notice); ~2 kB per 384-dim row.
-        # Each partition has its own graph (migration 0008), built one after another,
-        # each by this backend and a parallel worker (the second core).
-        await conn.execute("SET maintenance_work_mem = '1GB'")
-        await conn.execute("SET max_parallel_maintenance_workers = 1")
-        await conn.execute(HNSW_INDEX_SQL)
-        report.index_seconds = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        await conn.execute("ANALYZE memories")
-        await conn.execute("ANALYZE memory_usage")
-        await conn.execute("ANALYZE directives")
-        # A running installation's postings are vacuumed by autovacuum (migration 0005
-        # tunes it); a fresh bulk load is vacuumed here, so the visibility map lets the
-        # lexical search scan the index alone, as it does in steady state.
-        await conn.execute("VACUUM ANALYZE memory_terms")
-        report.analyze_seconds = time.perf_counter() - t2
+        with clock.phase("generate, embed, count tokens, COPY memories"):
+            with ProcessPoolExecutor(
+                max_workers=jobs, initializer=_init_worker, initargs=(plan.embedder, plan.dim, plan.vectors)
+            ) as pool:
+                slices = plan_slices(agents, slice_memories)
+                results = _ordered_results(pool, slices, plan, now, window=2 * jobs)
+                loaded = _Loaded(seed=plan.seed, queries_per_agent=plan.queries_per_agent)
+                await _copy_memories(conn, results, slices, loaded, log)
+            report.memories = loaded.memories
+            if report.triggers_off:
+                await bulkload.triggers_on(conn)
+            await conn.copy_records_to_table(
+                "directives",
+                records=loaded.directives,
+                columns=("org_id", "agent_id", "content", "version", "token_counts"),
+            )
+            # Usage counters live in memory_usage (migration 0003): copy the seeded ones there.
+            await conn.execute(
+                """
+                INSERT INTO memory_usage (org_id, agent_id, memory_id, retrieval_count, last_retrieved_at,
+                                          last_injected_at)
+                SELECT org_id, agent_id, id, retrieval_count, last_retrieved_at, last_injected_at
+                FROM memories WHERE retrieval_count > 0
+                ON CONFLICT (org_id, agent_id, memory_id) DO NOTHING
+                """
+            )
+            await conn.execute("ANALYZE memory_usage")
+            await conn.execute("ANALYZE directives")
+        postings = _build_postings(conn) if report.triggers_off else _vacuum_postings(conn)
+        if sequential:
+            with clock.phase("postings + stats, their index, VACUUM"):
+                report.postings = await postings
+            with clock.phase("HNSW graphs, ANALYZE memories"):
+                await _build_graphs(conn, graph_work_mem_mb(plan))
+        else:
+            # Two backends, each with a parallel worker: both cores stay busy.
+            side_conn = await asyncpg.connect(dsn)
+            graphs = _build_graphs(side_conn, graph_work_mem_mb(plan))
+            with clock.phase("postings + stats | HNSW graphs, side by side"):
+                report.postings, _ = await asyncio.gather(postings, graphs)
         # Partitioned (0008): the sizes are the partitions' sums.
         report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
         report.index_mb = (
@@ -442,17 +622,26 @@ async def seed(
         ) / 1e6
     finally:
         await conn.close()
+        if side_conn is not None:
+            await side_conn.close()
 
-    tokens.sort()
-    if tokens:
+    loaded.tokens.sort()
+    if loaded.tokens:
         report.tokens_min, report.tokens_p50, report.tokens_max = (
-            tokens[0],
-            tokens[len(tokens) // 2],
-            tokens[-1],
+            loaded.tokens[0],
+            loaded.tokens[len(loaded.tokens) // 2],
+            loaded.tokens[-1],
         )
+    report.phases = clock.phases
     report.total_seconds = time.perf_counter() - started
-    write_agents_file(agents_file, plan, entries)
+    write_agents_file(agents_file, plan, loaded.entries)
     return report
+
+
+async def _vacuum_postings(conn: asyncpg.Connection) -> int:
+    """The triggers wrote the postings: vacuum them (see ``_build_postings``)."""
+    await conn.execute("VACUUM ANALYZE memory_terms")
+    return int(await conn.fetchval("SELECT count(*) FROM memory_terms"))
 
 
 def write_agents_file(path: Path, plan: SeedPlan, agents: list[dict[str, Any]]) -> None:
@@ -489,6 +678,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="schema",
         help="plain: EXPERIMENT, embedding column STORAGE PLAIN (inline, not TOASTed) before loading",
     )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="build the postings and the HNSW graphs one after the other (each phase's CPU on its own)",
+    )
     args = p.parse_args(argv)
     if not args.dsn:
         p.error("--dsn (or IBEX_POSTGRES_DSN) is required")
@@ -522,6 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs=args.jobs,
             reset=args.reset,
             embedding_storage=args.embedding_storage,
+            sequential=args.sequential,
         )
     )
     for line in report.lines():

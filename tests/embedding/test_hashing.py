@@ -56,3 +56,24 @@ async def test_vectors_do_not_depend_on_what_the_embedder_saw_before() -> None:
     [a] = await fresh.embed(["the user lives in Lisbon"])
     [b] = await used.embed(["the user lives in Lisbon"])
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_batch_embeds_every_text_bit_for_bit_as_one_at_a_time() -> None:
+    # Bulk loads embed in batches; the service embeds queries one by one: the two must
+    # agree exactly, including texts without words, one-word texts (no pairs, and no
+    # pair across the boundary to the next text) and non-ASCII text.
+    texts = [
+        "The user lives in Lisbon and works at Acme Logistics.",
+        "",
+        "!!! ???",
+        "word",
+        "word word",
+        "déjà vu, naïve café",
+        "a b a b a b",
+        "Deploys need written approval from the owner; rollbacks take forty minutes.",
+    ]
+    batch = HashingEmbedder(64).embed_many(texts)
+    single = np.stack([HashingEmbedder(64).embed_one(text) for text in texts])
+    assert batch.dtype == np.float32 and batch.shape == (len(texts), 64)
+    np.testing.assert_array_equal(batch, single)
+    assert HashingEmbedder(64).embed_many([]).shape == (0, 64)
