@@ -71,10 +71,10 @@ from loadtest import bulkload, corpus, pgcopy
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 
 MIN_TOKENS, MAX_TOKENS = 50, 400
-HNSW_INDEX_SQL = (
-    "CREATE INDEX IF NOT EXISTS memories_embedding_hnsw ON memories "
-    "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
-)
+# The vector index is dropped for the COPY and built again afterwards exactly as the
+# migrations define it (its definition is read from the catalog before the drop), so
+# its parameters (migration 0010: m 32, ef_construction 128) have one source.
+GRAPH_INDEX = "memories_embedding_hnsw"
 _PARTS_SIZE_SQL = """
     SELECT coalesce(sum(CASE $2::text WHEN 'pg_table_size' THEN pg_table_size(inhrelid)
                                      ELSE pg_relation_size(inhrelid) END), 0)::float8
@@ -516,12 +516,12 @@ async def _build_postings(conn: asyncpg.Connection) -> int:
     return count
 
 
-async def _build_graphs(conn: asyncpg.Connection, work_mem_mb: int) -> None:
+async def _build_graphs(conn: asyncpg.Connection, index_sql: str, work_mem_mb: int) -> None:
     # Each partition has its own graph (migration 0008), built one after another,
     # each by this backend and a parallel worker.
     await conn.execute(f"SET maintenance_work_mem = '{work_mem_mb}MB'")
     await conn.execute("SET max_parallel_maintenance_workers = 1")
-    await conn.execute(HNSW_INDEX_SQL)
+    await conn.execute(index_sql)
     await conn.execute("ANALYZE memories")
 
 
@@ -568,7 +568,13 @@ async def seed(
                 log("seed: this role may not turn triggers off: they keep the postings (slower)")
         else:
             log("seed: --no-reset: rows are appended, agents' rows are not guaranteed to be contiguous")
-        await conn.execute("DROP INDEX IF EXISTS memories_embedding_hnsw")
+        graph_index_sql = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", GRAPH_INDEX)
+        if graph_index_sql is None:
+            raise SystemExit(f"seed: the migrated schema has no {GRAPH_INDEX} index to rebuild")
+        # A partitioned index's definition reads "ON ONLY": run as it is, that makes an
+        # empty, invalid parent with no graph in any partition.
+        graph_index_sql = graph_index_sql.replace(" ON ONLY ", " ON ", 1)
+        await conn.execute(f"DROP INDEX {GRAPH_INDEX}")
         if embedding_storage == "plain":
             # An experiment, not the migrated schema: see loadtest/pgcheck.py.
             await conn.execute("ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN")
@@ -608,18 +614,16 @@ async def seed(
             with clock.phase("postings + stats, their index, VACUUM"):
                 report.postings = await postings
             with clock.phase("HNSW graphs, ANALYZE memories"):
-                await _build_graphs(conn, graph_work_mem_mb(plan))
+                await _build_graphs(conn, graph_index_sql, graph_work_mem_mb(plan))
         else:
             # Two backends, each with a parallel worker: both cores stay busy.
             side_conn = await asyncpg.connect(dsn)
-            graphs = _build_graphs(side_conn, graph_work_mem_mb(plan))
+            graphs = _build_graphs(side_conn, graph_index_sql, graph_work_mem_mb(plan))
             with clock.phase("postings + stats | HNSW graphs, side by side"):
                 report.postings, _ = await asyncio.gather(postings, graphs)
         # Partitioned (0008): the sizes are the partitions' sums.
         report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
-        report.index_mb = (
-            await conn.fetchval(_PARTS_SIZE_SQL, "memories_embedding_hnsw", "pg_relation_size")
-        ) / 1e6
+        report.index_mb = (await conn.fetchval(_PARTS_SIZE_SQL, GRAPH_INDEX, "pg_relation_size")) / 1e6
     finally:
         await conn.close()
         if side_conn is not None:
