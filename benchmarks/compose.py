@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
 from ibex_context.models import ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
+from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
 from ibex_context.pipeline.report import SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
 from ibex_context.profiles.model import Profile  # noqa: E402
@@ -122,6 +123,7 @@ async def _run(
         ),
     )
     profile = Profile()
+    deadlines = DeadlinePolicy().within(1.0, profile.deadlines)
     samples: dict[str, list[int]] = {k: [] for k in ("total", "score", "pack", "format", "injected")}
     for i in range(calls + len(answers)):
         a = answers[i % len(answers)]
@@ -140,7 +142,7 @@ async def _run(
             messages=a.messages,
         )
         t0 = time.thread_time_ns()
-        assembly = await assembler.assemble(request, profile, 1.0)
+        assembly = await assembler.assemble(request, profile, deadlines)
         elapsed = time.thread_time_ns() - t0
         if i < len(answers):
             continue  # the first pass fills the caches

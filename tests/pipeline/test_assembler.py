@@ -12,6 +12,7 @@ import numpy as np
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import BudgetLimits, Deadlines, Profile, Scoring, ScoringWeights
 from ibex_context.tokens.counting import MessageTokenCounter
@@ -83,6 +84,11 @@ async def _assembler(
     )
 
 
+def within(budget: float, profile: Profile) -> CallDeadlines:
+    """A call given ``budget`` seconds outright, the profile's source timeouts inside it."""
+    return DeadlinePolicy().within(budget, profile.deadlines)
+
+
 REQUEST = AssemblyRequest(
     org_id=ORG,
     agent_id=AGENT,
@@ -94,7 +100,7 @@ REQUEST = AssemblyRequest(
 
 
 async def test_a_healthy_assembly_injects_directive_and_memory() -> None:
-    assembly = await (await _assembler()).assemble(REQUEST, Profile(), deadline=1.0)
+    assembly = await (await _assembler()).assemble(REQUEST, Profile(), within(1.0, Profile()))
     assert assembly.degradation is Degradation.FULL
     assert assembly.directive_injected and len(assembly.memories) == 1
     assert assembly.messages[-1] == REQUEST.messages[-1]
@@ -103,9 +109,10 @@ async def test_a_healthy_assembly_injects_directive_and_memory() -> None:
 async def test_searches_ask_for_at_least_as_many_memories_as_the_profile_may_inject() -> None:
     cold = _Cold()
     assembler = await _assembler(cold=cold)
-    await assembler.assemble(REQUEST, Profile(), deadline=1.0)
+    await assembler.assemble(REQUEST, Profile(), within(1.0, Profile()))
     assert cold.limits == {"vector": 50, "lexical": 50}  # the configured limits
-    await assembler.assemble(REQUEST, Profile(budget=BudgetLimits(max_memories=100)), deadline=1.0)
+    wide = Profile(budget=BudgetLimits(max_memories=100))
+    await assembler.assemble(REQUEST, wide, within(1.0, wide))
     assert cold.limits == {"vector": 100, "lexical": 100}
 
 
@@ -114,7 +121,7 @@ async def test_an_exception_inside_assembly_degrades_to_the_fetched_directive() 
     # (Validation makes them impossible to build; model_construct skips it, as a bug would.)
     zero = ScoringWeights.model_construct(relevance=0, recency=0, usefulness=0, confidence=0, frequency=0)
     broken = Profile(scoring=Scoring.model_construct(weights=zero))
-    assembly = await (await _assembler()).assemble(REQUEST, broken, deadline=1.0)
+    assembly = await (await _assembler()).assemble(REQUEST, broken, within(1.0, broken))
     assert assembly.reasons[0] == "assembly_error"
     assert assembly.degradation is Degradation.DIRECTIVE_ONLY
     assert assembly.directive_injected and not assembly.memories
@@ -123,7 +130,7 @@ async def test_an_exception_inside_assembly_degrades_to_the_fetched_directive() 
 
 
 async def test_no_time_at_all_passes_the_messages_through() -> None:
-    assembly = await (await _assembler()).assemble(REQUEST, Profile(), deadline=0.0)
+    assembly = await (await _assembler()).assemble(REQUEST, Profile(), within(0.0, Profile()))
     assert assembly.degradation is Degradation.PASS_THROUGH
     assert assembly.reasons[0] == "deadline_exceeded"
     assert assembly.messages == REQUEST.messages
@@ -139,7 +146,7 @@ SPREAD = Profile(
 
 async def test_a_hot_set_answering_after_its_timeout_is_used_while_the_cold_search_runs() -> None:
     assembler = await _assembler(hot_delay=0.15, cold_delay=0.3)
-    assembly = await assembler.assemble(REQUEST, SPREAD, deadline=1.0)
+    assembly = await assembler.assemble(REQUEST, SPREAD, within(1.0, SPREAD))
     # Waiting for the cold search kept the call open past the hot set's 50 ms: its
     # answer is used, not thrown away.
     assert assembly.degradation is Degradation.FULL and assembly.reasons == ()
@@ -150,7 +157,7 @@ async def test_the_call_stops_waiting_for_a_late_source_once_nothing_else_keeps_
     # The hot set would answer at 600 ms, inside the call's 900: the call still stops
     # at the hot set's own 50 ms once the other sources are done.
     assembler = await _assembler(hot_delay=0.6)
-    assembly = await assembler.assemble(REQUEST, SPREAD, deadline=1.0)
+    assembly = await assembler.assemble(REQUEST, SPREAD, within(1.0, SPREAD))
     assert assembly.reasons == ("hot_timeout",)
     # The cold search answered: COLD_ONLY names what was used.
     assert assembly.degradation is Degradation.COLD_ONLY and assembly.directive_injected

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
@@ -55,16 +56,16 @@ class _StuckEmbedder:
 
 
 def _plan(cold_timeout: float) -> RetrievalPlan:
+    now = time.perf_counter()
     return RetrievalPlan(
         org_id=ORG,
         agent_id=AGENT,
         query="when does the warehouse open?",
         hot_limit=5,
         cold_limit=5,
-        directive_timeout=1.0,
-        hot_timeout=1.0,
-        cold_timeout=cold_timeout,
-        ends_at=time.perf_counter() + 5.0,
+        deadlines=RetrievalDeadlines(
+            ends_at=now + 5.0, directive=now + 1.0, hot=now + 1.0, cold=now + cold_timeout
+        ),
     )
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
+from ibex_context.pipeline.deadlines import CallDeadlines
 from ibex_context.pipeline.formatting import FormattedContext, format_context
 from ibex_context.pipeline.report import (
     SOURCES,
@@ -93,8 +94,6 @@ class AssemblerConfig:
     query_max_chars: int
     nonce_secret: bytes
     lexical_limit: int = 50
-    # Kept for scoring, packing and formatting after retrieval stops waiting.
-    compute_reserve_seconds: float = 0.003
 
 
 class Assembler:
@@ -116,8 +115,11 @@ class Assembler:
         # they are not garbage-collected mid-cancellation.
         self._background: set[asyncio.Task[None]] = set()
 
-    async def assemble(self, request: AssemblyRequest, profile: Profile, deadline: float) -> Assembly:
-        """Assemble within ``deadline`` seconds (already reduced to the caller's deadline)."""
+    async def assemble(
+        self, request: AssemblyRequest, profile: Profile, deadlines: CallDeadlines
+    ) -> Assembly:
+        """Assemble within ``deadlines`` (``DeadlinePolicy.for_call``): the budget bounds
+        the whole call, retrieval and each source end where they say."""
         report = AssemblyReport(
             request_id=request.request_id,
             model=request.model,
@@ -128,10 +130,10 @@ class Assembler:
         tasks: list[asyncio.Task[None]] = []
         call = _Call(request, profile, report, state)
         try:
-            if deadline <= 0:
+            if deadlines.budget <= 0:
                 raise TimeoutError
-            async with asyncio.timeout(deadline):
-                assembly = await self._assemble(call, tasks, deadline)
+            async with asyncio.timeout(deadlines.budget):
+                assembly = await self._assemble(call, tasks, deadlines)
         except TimeoutError:
             assembly = self._fallback(call, Reason.DEADLINE_EXCEEDED)
         except Exception:
@@ -167,7 +169,9 @@ class Assembler:
 
     # -- the full path --------------------------------------------------------------------
 
-    async def _assemble(self, call: _Call, tasks: list[asyncio.Task[None]], deadline: float) -> Assembly:
+    async def _assemble(
+        self, call: _Call, tasks: list[asyncio.Task[None]], deadlines: CallDeadlines
+    ) -> Assembly:
         request, profile, report, state = call.request, call.profile, call.report, call.state
         t0 = time.perf_counter_ns()
         model = resolve_model(request.model, profile.models)
@@ -200,15 +204,12 @@ class Assembler:
             hot_limit=self._config.hot_limit,
             cold_limit=_search_limit(self._config.cold_limit, profile),
             lexical_limit=_search_limit(self._config.lexical_limit, profile),
-            directive_timeout=profile.deadlines.directive_ms / 1000,
-            hot_timeout=profile.deadlines.hot_ms / 1000,
-            cold_timeout=profile.deadlines.cold_ms / 1000,
             skip_cold_reason="memory budget below 1000 tokens" if preliminary.is_constrained else "",
-            ends_at=report.started_ns / 1e9 + deadline - self._config.compute_reserve_seconds,
+            deadlines=deadlines.retrieval(started_at=report.started_ns / 1e9, now=time.perf_counter()),
         )
         sources = self._retriever.start(plan, state)
         tasks.extend(s.task for s in sources)
-        await wait_for_sources(sources, plan.ends_at)
+        await wait_for_sources(sources, plan.deadlines.ends_at)
         self._cancel(tasks)
         _close_sources(state)
         for source, (start, end) in state.intervals.items():

@@ -12,7 +12,6 @@ cancel the rest: cancelling the tasks cancels the Redis and PostgreSQL work
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
+from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
 from ibex_context.stores.cold_plan import ColdMatches
@@ -29,27 +29,24 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetrievalPlan:
-    """What to fetch for one call, and how long each source may take (seconds)."""
+    """What to fetch for one call, and until when (``pipeline.deadlines``)."""
 
     org_id: str
     agent_id: str
     query: str
     hot_limit: int
     cold_limit: int
-    directive_timeout: float
-    hot_timeout: float
-    cold_timeout: float
+    # The call's deadline caps each source's own, so sources stop themselves (one
+    # cancellation each) exactly when the assembler stops waiting for them.
+    deadlines: RetrievalDeadlines
     # Set when the budget is too small for cold memories to matter.
     skip_cold_reason: str = ""
     # BM25 matches asked of the store, under the cold deadline; 0: no lexical search.
     lexical_limit: int = 0
-    # perf_counter() time by which every source must have answered: the call's own
-    # deadline caps each source's timeout, so sources stop themselves (one
-    # cancellation each) exactly when the assembler stops waiting for them.
-    ends_at: float = float("inf")
 
-    def timeout(self, own: float) -> float:
-        return min(own, self.ends_at - time.perf_counter())
+    def until_call_ends(self) -> float:
+        """Seconds left until the call stops waiting for retrieval."""
+        return self.deadlines.ends_at - time.perf_counter()
 
 
 @dataclass(slots=True)
@@ -114,26 +111,27 @@ class Retriever:
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         """Start every source; the caller waits for them (see ``wait_for_sources``)."""
-        now = time.perf_counter()
+        deadlines = plan.deadlines
         # One deadline for the cold task and for the wait on it: the task's own timer
         # must fire first, so it records how it ended before the caller cancels it.
-        cold_deadline = min(now + plan.cold_timeout, plan.ends_at)
         return [
             SourceTask(
                 asyncio.create_task(self._directive(plan, state), name="retrieve-directive"),
-                min(now + plan.directive_timeout, plan.ends_at),
+                deadlines.directive,
             ),
             SourceTask(
                 asyncio.create_task(self._hot_set(plan, state), name="retrieve-hot"),
-                min(now + plan.hot_timeout, plan.ends_at),
+                deadlines.hot,
             ),
             SourceTask(
-                asyncio.create_task(self._embed_and_search(plan, state, cold_deadline), name="retrieve-cold"),
-                cold_deadline,
+                asyncio.create_task(
+                    self._embed_and_search(plan, state, deadlines.cold), name="retrieve-cold"
+                ),
+                deadlines.cold,
             ),
             SourceTask(
-                asyncio.create_task(self._lexical(plan, state, cold_deadline), name="retrieve-lexical"),
-                cold_deadline,
+                asyncio.create_task(self._lexical(plan, state, deadlines.cold), name="retrieve-lexical"),
+                deadlines.cold,
             ),
         ]
 
@@ -145,7 +143,7 @@ class Retriever:
         directive = await _run_source(
             state,
             SourceName.DIRECTIVE,
-            plan.timeout(math.inf),
+            plan.until_call_ends(),
             lambda: self._directives.get_directive(plan.org_id, plan.agent_id),
             count=lambda d: 1 if d is not None else 0,
         )
@@ -160,7 +158,7 @@ class Retriever:
         hot = await _run_source(
             state,
             SourceName.HOT,
-            plan.timeout(math.inf),
+            plan.until_call_ends(),
             # Shielded: redis-py's connection release is not cancellation-safe (a cancel
             # landing while it waits for the pool lock or reconnects loses the connection
             # and, call after call, empties the pool). A hot-set read is one round trip

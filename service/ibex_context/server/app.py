@@ -33,6 +33,7 @@ from ibex_context.observability.exposition import HealthStatus, start_metrics_se
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
 from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.pipeline.retrieval import Retriever
@@ -41,7 +42,7 @@ from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.codec import LimitedProtoCodec
 from ibex_context.server.grpc_server import ServiceServer
-from ibex_context.server.handlers import ContextAssemblyHandler, DeadlinePolicy
+from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
@@ -185,11 +186,12 @@ class ContextService:
                 nonce_secret=(s.nonce_secret or secrets.token_hex(32)).encode(),
             ),
         )
+        deadlines = DeadlinePolicy(safety_margin=s.deadline_safety_margin_ms / 1000)
         self.assembly_handler = assembly = ContextAssemblyHandler(
             assembler=assembler,
             resolve_profile=self.profiles.resolve,
             limits=limits,
-            deadlines=DeadlinePolicy(safety_margin=s.deadline_safety_margin_ms / 1000),
+            deadlines=deadlines,
             injections=self._injections,
             inflight=self.inflight,
             report_sink=_attach_report,
@@ -208,7 +210,7 @@ class ContextService:
             limits=limits,
             inflight=self.inflight,
         )
-        await _warm_up(assembler)
+        await _warm_up(assembler, deadlines)
         self.health = ServiceHealth([postgres, redis], store_up=self.metrics.record_store_up)
         services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
         self.server = ServiceServer(
@@ -319,7 +321,7 @@ async def _monitor_stores(health: ServiceHealth) -> None:
         await asyncio.sleep(_STORE_MONITOR_INTERVAL_SECONDS)
 
 
-async def _warm_up(assembler: Assembler) -> None:
+async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
     """One assembly for a tenant nobody has, before accepting calls: opens the pools,
     loads the Redis scripts, prepares the statements and warms the embedder, so the
     first real call is not the slow one. Failures are fine (stores may be down)."""
@@ -333,7 +335,9 @@ async def _warm_up(assembler: Assembler) -> None:
         messages=(ChatMessage("user", "warm up"),),
     )
     try:
-        await assembler.assemble(request, DEFAULT_PROFILE, deadline=2.0)
+        # Two seconds for the whole call (first connections, script loads); the
+        # profile's own source timeouts still apply.
+        await assembler.assemble(request, DEFAULT_PROFILE, deadlines.within(2.0, DEFAULT_PROFILE.deadlines))
     except Exception:
         log.warning("warm-up assembly failed", exc_info=True)
 

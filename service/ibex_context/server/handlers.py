@@ -7,10 +7,8 @@ their own beyond validation and error mapping.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -21,6 +19,7 @@ from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest, StoreError
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
+from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue
 from ibex_context.pipeline.report import AssemblyReport, Outcome, Reason
 from ibex_context.profiles.model import Profile
@@ -35,12 +34,6 @@ OVERLOADED = Reason.OVERLOADED
 ReportSink = Callable[[AssemblyReport], None]
 
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlinePolicy:
-    # Kept back from the caller's gRPC deadline for serialization and the network.
-    safety_margin: float
 
 
 class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
@@ -84,15 +77,11 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
                 )
                 raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
             profile = self._resolve_profile(request.org_id, request.agent_id)
-            budget = profile.deadlines.assembly_ms / 1000
-            if stream.deadline is not None:
-                caller = stream.deadline.time_remaining() - self._deadlines.safety_margin
-                budget = min(budget, caller)
+            caller = stream.deadline.time_remaining() if stream.deadline is not None else None
+            deadlines = self._deadlines.for_call(profile.deadlines, caller)
             if self._limit.try_acquire():
                 try:
-                    assembly = await self._assembler.assemble(
-                        request, profile, budget if math.isfinite(budget) else 0
-                    )
+                    assembly = await self._assembler.assemble(request, profile, deadlines)
                 finally:
                     self._limit.release()
             else:
