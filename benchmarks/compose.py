@@ -15,7 +15,7 @@ write path counts them (``MemoryWrites.token_counts``), the default profile (xml
 Two cache states: ``new session`` (another nonce every call, memories seen before)
 and ``next turn`` (the same session's next call). CPU time is
 ``time.thread_time_ns`` around ``assemble``; the stage split comes from the
-assembly report.
+assembly's timings.
 """
 
 from __future__ import annotations
@@ -149,8 +149,9 @@ async def _run(
         assert assembly.memories, "nothing injected"
         samples["total"].append(elapsed)
         samples["injected"].append(len(assembly.memories))
+        stages_us = assembly.timings.stages_us()
         for stage in ("score", "pack", "format"):
-            samples[stage].append(assembly.report.stage_us(stage) * 1000)
+            samples[stage].append(stages_us[stage] * 1000)
     return samples
 
 

@@ -51,7 +51,16 @@ from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.report import STAGES, AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import (
+    STAGES,
+    AssemblyReport,
+    Outcome,
+    Reason,
+    SourceName,
+    SourceResult,
+    SourceStatus,
+    StageSpan,
+)
 from multidict import MultiDict
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import (
@@ -84,25 +93,33 @@ def summarise(ns: Sequence[int]) -> Sample:
 
 
 def a_report(*, degraded: bool = True) -> AssemblyReport:
-    report = AssemblyReport(request_id="req-1", model="gpt-4o", profile="default", encoding="o200k_base")
     t = time.perf_counter_ns()
-    report.started_ns = t
-    for i, stage in enumerate(STAGES):
-        report.add_stage(stage, t + i * 1_000_000, t + (i + 1) * 1_000_000)
-    report.finished_ns = t + 9_000_000
-    if degraded:
-        report.outcome = Outcome.DEGRADED
-        report.degradation = Degradation.HOT_ONLY
-        report.reasons = ["cold_timeout", "embed_error"]
-    report.sources = [
-        SourceResult("directive", SourceStatus.OK, 300, 1),
-        SourceResult("hot", SourceStatus.OK, 900, 12),
-        SourceResult("embed", SourceStatus.ERROR, 50, 0, "EmbeddingError"),
-        SourceResult("cold", SourceStatus.TIMEOUT, 35_000, 0, "timed out"),
-    ]
-    report.candidates_evaluated, report.memories_available, report.memories_injected = 12, 9, 6
-    report.memory_budget, report.memory_tokens_used, report.tokens_injected = 4000, 2100, 2300
-    return report
+    return AssemblyReport(
+        request_id="req-1",
+        model="gpt-4o",
+        profile="default",
+        encoding="o200k_base",
+        started_ns=t,
+        finished_ns=t + 9_000_000,
+        stages=tuple(
+            StageSpan(stage, t + i * 1_000_000, t + (i + 1) * 1_000_000) for i, stage in enumerate(STAGES)
+        ),
+        outcome=Outcome.DEGRADED if degraded else Outcome.FULL,
+        degradation=Degradation.HOT_ONLY if degraded else Degradation.FULL,
+        reasons=(Reason.COLD_TIMEOUT, Reason.EMBED_ERROR) if degraded else (),
+        sources=(
+            SourceResult(SourceName.DIRECTIVE, SourceStatus.OK, 300, 1),
+            SourceResult(SourceName.HOT, SourceStatus.OK, 900, 12),
+            SourceResult(SourceName.EMBED, SourceStatus.ERROR, 50, 0, "EmbeddingError"),
+            SourceResult(SourceName.COLD, SourceStatus.TIMEOUT, 35_000, 0, "timed out"),
+        ),
+        candidates_evaluated=12,
+        memories_available=9,
+        memories_injected=6,
+        memory_budget=4000,
+        memory_tokens_used=2100,
+        tokens_injected=2300,
+    )
 
 
 class _Deferred:

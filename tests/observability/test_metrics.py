@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
-from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus, plan_detail
+from ibex_context.pipeline.report import (
+    AssemblyReport,
+    Outcome,
+    SourceResult,
+    SourceStatus,
+    StageSpan,
+    plan_detail,
+)
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample
@@ -19,11 +29,8 @@ async def call(client: ContextClient, model: str) -> None:
     await client.assemble(org_id="org", agent_id="agent", model=model, messages=MESSAGES)
 
 
-def fresh_report(**changes: object) -> AssemblyReport:
-    report = AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000)
-    for key, value in changes.items():
-        setattr(report, key, value)
-    return report
+def fresh_report(**changes: Any) -> AssemblyReport:
+    return replace(AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000), **changes)
 
 
 def values(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -51,7 +58,7 @@ def test_assembly_duration_lands_in_the_bucket_of_its_outcome() -> None:
 
 def test_every_reason_counts_once_and_unknown_reasons_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(fresh_report(reasons=["cold_timeout", "hot_error", "tenant-42 exploded"]))
+    metrics.record_assembly(fresh_report(reasons=("cold_timeout", "hot_error", "tenant-42 exploded")))
 
     v = values(metrics)
     assert v[("ibex_context_fallbacks_total", frozenset({("reason", "cold_timeout")}))] == 1
@@ -74,12 +81,12 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
     metrics = Metrics(CollectorRegistry())
     metrics.record_assembly(
         fresh_report(
-            sources=[
+            sources=(
                 SourceResult("cold", SourceStatus.TIMEOUT),
                 SourceResult("hot", SourceStatus.ERROR),
                 SourceResult("directive", SourceStatus.OK),
                 SourceResult("embed", SourceStatus.SKIPPED),
-            ]
+            )
         )
     )
     v = values(metrics)
@@ -94,14 +101,14 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
 def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> None:
     metrics = Metrics(CollectorRegistry())
     for detail in (plan_detail("hnsw"), plan_detail("hnsw"), plan_detail("exact"), plan_detail("guess")):
-        metrics.record_assembly(fresh_report(sources=[SourceResult("cold", SourceStatus.OK, detail=detail)]))
+        metrics.record_assembly(fresh_report(sources=(SourceResult("cold", SourceStatus.OK, detail=detail),)))
     # A failed search and a skipped one name no plan; neither counts.
     metrics.record_assembly(
         fresh_report(
-            sources=[
+            sources=(
                 SourceResult("cold", SourceStatus.TIMEOUT, detail="no answer within 20.0 ms"),
                 SourceResult("cold", SourceStatus.SKIPPED, detail="cold_limit is 0"),
-            ]
+            )
         )
     )
     plans = {
@@ -114,9 +121,9 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
 
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
-    report = fresh_report()
-    report.add_stage("score", 0, 180_000)  # 180 us
-    report.add_stage("teleport", 0, 1_000)
+    report = fresh_report(
+        stages=(StageSpan("score", 0, 180_000), StageSpan("teleport", 0, 1_000))  # 180 us, 1 us
+    )
     metrics.record_assembly(report)
 
     v = values(metrics)

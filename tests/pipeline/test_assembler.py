@@ -13,6 +13,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy
+from ibex_context.pipeline.report import Reason, SourceName, SourceStatus
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import BudgetLimits, Deadlines, Profile, Scoring, ScoringWeights
 from ibex_context.tokens.counting import MessageTokenCounter
@@ -161,3 +162,20 @@ async def test_the_call_stops_waiting_for_a_late_source_once_nothing_else_keeps_
     assert assembly.reasons == ("hot_timeout",)
     # The cold search answered: COLD_ONLY names what was used.
     assert assembly.degradation is Degradation.COLD_ONLY and assembly.directive_injected
+
+
+async def test_an_assembly_carries_every_sources_outcome_and_its_stages_timings() -> None:
+    assembly = await (await _assembler()).assemble(REQUEST, Profile(), within(1.0, Profile()))
+    assert [s.source for s in assembly.sources] == list(SourceName)
+    assert {s.status for s in assembly.sources} == {SourceStatus.OK}
+    assert assembly.candidates_evaluated == 1
+    timings = assembly.timings
+    assert {s.stage for s in timings.stages} == {"budget", *SourceName, "score", "pack", "format"}
+    assert all(timings.started_ns <= s.start_ns <= s.end_ns <= timings.finished_ns for s in timings.stages)
+
+
+async def test_a_shed_call_fetches_nothing_and_reports_only_why() -> None:
+    assembly = (await _assembler()).shed(REQUEST, Profile(), Reason.OVERLOADED)
+    assert assembly.degradation is Degradation.PASS_THROUGH and assembly.reasons == (Reason.OVERLOADED,)
+    assert assembly.messages == REQUEST.messages
+    assert assembly.sources == () and assembly.timings.stages == () and assembly.budget is None

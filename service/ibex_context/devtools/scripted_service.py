@@ -1,11 +1,12 @@
 """A small scripted AssembleContext server for the observability and client tests and
 benchmarks/observability.py (no stores, no pipeline).
 
-It behaves like the real handler towards the observability layer: it builds an
-``AssemblyReport`` with real stage timings and attaches it to the current
-``CallState``. The request's ``model`` picks a scenario, so one server covers every
-path. It injects ``MEMORY_TEXT`` (distinctive memory text) into the messages it
-returns: tests check that none of it leaks into logs, labels or span attributes.
+It behaves like the real handler towards the observability layer: once it has
+answered, it builds one ``AssemblyReport`` with real stage timings and attaches it to
+the current ``CallState`` (a rejected request gets the report naming the field). The
+request's ``model`` picks a scenario, so one server covers every path. It injects
+``MEMORY_TEXT`` (distinctive memory text) into the messages it returns: tests check
+that none of it leaks into logs, labels or span attributes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from ibex_context.pipeline.report import (
     SourceName,
     SourceResult,
     SourceStatus,
+    StageSpan,
+    invalid_report,
 )
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
@@ -60,7 +63,8 @@ class ScriptedAssembly:
 
     calls: int = 0
     delay: float = 0.0
-    # The real handler only attaches its report; this one also names the request early.
+    # The real handler only attaches its report (when it is built); this one also names
+    # the request early.
     sets_request_id: bool = True
     seen_metadata: list[dict[str, str]] = field(default_factory=list)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tests.scripted_service"))
@@ -82,61 +86,46 @@ class ScriptedAssembly:
         request = await stream.recv_message()
         assert request is not None
         state = current_call.get()
-        report = AssemblyReport(
-            request_id=request.request_id or "generated-request-id",
-            model=request.model,
-            profile="default",
-            started_ns=time.perf_counter_ns(),
-        )
-        if state is not None:
-            state.report = report
-            if self.sets_request_id:
-                state.request_id = report.request_id
+        request_id = request.request_id or "generated-request-id"
+        started_ns = time.perf_counter_ns()
+        if state is not None and self.sets_request_id:
+            state.request_id = request_id
         # A handler that logs what it works on: the formatter must tag it, and the
         # tests check that only our (content-free) fields reach the output.
         self.log.info("assembling", extra={"messages": len(request.messages)})
         if self.delay:
             await asyncio.sleep(self.delay)
         if request.model == INVALID:
-            report.outcome = Outcome.INVALID
-            report.invalid_field = "org_id"
-            report.finished_ns = time.perf_counter_ns()
+            if state is not None:
+                state.report = invalid_report(request_id, request.model, "org_id")
             raise GRPCError(Status.INVALID_ARGUMENT, "org_id: must be a UUID")
         if request.model == CRASH:
             raise RuntimeError("handler bug")
         if request.model == SLOW:
             await asyncio.sleep(SLOW_SECONDS)
 
+        stages: list[StageSpan] = []
         for stage in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format"):
             start = time.perf_counter_ns()
             await asyncio.sleep(0)
-            report.add_stage(stage, start, time.perf_counter_ns())
-        report.sources = [
+            stages.append(StageSpan(stage, start, time.perf_counter_ns()))
+        sources = [
             SourceResult(SourceName.DIRECTIVE, SourceStatus.OK, 100, 1),
             SourceResult(SourceName.HOT, SourceStatus.OK, 200, 3),
             SourceResult(SourceName.EMBED, SourceStatus.OK, 50, 1),
             SourceResult(SourceName.COLD, SourceStatus.OK, 900, 4),
         ]
+        outcome, degradation = Outcome.FULL, Degradation.FULL
+        reasons: tuple[Reason, ...] = ()
         if request.model == COLD_TIMEOUT:
-            report.outcome = Outcome.DEGRADED
-            report.degradation = Degradation.HOT_ONLY
-            report.reasons = [Reason.COLD_TIMEOUT]
-            report.sources[3] = SourceResult(
+            outcome, degradation, reasons = Outcome.DEGRADED, Degradation.HOT_ONLY, (Reason.COLD_TIMEOUT,)
+            sources[3] = SourceResult(
                 SourceName.COLD, SourceStatus.TIMEOUT, 35_000, 0, "timed out after 35 ms"
             )
         if request.model == UNKNOWN_REASON:
-            report.outcome = Outcome.DEGRADED
             # A reason this version does not know (one a newer pipeline might report).
-            report.reasons = [cast(Reason, "martian_interference")]
-        report.candidates_evaluated = 7
-        report.memories_available = 5
-        report.memories_injected = 2
-        report.directive_injected = True
-        report.tokens_injected = 260
-        report.memory_budget = 1000
-        report.memory_tokens_used = 250
-        report.encoding = "o200k_base"
-        report.finished_ns = time.perf_counter_ns()
+            outcome, reasons = Outcome.DEGRADED, (cast(Reason, "martian_interference"),)
+        finished_ns = time.perf_counter_ns()
 
         messages = [pb.Message(role="system", content=f"{DIRECTIVE_TEXT}\nKnown: {MEMORY_TEXT}")]
         if request.model != EMPTY:
@@ -147,14 +136,36 @@ class ScriptedAssembly:
             directive_injected=True,
             memories_injected=2,
             memories_available=5,
-            fallback_reason=report.reasons[0] if report.reasons else "",
-            degradation_reasons=report.reasons,
-            request_id=report.request_id,
+            fallback_reason=reasons[0] if reasons else "",
+            degradation_reasons=reasons,
+            request_id=request_id,
             profile="default",
         )
         start = time.perf_counter_ns()
         await stream.send_message(pb.AssembleContextResponse(messages=messages, metadata=metadata))
-        report.add_stage("serialize", start, time.perf_counter_ns())
+        stages.append(StageSpan("serialize", start, time.perf_counter_ns()))
+        # Like the real handler: the report is built once, after the send.
+        if state is not None:
+            state.report = AssemblyReport(
+                request_id=request_id,
+                model=request.model,
+                profile="default",
+                started_ns=started_ns,
+                finished_ns=finished_ns,
+                outcome=outcome,
+                degradation=degradation,
+                reasons=reasons,
+                stages=tuple(stages),
+                sources=tuple(sources),
+                candidates_evaluated=7,
+                memories_available=5,
+                memories_injected=2,
+                directive_injected=True,
+                tokens_injected=260,
+                memory_budget=1000,
+                memory_tokens_used=250,
+                encoding="o200k_base",
+            )
 
 
 def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

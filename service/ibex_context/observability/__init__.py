@@ -8,7 +8,8 @@ Wiring (once, in the app factory)::
     instrument_server(server, metrics=metrics, tracing=tracing, log=logging.getLogger("ibex_context.access"))
     metrics_server = start_metrics_server(settings.metrics_port, metrics.registry)  # .port, await .close()
 
-Handlers attach their report with ``state = current_call.get(); if state: state.report = report``.
+Handlers attach their report, built once when the call is answered (never changed after),
+with ``state = current_call.get(); if state: state.report = report``.
 """
 
 from ibex_context.observability.calls import instrument_server

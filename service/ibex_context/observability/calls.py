@@ -119,7 +119,7 @@ class CallObserver:
             if state.method.startswith(QUIET_METHOD_PREFIXES):
                 return
             trace_id = self._tracing.record(state)
-            report = state.finished_report
+            report = state.report
             if report is not None:
                 self._metrics.record_assembly(report, trace_id=trace_id, call_seconds=state.duration_seconds)
             elif state.method == ASSEMBLE_CONTEXT_METHOD and state.status is not Status.OK:
@@ -170,7 +170,7 @@ def access_log_fields(state: CallState, *, traced: bool) -> dict[str, object]:
     }
     if state.deadline_ms is not None:
         fields["deadline_ms"] = round(state.deadline_ms, 3)
-    report = state.finished_report
+    report = state.report
     if report is None:
         if state.method == ASSEMBLE_CONTEXT_METHOD and state.status not in (None, Status.OK):
             outcome, reason = unfinished_outcome(state.status)

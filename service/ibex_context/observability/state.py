@@ -14,12 +14,13 @@ from grpclib.const import Status
 from grpclib.metadata import Deadline
 from opentelemetry.context import Context
 
-from ibex_context.pipeline.report import AssemblyReport, Outcome
+from ibex_context.pipeline.report import AssemblyReport
 
 
 @dataclass(slots=True, eq=False)
 class CallState:
-    """What the observability layer knows about one RPC. Mutable: the handler fills ``report``.
+    """What the observability layer knows about one RPC. Mutable: the handler attaches its
+    ``report``, the listeners stamp the end and the status.
 
     Times are ``time.perf_counter_ns()``; ``epoch_offset_ns`` converts them to Unix
     nanoseconds (captured once at call start, so every span of the call shares one clock).
@@ -39,6 +40,9 @@ class CallState:
     deadline: Deadline | None = None
     # Time the caller gave us, as remaining when the request arrived.
     deadline_ms: float | None = None
+    # Attached by the handler once built, whole (``pipeline.report``): after the response
+    # was sent, or when the request was rejected. None when the call was cut short
+    # (deadline, cancellation, crash) before its assembly was answered.
     report: AssemblyReport | None = None
     status: Status | None = None
     end_ns: int = 0
@@ -50,18 +54,6 @@ class CallState:
     @property
     def duration_seconds(self) -> float:
         return max(0, self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def finished_report(self) -> AssemblyReport | None:
-        """The report if the assembly got to the end (or rejected the request), else None.
-
-        A handler may attach its report early; when the call is cut short (deadline,
-        cancellation, crash) that report is half-filled and its outcome is not the truth.
-        """
-        report = self.report
-        if report is not None and (report.finished_ns > 0 or report.outcome is Outcome.INVALID):
-            return report
-        return None
 
     @property
     def trace_id_hex(self) -> str:

@@ -271,9 +271,7 @@ def call_attributes(state: CallState, sampling_reason: str) -> dict[str, Attribu
         attributes["ibex.request_id"] = state.request_id
     if state.deadline_ms is not None:
         attributes["ibex.deadline_ms"] = round(state.deadline_ms, 3)
-    # A report cut short by the deadline or a cancellation has stages worth seeing (they
-    # still become child spans) but an outcome that is not the truth.
-    report = state.finished_report
+    report = state.report
     if report is not None:
         attributes.update(report_attributes(report))
     return attributes

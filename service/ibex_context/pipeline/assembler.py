@@ -31,8 +31,8 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
@@ -41,12 +41,12 @@ from ibex_context.pipeline.deadlines import CallDeadlines
 from ibex_context.pipeline.formatting import FormattedContext, format_context
 from ibex_context.pipeline.report import (
     SOURCES,
-    AssemblyReport,
-    Outcome,
     Reason,
     SourceName,
     SourceResult,
     SourceStatus,
+    StageSpan,
+    Timings,
 )
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.profiles.model import Profile
@@ -71,7 +71,8 @@ class AssemblyRequest:
 
 @dataclass(frozen=True, slots=True)
 class Assembly:
-    """The result of one assembly, before it is put on the wire."""
+    """The result of one assembly, before it is put on the wire; its report is built
+    from it (``report.build_report``)."""
 
     messages: tuple[ChatMessage, ...]
     directive_injected: bool
@@ -84,7 +85,10 @@ class Assembly:
     reasons: tuple[Reason, ...]
     budget: TokenBudget | None
     memory_tokens_used: int
-    report: AssemblyReport
+    # Every source's outcome, in ``SOURCES`` order.
+    sources: tuple[SourceResult, ...]
+    candidates_evaluated: int
+    timings: Timings
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,59 +124,33 @@ class Assembler:
     ) -> Assembly:
         """Assemble within ``deadlines`` (``DeadlinePolicy.for_call``): the budget bounds
         the whole call, retrieval and each source end where they say."""
-        report = AssemblyReport(
-            request_id=request.request_id,
-            model=request.model,
-            profile=profile.name,
-            started_ns=time.perf_counter_ns(),
-        )
-        state = RetrievalState()
+        call = _Call(request, profile, time.perf_counter_ns())
         tasks: list[asyncio.Task[None]] = []
-        call = _Call(request, profile, report, state)
         try:
             if deadlines.budget <= 0:
                 raise TimeoutError
             async with asyncio.timeout(deadlines.budget):
-                assembly = await self._assemble(call, tasks, deadlines)
+                return await self._assemble(call, tasks, deadlines)
         except TimeoutError:
-            assembly = self._fallback(call, Reason.DEADLINE_EXCEEDED)
+            failure = Reason.DEADLINE_EXCEEDED
         except Exception:
             log.exception("assembly failed; degrading", extra={"request_id": request.request_id})
-            assembly = self._fallback(call, Reason.ASSEMBLY_ERROR)
+            failure = Reason.ASSEMBLY_ERROR
         finally:
             self._cancel(tasks)
-        report.finished_ns = time.perf_counter_ns()
-        return assembly
+        return self._fallback(call, failure)
 
     def shed(self, request: AssemblyRequest, profile: Profile, reason: Reason) -> Assembly:
         """The client's messages unchanged, at once, with ``reason`` (the server is over
         capacity): nothing is fetched, counted or formatted."""
-        report = AssemblyReport(
-            request_id=request.request_id,
-            model=request.model,
-            profile=profile.name,
-            started_ns=time.perf_counter_ns(),
-        )
-        assembly = self._finish(
-            _Call(request, profile, report, RetrievalState()),
-            messages=request.messages,
-            directive_injected=False,
-            memories=(),
-            tokens_injected=0,
-            memory_tokens=0,
-            was_truncated=False,
-            degradation=Degradation.PASS_THROUGH,
-            reasons=[reason],
-        )
-        report.finished_ns = time.perf_counter_ns()
-        return assembly
+        return self._pass_through(_Call(request, profile, time.perf_counter_ns()), {}, [reason])
 
     # -- the full path --------------------------------------------------------------------
 
     async def _assemble(
         self, call: _Call, tasks: list[asyncio.Task[None]], deadlines: CallDeadlines
     ) -> Assembly:
-        request, profile, report, state = call.request, call.profile, call.report, call.state
+        request, profile, state = call.request, call.profile, call.state
         t0 = time.perf_counter_ns()
         model = resolve_model(request.model, profile.models)
         encoding = self._encodings.get(model.encoding)
@@ -190,12 +168,11 @@ class Assembler:
             approximation_reason=approximation,
         )
         call.encoding, call.messages_tokens, call.budget = encoding, messages_tokens, preliminary
-        report.encoding, report.exact_tokens = encoding.name, exact
-        report.add_stage("budget", t0, time.perf_counter_ns())
+        call.stages.append(StageSpan("budget", t0, time.perf_counter_ns()))
         if preliminary.window_remaining < 0:
             # Not even the response reserve fits beside the client's messages: anything
             # injected would eat the model's answer. No store is asked.
-            return self._pass_through(call, [Reason.MESSAGES_EXCEED_WINDOW])
+            return self._pass_through(call, {}, [Reason.MESSAGES_EXCEED_WINDOW])
 
         plan = RetrievalPlan(
             org_id=request.org_id,
@@ -205,29 +182,31 @@ class Assembler:
             cold_limit=_search_limit(self._config.cold_limit, profile),
             lexical_limit=_search_limit(self._config.lexical_limit, profile),
             skip_cold_reason="memory budget below 1000 tokens" if preliminary.is_constrained else "",
-            deadlines=deadlines.retrieval(started_at=report.started_ns / 1e9, now=time.perf_counter()),
+            deadlines=deadlines.retrieval(started_at=call.started_ns / 1e9, now=time.perf_counter()),
         )
         sources = self._retriever.start(plan, state)
         tasks.extend(s.task for s in sources)
         await wait_for_sources(sources, plan.deadlines.ends_at)
         self._cancel(tasks)
-        _close_sources(state)
         for source, (start, end) in state.intervals.items():
-            report.add_stage(source, start, end)
-        return self._compose(call, _reasons(state))
+            call.stages.append(StageSpan(source, start, end))
+        answered = _closed(state.sources)
+        return self._compose(call, answered, _reasons(answered))
 
-    def _compose(self, call: _Call, reasons: list[Reason]) -> Assembly:
-        request, report, state = call.request, call.report, call.state
+    def _compose(
+        self, call: _Call, sources: Mapping[SourceName, SourceResult], reasons: list[Reason]
+    ) -> Assembly:
+        request, state = call.request, call.state
         assert call.encoding is not None and call.budget is not None
         candidates = state.candidates()
-        lexical = state.sources.get(SourceName.LEXICAL)
+        lexical = sources[SourceName.LEXICAL]
         composition = compose(
             ComposeInput(
                 messages=request.messages,
                 directive=state.directive.content if state.directive else None,
                 candidates=candidates,
                 query_embedding=state.query_embedding,
-                lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
+                lexical_searched=lexical.status is SourceStatus.OK,
                 profile=call.profile,
                 encoding=call.encoding,
                 messages_tokens=call.messages_tokens,
@@ -238,16 +217,21 @@ class Assembler:
             self._counter,
         )
         t0, t1, t2, t3 = composition.marks
-        report.add_stage("score", t0, t1)
-        report.add_stage("pack", t1, t2)
-        report.add_stage("format", t2, t3)
-        report.candidates_evaluated = len(candidates)
-        report.memories_available = composition.memories_available
+        call.stages.extend(
+            (StageSpan("score", t0, t1), StageSpan("pack", t1, t2), StageSpan("format", t2, t3))
+        )
         call.budget = composition.budget
         if composition.directive_exceeds_window:
-            return self._pass_through(call, [Reason.DIRECTIVE_EXCEEDS_WINDOW, *reasons])
+            return self._pass_through(
+                call,
+                sources,
+                [Reason.DIRECTIVE_EXCEEDS_WINDOW, *reasons],
+                candidates_evaluated=len(candidates),
+                memories_available=composition.memories_available,
+            )
         return self._finish(
             call,
+            sources,
             messages=composition.messages,
             directive_injected=composition.directive_injected,
             memories=composition.memories,
@@ -256,6 +240,8 @@ class Assembler:
             was_truncated=composition.was_truncated,
             degradation=_degradation(state, reasons),
             reasons=reasons,
+            candidates_evaluated=len(candidates),
+            memories_available=composition.memories_available,
         )
 
     # -- degraded paths -------------------------------------------------------------------
@@ -263,8 +249,8 @@ class Assembler:
     def _fallback(self, call: _Call, reason: Reason) -> Assembly:
         """Answer at once: the directive if it was fetched, else the messages unchanged."""
         state = call.state
-        _close_sources(state)
-        reasons = [reason, *(r for r in _reasons(state) if r != reason)]
+        sources = _closed(state.sources)
+        reasons = [reason, *(r for r in _reasons(sources) if r != reason)]
         directive = state.directive.content if state.directive else None
         if directive is not None and call.encoding is not None:
             try:
@@ -278,9 +264,10 @@ class Assembler:
                 )
                 tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
                 if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
-                    return self._pass_through(call, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
+                    return self._pass_through(call, sources, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
                 return self._finish(
                     call,
+                    sources,
                     messages=formatted.messages,
                     directive_injected=formatted.injected,
                     memories=(),
@@ -294,15 +281,23 @@ class Assembler:
                 log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
                 reasons.append(Reason.ASSEMBLY_ERROR)
         level = Degradation.DIRECTIVE_ONLY if state.directive_done else Degradation.PASS_THROUGH
-        return self._pass_through(call, reasons, level)
+        return self._pass_through(call, sources, reasons, level)
 
     def _pass_through(
-        self, call: _Call, reasons: list[Reason], level: Degradation = Degradation.PASS_THROUGH
+        self,
+        call: _Call,
+        sources: Mapping[SourceName, SourceResult],
+        reasons: list[Reason],
+        level: Degradation = Degradation.PASS_THROUGH,
+        *,
+        candidates_evaluated: int = 0,
+        memories_available: int = 0,
     ) -> Assembly:
         """The client's messages unchanged, with ``reasons`` and ``level`` (DIRECTIVE_ONLY
         when the directive was fetched but could not be injected)."""
         return self._finish(
             call,
+            sources,
             messages=call.request.messages,
             directive_injected=False,
             memories=(),
@@ -311,11 +306,14 @@ class Assembler:
             was_truncated=False,
             degradation=level,
             reasons=reasons,
+            candidates_evaluated=candidates_evaluated,
+            memories_available=memories_available,
         )
 
     def _finish(
         self,
         call: _Call,
+        sources: Mapping[SourceName, SourceResult],
         *,
         messages: tuple[ChatMessage, ...],
         directive_injected: bool,
@@ -325,41 +323,30 @@ class Assembler:
         was_truncated: bool,
         degradation: Degradation,
         reasons: Sequence[Reason],
+        candidates_evaluated: int = 0,
+        memories_available: int = 0,
     ) -> Assembly:
-        report, budget = call.report, call.budget
+        """The one place an ``Assembly`` is made: every path ends here, and the call's
+        timings end with it."""
+        budget = call.budget
         window = budget.context_window if budget else 0
         used = call.messages_tokens + tokens_injected
-        # Rounded up: above 100 means past the window, never hidden by rounding down.
-        window_used = math.ceil(100 * used / window) if window else 0
-        report.degradation = degradation
-        report.reasons = list(reasons)
-        report.outcome = {
-            Degradation.FULL: Outcome.FULL,
-            Degradation.HOT_ONLY: Outcome.DEGRADED,
-            Degradation.COLD_ONLY: Outcome.DEGRADED,
-            Degradation.PARTIAL: Outcome.DEGRADED,
-        }.get(degradation, Outcome.FALLBACK)
-        if degradation is Degradation.FULL and reasons:
-            report.outcome = Outcome.DEGRADED
-        report.sources = [call.state.sources[s] for s in SOURCES if s in call.state.sources]
-        report.memories_injected = len(memories)
-        report.directive_injected = directive_injected
-        report.tokens_injected = tokens_injected
-        report.memory_budget = budget.memory_budget if budget else 0
-        report.memory_tokens_used = memory_tokens
         return Assembly(
             messages=tuple(messages),
             directive_injected=directive_injected,
             memories=memories,
-            memories_available=report.memories_available,
+            memories_available=memories_available,
             tokens_injected=tokens_injected,
-            context_window_used=window_used,
+            # Rounded up: above 100 means past the window, never hidden by rounding down.
+            context_window_used=math.ceil(100 * used / window) if window else 0,
             was_truncated=was_truncated,
             degradation=degradation,
             reasons=tuple(reasons),
             budget=budget,
             memory_tokens_used=memory_tokens,
-            report=report,
+            sources=tuple(sources[s] for s in SOURCES if s in sources),
+            candidates_evaluated=candidates_evaluated,
+            timings=Timings(call.started_ns, time.perf_counter_ns(), tuple(call.stages)),
         )
 
     # -- helpers --------------------------------------------------------------------------
@@ -390,13 +377,17 @@ class Assembler:
 
 @dataclass(slots=True)
 class _Call:
+    """How far one call got: what a fallback may still use when the deadline cuts the
+    call at any await, and the stages' timings so far. Private to one ``assemble``."""
+
     request: AssemblyRequest
     profile: Profile
-    report: AssemblyReport
-    state: RetrievalState
+    started_ns: int
+    state: RetrievalState = field(default_factory=RetrievalState)
     encoding: Encoding | None = None
     messages_tokens: int = 0
     budget: TokenBudget | None = None
+    stages: list[StageSpan] = field(default_factory=list)
 
 
 # The most rows one search asks for (pgvector's hnsw.ef_search tops out at 1000).
@@ -427,23 +418,25 @@ def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:
     return ""
 
 
-def _close_sources(state: RetrievalState) -> None:
-    """Sources still running when we stop waiting count as timed out."""
-    for source in SOURCES:
-        if source not in state.sources:
-            state.sources[source] = SourceResult(
-                source, SourceStatus.TIMEOUT, 0, 0, "still running at the call deadline"
-            )
+# A source still running when the call stops waiting counts as timed out.
+_STILL_RUNNING = {
+    source: SourceResult(source, SourceStatus.TIMEOUT, 0, 0, "still running at the call deadline")
+    for source in SOURCES
+}
 
 
-def _reasons(state: RetrievalState) -> list[Reason]:
+def _closed(sources: Mapping[SourceName, SourceResult]) -> dict[SourceName, SourceResult]:
+    """Every source's outcome when the call stops waiting (a snapshot: a cancelled task
+    records its own ending later, into the retrieval state only)."""
+    return {source: sources.get(source) or _STILL_RUNNING[source] for source in SOURCES}
+
+
+def _reasons(sources: Mapping[SourceName, SourceResult]) -> list[Reason]:
     reasons = []
-    for source in SOURCES:
-        result = state.sources.get(source)
-        if result is not None:
-            reason = Reason.of_source(source, result.status)
-            if reason is not None:
-                reasons.append(reason)
+    for result in sources.values():
+        reason = Reason.of_source(result.source, result.status)
+        if reason is not None:
+            reasons.append(reason)
     return Reason.ordered(reasons)
 
 

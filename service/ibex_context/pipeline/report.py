@@ -1,16 +1,22 @@
 """What one assembly did: the single record metrics, traces and logs are built from.
 
-The assembler fills an ``AssemblyReport`` as it goes; observability reads it
-after the response (``observability``), so the request path carries no
+An ``AssemblyReport`` is a value, built once by ``build_report`` from what the call
+produced (the ``Assembly``: its sources' outcomes, its stages' timings, its token
+accounting) and the response's send, after the send. Observability reads it after
+the response (``observability``); nothing changes it, so the request path carries no
 metrics or tracing calls of its own.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ibex_context.models import Degradation
+
+if TYPE_CHECKING:
+    from ibex_context.pipeline.assembler import Assembly, AssemblyRequest
 
 STAGES: tuple[str, ...] = (
     "budget",
@@ -95,7 +101,7 @@ class SourceStatus(enum.IntEnum):
     SKIPPED = 4
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StageSpan:
     """A stage's wall-clock interval, ``time.perf_counter_ns()`` based."""
 
@@ -106,6 +112,35 @@ class StageSpan:
     @property
     def duration_us(self) -> int:
         return (self.end_ns - self.start_ns) // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """When an assembly started and finished and its stages' intervals, collected as
+    the call ran (``time.perf_counter_ns()``)."""
+
+    started_ns: int
+    finished_ns: int
+    stages: tuple[StageSpan, ...] = ()
+
+    @property
+    def total_us(self) -> int:
+        return max(0, self.finished_ns - self.started_ns) // 1000
+
+    def stages_us(self) -> dict[str, int]:
+        """Microseconds per stage name (a stage that ran twice is summed)."""
+        durations: dict[str, int] = {}
+        for span in self.stages:
+            durations[span.stage] = durations.get(span.stage, 0) + span.duration_us
+        return durations
+
+    @property
+    def retrieval_us(self) -> int:
+        """From the first source's start to the last one's end."""
+        spans = [s for s in self.stages if s.stage in _SOURCE_NAMES]
+        if not spans:
+            return 0
+        return (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) // 1000
 
 
 # The cold source's ``detail`` when it answered: which plan searched (stores.cold_plan),
@@ -122,7 +157,7 @@ def plan_of(detail: str) -> str | None:
     return detail[len(_PLAN_PREFIX) :] if detail.startswith(_PLAN_PREFIX) else None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SourceResult:
     source: SourceName
     status: SourceStatus
@@ -131,19 +166,20 @@ class SourceResult:
     detail: str = ""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class AssemblyReport:
     request_id: str
     model: str = ""
     profile: str = ""
+    # 0 for a request rejected before any assembly (nothing was timed).
     started_ns: int = 0
     finished_ns: int = 0
     outcome: Outcome = Outcome.FULL
     degradation: Degradation = Degradation.FULL
     # Most severe first; the first is the wire's fallback_reason.
-    reasons: list[Reason] = field(default_factory=list)
-    stages: list[StageSpan] = field(default_factory=list)
-    sources: list[SourceResult] = field(default_factory=list)
+    reasons: tuple[Reason, ...] = ()
+    stages: tuple[StageSpan, ...] = ()
+    sources: tuple[SourceResult, ...] = ()
     candidates_evaluated: int = 0
     memories_available: int = 0
     memories_injected: int = 0
@@ -166,11 +202,50 @@ class AssemblyReport:
             return 0.0
         return min(1.0, self.memory_tokens_used / self.memory_budget)
 
-    def add_stage(self, stage: str, start_ns: int, end_ns: int) -> None:
-        self.stages.append(StageSpan(stage, start_ns, end_ns))
 
-    def stage_us(self, stage: str) -> int:
-        return sum(s.duration_us for s in self.stages if s.stage == stage)
+def outcome_of(degradation: Degradation, reasons: tuple[Reason, ...]) -> Outcome:
+    """The metrics' outcome of a degradation level: FULL only when nothing went wrong."""
+    if degradation is Degradation.FULL:
+        return Outcome.DEGRADED if reasons else Outcome.FULL
+    if degradation in _DEGRADED_LEVELS:
+        return Outcome.DEGRADED
+    return Outcome.FALLBACK
+
+
+def build_report(
+    request: AssemblyRequest, profile: str, assembly: Assembly, serialize: StageSpan | None = None
+) -> AssemblyReport:
+    """The report of an answered call: ``assembly`` as put on the wire for ``request``
+    under the profile named ``profile``, and the response's send (``serialize``; None
+    when the send did not finish). Pure: reads its arguments, changes none."""
+    budget, timings = assembly.budget, assembly.timings
+    return AssemblyReport(
+        request_id=request.request_id,
+        model=request.model,
+        profile=profile,
+        started_ns=timings.started_ns,
+        finished_ns=timings.finished_ns,
+        outcome=outcome_of(assembly.degradation, assembly.reasons),
+        degradation=assembly.degradation,
+        reasons=assembly.reasons,
+        stages=timings.stages if serialize is None else (*timings.stages, serialize),
+        sources=assembly.sources,
+        candidates_evaluated=assembly.candidates_evaluated,
+        memories_available=assembly.memories_available,
+        memories_injected=len(assembly.memories),
+        directive_injected=assembly.directive_injected,
+        tokens_injected=assembly.tokens_injected,
+        memory_budget=budget.memory_budget if budget else 0,
+        memory_tokens_used=assembly.memory_tokens_used,
+        # The encoding counted with; none before the model was resolved.
+        encoding=budget.encoding if budget else "",
+        exact_tokens=budget.exact if budget else True,
+    )
+
+
+def invalid_report(request_id: str, model: str, field: str) -> AssemblyReport:
+    """The report of a request rejected with INVALID_ARGUMENT naming ``field``."""
+    return AssemblyReport(request_id=request_id, model=model, outcome=Outcome.INVALID, invalid_field=field)
 
 
 _SOURCE_REASONS: dict[tuple[SourceName, SourceStatus], Reason] = {
@@ -181,4 +256,6 @@ _SOURCE_REASONS: dict[tuple[SourceName, SourceStatus], Reason] = {
 _REASON_SOURCES: dict[Reason, SourceName] = {
     reason: source for (source, _), reason in _SOURCE_REASONS.items()
 }
+_SOURCE_NAMES: frozenset[str] = frozenset(SourceName)
+_DEGRADED_LEVELS = frozenset({Degradation.HOT_ONLY, Degradation.COLD_ONLY, Degradation.PARTIAL})
 _SEVERITY: dict[Reason, int] = {reason: rank for rank, reason in enumerate(Reason)}

@@ -227,11 +227,10 @@ class Retriever:
             remaining,
             lambda: self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit),
             count=len,
+            describe=_chosen_plan,
         )
         if not isinstance(cold, _Failed):
             state.cold = cold
-            if isinstance(cold, ColdMatches):  # the plan the store chose, into the metadata
-                state.sources[SourceName.COLD].detail = plan_detail(cold.plan.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +276,7 @@ async def _run_source(
     call: Callable[[], Awaitable[T]],
     *,
     count: Callable[[T], int],
+    describe: Callable[[T], str] | None = None,
 ) -> T | _Failed:
     """Run one source under its timeout and record its outcome; never raises
     (except CancelledError, which must propagate so the work is cancelled)."""
@@ -289,6 +289,8 @@ async def _run_source(
         async with asyncio.timeout(timeout):
             value = await call()
         result, n = value, count(value)
+        if describe is not None:
+            detail = describe(value)
     except TimeoutError:
         status, detail = SourceStatus.TIMEOUT, f"no answer within {timeout * 1000:.1f} ms"
     except asyncio.CancelledError:
@@ -304,6 +306,11 @@ async def _run_source(
     state.intervals[source] = (start, end)
     state.sources[source] = SourceResult(source, status, (end - start) // 1000, n, detail)
     return result
+
+
+def _chosen_plan(found: list[MemoryRecord]) -> str:
+    """The cold source's detail: the plan the store chose, into the metadata and metrics."""
+    return plan_detail(found.plan.value) if isinstance(found, ColdMatches) else ""
 
 
 def _shielded(call: Coroutine[Any, Any, T]) -> asyncio.Future[T]:

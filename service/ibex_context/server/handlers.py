@@ -21,7 +21,7 @@ from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue
-from ibex_context.pipeline.report import AssemblyReport, Outcome, Reason
+from ibex_context.pipeline.report import AssemblyReport, Reason, StageSpan, build_report, invalid_report
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
@@ -68,11 +68,10 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
                 request = validation.assemble_request(message, self._limits)
             except InvalidRequest as exc:
                 self._report_sink(
-                    AssemblyReport(
-                        request_id=validation.loggable(message.request_id, 128),
-                        model=validation.loggable(message.model.strip(), 200),
-                        outcome=Outcome.INVALID,
-                        invalid_field=exc.field,
+                    invalid_report(
+                        validation.loggable(message.request_id, 128),
+                        validation.loggable(message.model.strip(), 200),
+                        exc.field,
                     )
                 )
                 raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
@@ -86,12 +85,18 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
                     self._limit.release()
             else:
                 assembly = self._assembler.shed(request, profile, OVERLOADED)
-            response = convert.assemble_response(assembly)
-            report = assembly.report
-            self._report_sink(report)
+            response = convert.assemble_response(
+                assembly, request_id=request.request_id, profile=profile.name
+            )
+            serialize: StageSpan | None = None
             start = time.perf_counter_ns()
-            await stream.send_message(response)
-            report.add_stage("serialize", start, time.perf_counter_ns())
+            try:
+                await stream.send_message(response)
+                serialize = StageSpan("serialize", start, time.perf_counter_ns())
+            finally:
+                # Built once, after the last thing it describes; what runs after the
+                # response (metrics, spans, the access log) only reads it.
+                self._report_sink(build_report(request, profile.name, assembly, serialize))
             if assembly.memories:
                 self._injections.submit(
                     request.org_id, request.agent_id, [m.memory.id for m in assembly.memories]
