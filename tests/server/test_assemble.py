@@ -79,6 +79,13 @@ async def test_stored_memories_are_injected_and_the_relevant_one_scores_highest(
     assert "Answer briefly." in response.messages[0].content
     assert response.messages[1].content == "what is the wifi password at the Lisbon office?"
     assert md.tokens.encoding == "o200k_base" and md.tokens.exact
+    # The timings of the call's own stages: retrieval spans its sources, the total all.
+    t = md.timings
+    sources = (t.directive_us, t.hot_us, t.embed_us, t.cold_us, t.lexical_us)
+    assert t.cold_us > 0 and t.hot_us > 0 and t.pack_us > 0
+    assert max(sources) <= t.retrieval_us <= t.total_us
+    assert t.budget_us + t.retrieval_us + t.score_us + t.pack_us + t.format_us <= t.total_us
+    assert (md.request_id, md.profile) == ("test", "tests/generous")
 
 
 async def test_injected_text_recounted_with_tiktoken_never_exceeds_the_budget(
