@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ibex_context.client import ContextClient
@@ -30,7 +29,7 @@ async def call(client: ContextClient, model: str) -> None:
 
 
 def fresh_report(**changes: Any) -> AssemblyReport:
-    return replace(AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000), **changes)
+    return AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000)._replace(**changes)
 
 
 def values(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

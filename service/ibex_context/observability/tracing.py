@@ -305,7 +305,7 @@ def report_attributes(report: AssemblyReport) -> dict[str, AttributeValue]:
 def source_attributes(source: SourceResult) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
         "ibex.source.status": source.status.name.lower(),
-        "ibex.source.count": source.count,
+        "ibex.source.count": source.found,
     }
     if source.detail:
         attributes["ibex.source.detail"] = source.detail[:_MAX_DETAIL_CHARS]

@@ -85,7 +85,7 @@ class Assembly:
     reasons: tuple[Reason, ...]
     budget: TokenBudget | None
     memory_tokens_used: int
-    # Every source's outcome, in ``SOURCES`` order.
+    # Every source's outcome, in ``SOURCES`` order (none when no source was asked).
     sources: tuple[SourceResult, ...]
     candidates_evaluated: int
     timings: Timings
@@ -143,7 +143,7 @@ class Assembler:
     def shed(self, request: AssemblyRequest, profile: Profile, reason: Reason) -> Assembly:
         """The client's messages unchanged, at once, with ``reason`` (the server is over
         capacity): nothing is fetched, counted or formatted."""
-        return self._pass_through(_Call(request, profile, time.perf_counter_ns()), {}, [reason])
+        return self._pass_through(_Call(request, profile, time.perf_counter_ns()), (), [reason])
 
     # -- the full path --------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ class Assembler:
         if preliminary.window_remaining < 0:
             # Not even the response reserve fits beside the client's messages: anything
             # injected would eat the model's answer. No store is asked.
-            return self._pass_through(call, {}, [Reason.MESSAGES_EXCEED_WINDOW])
+            return self._pass_through(call, (), [Reason.MESSAGES_EXCEED_WINDOW])
 
         plan = RetrievalPlan(
             org_id=request.org_id,
@@ -190,23 +190,21 @@ class Assembler:
         self._cancel(tasks)
         for source, (start, end) in state.intervals.items():
             call.stages.append(StageSpan(source, start, end))
-        answered = _closed(state.sources)
-        return self._compose(call, answered, _reasons(answered))
+        outcomes = _closed(state.sources)
+        return self._compose(call, outcomes, _reasons(outcomes))
 
-    def _compose(
-        self, call: _Call, sources: Mapping[SourceName, SourceResult], reasons: list[Reason]
-    ) -> Assembly:
+    def _compose(self, call: _Call, sources: tuple[SourceResult, ...], reasons: list[Reason]) -> Assembly:
         request, state = call.request, call.state
         assert call.encoding is not None and call.budget is not None
         candidates = state.candidates()
-        lexical = sources[SourceName.LEXICAL]
+        lexical = state.sources.get(SourceName.LEXICAL)
         composition = compose(
             ComposeInput(
                 messages=request.messages,
                 directive=state.directive.content if state.directive else None,
                 candidates=candidates,
                 query_embedding=state.query_embedding,
-                lexical_searched=lexical.status is SourceStatus.OK,
+                lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
                 profile=call.profile,
                 encoding=call.encoding,
                 messages_tokens=call.messages_tokens,
@@ -286,7 +284,7 @@ class Assembler:
     def _pass_through(
         self,
         call: _Call,
-        sources: Mapping[SourceName, SourceResult],
+        sources: tuple[SourceResult, ...],
         reasons: list[Reason],
         level: Degradation = Degradation.PASS_THROUGH,
         *,
@@ -313,7 +311,7 @@ class Assembler:
     def _finish(
         self,
         call: _Call,
-        sources: Mapping[SourceName, SourceResult],
+        sources: tuple[SourceResult, ...],
         *,
         messages: tuple[ChatMessage, ...],
         directive_injected: bool,
@@ -344,7 +342,7 @@ class Assembler:
             reasons=tuple(reasons),
             budget=budget,
             memory_tokens_used=memory_tokens,
-            sources=tuple(sources[s] for s in SOURCES if s in sources),
+            sources=sources,
             candidates_evaluated=candidates_evaluated,
             timings=Timings(call.started_ns, time.perf_counter_ns(), tuple(call.stages)),
         )
@@ -425,15 +423,16 @@ _STILL_RUNNING = {
 }
 
 
-def _closed(sources: Mapping[SourceName, SourceResult]) -> dict[SourceName, SourceResult]:
-    """Every source's outcome when the call stops waiting (a snapshot: a cancelled task
-    records its own ending later, into the retrieval state only)."""
-    return {source: sources.get(source) or _STILL_RUNNING[source] for source in SOURCES}
+def _closed(recorded: Mapping[SourceName, SourceResult]) -> tuple[SourceResult, ...]:
+    """Every source's outcome when the call stops waiting, in ``SOURCES`` order (a
+    snapshot: a cancelled task records its own ending later, into the retrieval state
+    only)."""
+    return tuple(recorded.get(source) or _STILL_RUNNING[source] for source in SOURCES)
 
 
-def _reasons(sources: Mapping[SourceName, SourceResult]) -> list[Reason]:
+def _reasons(sources: tuple[SourceResult, ...]) -> list[Reason]:
     reasons = []
-    for result in sources.values():
+    for result in sources:
         reason = Reason.of_source(result.source, result.status)
         if reason is not None:
             reasons.append(reason)

@@ -9,13 +9,15 @@ so sources stop themselves exactly when the assembler stops waiting for them.
 
 Pure arithmetic: the handler asks ``DeadlinePolicy.for_call`` for a call's deadlines,
 the assembler anchors them to its clock with ``CallDeadlines.retrieval``; neither
-computes a deadline of its own.
+computes a deadline of its own. The per-call values are ``NamedTuple``s (immutable and
+cheap to build, see ``pipeline.report``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ibex_context.profiles.model import Deadlines
 
@@ -24,8 +26,7 @@ DEFAULT_SAFETY_MARGIN = 0.003
 DEFAULT_COMPUTE_RESERVE = 0.003
 
 
-@dataclass(frozen=True, slots=True)
-class RetrievalDeadlines:
+class RetrievalDeadlines(NamedTuple):
     """``time.perf_counter()`` times: when the call stops waiting for retrieval, and for
     each source (the cold one covers the query embedding, the vector and the lexical
     search)."""
@@ -36,8 +37,7 @@ class RetrievalDeadlines:
     cold: float
 
 
-@dataclass(frozen=True, slots=True)
-class CallDeadlines:
+class CallDeadlines(NamedTuple):
     """One call's deadlines as durations in seconds, before the call is anchored to a clock."""
 
     # The whole assembly; 0 (never negative): no time at all, answer at once.

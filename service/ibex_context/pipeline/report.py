@@ -5,13 +5,17 @@ produced (the ``Assembly``: its sources' outcomes, its stages' timings, its toke
 accounting) and the response's send, after the send. Observability reads it after
 the response (``observability``); nothing changes it, so the request path carries no
 metrics or tracing calls of its own.
+
+The values made for every call (the report, its stages, the sources' outcomes) are
+``NamedTuple``s: immutable like a frozen dataclass, but built about four times faster
+(a frozen dataclass sets each field through ``object.__setattr__``), which is CPU the
+issue-14 budget counts per call.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ibex_context.models import Degradation
 
@@ -101,8 +105,7 @@ class SourceStatus(enum.IntEnum):
     SKIPPED = 4
 
 
-@dataclass(frozen=True, slots=True)
-class StageSpan:
+class StageSpan(NamedTuple):
     """A stage's wall-clock interval, ``time.perf_counter_ns()`` based."""
 
     stage: str
@@ -114,8 +117,7 @@ class StageSpan:
         return (self.end_ns - self.start_ns) // 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Timings:
+class Timings(NamedTuple):
     """When an assembly started and finished and its stages' intervals, collected as
     the call ran (``time.perf_counter_ns()``)."""
 
@@ -157,17 +159,19 @@ def plan_of(detail: str) -> str | None:
     return detail[len(_PLAN_PREFIX) :] if detail.startswith(_PLAN_PREFIX) else None
 
 
-@dataclass(frozen=True, slots=True)
-class SourceResult:
+class SourceResult(NamedTuple):
+    """How one source ended (on the wire as a ``SourceOutcome``)."""
+
     source: SourceName
     status: SourceStatus
     duration_us: int = 0
-    count: int = 0
+    # What it returned: memories, or 1 for a directive or a query embedding (the wire's
+    # ``count``; a tuple already has a ``count`` method).
+    found: int = 0
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class AssemblyReport:
+class AssemblyReport(NamedTuple):
     request_id: str
     model: str = ""
     profile: str = ""

@@ -63,7 +63,7 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
             source=s.source,
             status=int(s.status),
             duration_us=s.duration_us,
-            count=s.count,
+            count=s.found,
             detail=s.detail,
         )
     if budget is not None:
