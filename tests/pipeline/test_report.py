@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -105,7 +104,7 @@ def _assembly(**changes: Any) -> Assembly:
         candidates_evaluated=31,
         timings=TIMINGS,
     )
-    return replace(given, **changes)
+    return given._replace(**changes)
 
 
 def test_the_report_is_built_from_the_assembly_and_the_send() -> None:

@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
@@ -69,10 +70,10 @@ class AssemblyRequest:
     messages: tuple[ChatMessage, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Assembly:
+class Assembly(NamedTuple):
     """The result of one assembly, before it is put on the wire; its report is built
-    from it (``report.build_report``)."""
+    from it (``report.build_report``). A ``NamedTuple``, like the report: immutable and
+    cheap to build once per call."""
 
     messages: tuple[ChatMessage, ...]
     directive_injected: bool
