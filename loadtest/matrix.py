@@ -228,8 +228,8 @@ class Matrix:
     def big(self) -> None:
         if not self.opts.include_big:
             runner.log(
-                "skipping 100 agents x 10k memories: 1M rows; seeding took 5 min and the HNSW build 25 min here "
-                "(2 GB graph, built in 4 GB of maintenance_work_mem). "
+                "skipping 100 agents x 10k memories: 1M rows; seeding needs ~1,100 CPU-s and ~17 GB of disk "
+                "here (benchmarks/results/seeding-2026-11-26.md; before the bulk seeder: 31 min). "
                 "Run: loadtest/matrix --only big --include-big (or loadtest/run --scenario big)"
             )
             self.rows.append(
@@ -240,7 +240,7 @@ class Matrix:
                     200,
                     None,
                     None,
-                    note="not run: seeding + HNSW build took 31 min here (COPY 314 s, HNSW 1,529 s); command: `loadtest/matrix --only big --include-big`",
+                    note="not run: 1M rows need ~1,100 CPU-s and ~17 GB to seed here (seeding-2026-11-26.md); command: `loadtest/matrix --only big --include-big`",
                 )
             )
             return
