@@ -37,12 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.pipeline.costing import stored_token_counts
+from ibex_context.server.loop_lag import IterationClock
 from ibex_context.stores.base import Injection, PreparedMemory
 from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
@@ -60,12 +60,13 @@ BATCHES = 40
 STEP_BOUND_MS = 1.0
 
 
-class CpuIterationClock(selectors.BaseSelector):
-    """The default selector, recording the loop thread's CPU time and wall time spent
-    between a poll's return and the next poll (one loop iteration's work)."""
+class CpuIterationClock(IterationClock):
+    """The service's ``IterationClock`` (its delegation to the default selector), recording
+    every iteration's CPU time of the loop's thread and wall time instead of the longest
+    wall time."""
 
     def __init__(self) -> None:
-        self._inner = selectors.DefaultSelector()
+        super().__init__()
         self._cpu_at = 0.0
         self._wall_at = 0.0
         self.iterations: list[tuple[float, float]] = []  # (cpu, wall) seconds
@@ -77,24 +78,6 @@ class CpuIterationClock(selectors.BaseSelector):
         events = self._inner.select(timeout)
         self._cpu_at, self._wall_at = time.thread_time(), time.perf_counter()
         return events
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._inner.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._inner.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._inner.modify(fileobj, events, data)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._inner.get_key(fileobj)
-
-    def get_map(self) -> Any:
-        return self._inner.get_map()
 
 
 @dataclass(frozen=True, slots=True)
