@@ -39,7 +39,7 @@ import numpy as np
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
-from ibex_context.stores.cold_plan import ColdPlan, choose_plan
+from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
 
 from loadtest import corpus
@@ -75,12 +75,36 @@ class Measured:
         )
 
 
+def service_width() -> GraphSearchWidth:
+    """The service's graph search width by agent size, from the settings' defaults."""
+    fields = Settings.model_fields
+    return GraphSearchWidth(
+        ef_search=fields["hnsw_ef_search"].default,
+        large_agent_ef_search=fields["hnsw_ef_search_large_agents"].default,
+        large_agent_memories=fields["cold_large_agent_memories"].default,
+    )
+
+
 async def _timed(
-    conn: asyncpg.Connection, plan: ColdPlan, agent: asyncpg.Record, query: np.ndarray
+    conn: asyncpg.Connection,
+    plan: ColdPlan,
+    agent: asyncpg.Record,
+    query: np.ndarray,
+    width: GraphSearchWidth,
+    session_ef_search: int,
 ) -> tuple[float, list[float]]:
-    """Milliseconds, and the distances of the rows found."""
+    """Milliseconds, and the distances of the rows found. The graph search runs with the
+    width the service would use for this agent (``SET LOCAL`` in a transaction, as the
+    service does, when it differs from the session's)."""
+    args = (agent["org_id"], agent["agent_id"], query, LIMIT)
+    ef_search = width.for_agent(agent["memories"], LIMIT)
     start = time.perf_counter()
-    rows = await conn.fetch(SEARCH_SQL[plan], agent["org_id"], agent["agent_id"], query, LIMIT)
+    if plan is ColdPlan.HNSW and ef_search != session_ef_search:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
+            rows = await conn.fetch(SEARCH_SQL[plan], *args)
+    else:
+        rows = await conn.fetch(SEARCH_SQL[plan], *args)
     return (time.perf_counter() - start) * 1000, [float(r["distance"]) for r in rows]
 
 
@@ -102,6 +126,7 @@ async def measure(
     exact_max: int,
     dim: int,
     queries: str,
+    width: GraphSearchWidth,
 ) -> list[Measured]:
     """Every query runs under each plan back to back, so recall compares like with like.
 
@@ -144,7 +169,7 @@ async def measure(
     for i in range(max(len(agents), WARM_UP_CALLS)):
         agent = agents[i % len(agents)]
         for plan in ColdPlan:
-            await _timed(conn, plan, agent, query(agent))
+            await _timed(conn, plan, agent, query(agent), width, width.ef_search)
     exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
     exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
     for agent in agents:
@@ -152,8 +177,8 @@ async def measure(
     for _ in range(calls):
         for agent in agents:
             q = query(agent)
-            exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q)
-            hnsw_ms, found = await _timed(conn, ColdPlan.HNSW, agent, q)
+            exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q, width, width.ef_search)
+            hnsw_ms, found = await _timed(conn, ColdPlan.HNSW, agent, q, width, width.ef_search)
             exact.milliseconds.append(exact_ms)
             hnsw.milliseconds.append(hnsw_ms)
             matched = recall(truth, found)
@@ -165,11 +190,13 @@ async def measure(
 
 
 async def run(
-    data_dir: Path, agents_wanted: int, calls: int, ef_search: int, exact_max: int, queries: str
+    data_dir: Path, agents_wanted: int, calls: int, ef_search: int | None, exact_max: int, queries: str
 ) -> str:
+    # The service's width by agent size, unless one width is asked for every agent.
+    width = service_width() if ef_search is None else GraphSearchWidth(ef_search, ef_search, 0)
     postgres = start_postgres(data_dir)
     try:
-        pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=ef_search)
+        pool = await create_pool(postgres.dsn, min_size=1, max_size=1, ef_search=width.ef_search)
         try:
             async with pool.acquire() as conn:
                 rows = await conn.fetchval("SELECT sum(memories)::bigint FROM memory_stats")
@@ -196,7 +223,7 @@ async def run(
                 partitions = await conn.fetchval(
                     "SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass"
                 )
-                measured = await measure(conn, agents, calls, exact_max, dim, queries)
+                measured = await measure(conn, agents, calls, exact_max, dim, queries, width)
         finally:
             await pool.close()
     finally:
@@ -207,11 +234,18 @@ async def run(
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
         f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}"
-        f" --ef-search {ef_search} --exact-max {exact_max} --queries {queries}).",
+        f"{'' if ef_search is None else f' --ef-search {ef_search}'}"
+        f" --exact-max {exact_max} --queries {queries}).",
         "",
         f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
         f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
-        f" hnsw.ef_search {ef_search}, iterative scan relaxed; exact up to {exact_max:,} memories);"
+        f" hnsw.ef_search {width.ef_search}"
+        + (
+            f" ({width.large_agent_ef_search} above {width.large_agent_memories:,} memories, as the service)"
+            if width.large_agent_ef_search != width.ef_search
+            else ""
+        )
+        + f", iterative scan relaxed; exact up to {exact_max:,} memories);"
         f" queries: {QUERIES[queries]}; each under both plans back to back, recall@50 of HNSW against"
         " the exact answer (mean / min); one pooled connection, sequential, after >= 30 warm-up calls"
         " per plan;"
@@ -231,7 +265,12 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path, help="a seeded data set, e.g. loadtest/out/data/100x10000-...")
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--calls", type=int, default=5, help="rounds over the agents")
-    parser.add_argument("--ef-search", type=int, default=Settings.model_fields["hnsw_ef_search"].default)
+    parser.add_argument(
+        "--ef-search",
+        type=int,
+        default=None,
+        help="one hnsw.ef_search for every agent (default: the service's, by agent size)",
+    )
     parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
     parser.add_argument("--queries", choices=sorted(QUERIES), default="questions")
     parser.add_argument("--label", default="", help="appended to the results file's name")

@@ -20,6 +20,8 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
    data shapes (``SHAPES``: 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50 RPS,
    each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
    recall@50 against exact), gated on cold p95 <= 10 ms, FULL >= 99.9 %, p99 < 30 ms.
+   Each shape is 1M memories (~16 GB seeded here); ``--drop-data`` deletes each one's data set
+   once measured, so the five fit a disk that cannot hold them all.
 
 Each step writes ``benchmarks/results/loadtest/<date>-<label>.md`` (committed when ``--commit``),
 and the matrix writes ``benchmarks/results/loadtest/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
@@ -31,6 +33,7 @@ rates, max, profile, workers, minilm, large, big).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import time
@@ -272,6 +275,11 @@ class Matrix:
             plans = RESULTS / f"cold_plans-{data_dir.name.split('-')[0]}.md"
             if done.returncode == 0 and self.opts.commit:
                 commit(plans, f"Cold search plans and recall on {data}")
+            if self.opts.drop_data:
+                # Each shape is 1M memories (~16 GB with postings and graphs here): measured
+                # one after another, they fit a disk that cannot hold them all at once.
+                runner.log(f"=== dropping {data_dir.name} (--drop-data)")
+                shutil.rmtree(data_dir, ignore_errors=True)
 
     # -- summary --------------------------------------------------------------------------
 
@@ -396,6 +404,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--shapes", default="", help=f"with --only shapes: a subset of {', '.join(n for n, _ in SHAPES)}"
     )
+    p.add_argument(
+        "--drop-data",
+        action="store_true",
+        help="with shapes: delete each shape's seeded data set once it is measured (disk)",
+    )
     p.add_argument("--commit", action="store_true", help="git-commit each results file as it is written")
     opts = p.parse_args(raw)
     opts.argv = raw
@@ -422,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A subset of the steps gets its own summary, so it does not replace the full one.
     default = [s for s in STEPS if s not in ("big", "shapes")]
     suffix = "" if chosen == default else "-" + "-".join(chosen)
+    if "shapes" in chosen and opts.shapes:
+        # Shapes measured in separate runs (one at a time for disk) keep separate summaries.
+        suffix += "-" + "-".join(opts.shapes.split(","))
     out = ROOT / "benchmarks" / "results" / "loadtest" / f"{datetime.now(UTC):%Y-%m-%d}-matrix{suffix}.md"
     for name in STEPS:
         if name in chosen:
