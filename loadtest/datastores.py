@@ -113,14 +113,18 @@ def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
 
 
 @contextlib.contextmanager
-def stores(data_dir: Path) -> Iterator[tuple[str, str, Any, Any]]:
+def stores(
+    data_dir: Path, shared_buffers: str = PG_SETTINGS["shared_buffers"]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """Redis and PostgreSQL on ``data_dir``, PostgreSQL with the runs' settings (and
+    ``shared_buffers``: the 1M-memory shapes' working set outgrows the default 1 GB)."""
     from ibex_context.devtools.embedded import start_postgres, start_redis
 
     redis = start_redis(data_dir / "redis")
     try:
         postgres = start_postgres(data_dir)
         try:
-            if _configure_postgres(postgres.dsn, PG_SETTINGS):
+            if _configure_postgres(postgres.dsn, {**PG_SETTINGS, "shared_buffers": shared_buffers}):
                 postgres.stop()  # shared_buffers needs a restart; the data dir is kept
                 postgres = start_postgres(data_dir)
             yield postgres.dsn, redis.url, redis, postgres

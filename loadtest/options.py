@@ -162,6 +162,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rps-per-user", type=float, default=10.0)
     p.add_argument("--scenario-weights", default="")
     p.add_argument("--server-cpus", default="0")
+    p.add_argument(
+        "--pg-shared-buffers",
+        default="1GB",
+        help="PostgreSQL's shared_buffers for the run (a 1M-memory shape's rows, postings and graphs"
+        " need several GB to stay in PostgreSQL's own cache)",
+    )
     p.add_argument("--locust-cpus", default="1")
     p.add_argument(
         "--stores-cpus",

