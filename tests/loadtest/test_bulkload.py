@@ -46,6 +46,20 @@ async def _snapshot(conn: asyncpg.Connection) -> dict[str, Any]:
     }
 
 
+async def _postings_scan(conn: asyncpg.Connection, org_id: Any, agent_id: Any) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of reading one agent's postings the way ``ibex_bm25`` does."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        await conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT memory_id, tf, dl FROM memory_terms"
+            " WHERE org_id = $1 AND agent_id = $2",
+            org_id,
+            agent_id,
+        )
+    return cast(dict[str, Any], json.loads(plan)[0]["Plan"])
+
+
 async def _write_through_the_service(dsn: str, rows: list[asyncpg.Record]) -> None:
     pool = await create_pool(dsn, min_size=1, max_size=2, ef_search=40)
     try:
@@ -104,6 +118,7 @@ async def test_a_seed_stores_the_postings_stats_and_counts_the_service_would(
             "SELECT org_id, agent_id, id, content, category, confidence, usefulness, metadata"
             " FROM memories ORDER BY org_id, agent_id, id"
         )
+        postings_scan = await _postings_scan(conn, rows[0]["org_id"], rows[0]["agent_id"])
         # TRUNCATE fires no row triggers: the service starts from empty tables.
         await conn.execute("TRUNCATE memories, memory_terms, memory_stats, memory_usage")
         await _write_through_the_service(private_postgres_dsn, rows)
@@ -111,6 +126,11 @@ async def test_a_seed_stores_the_postings_stats_and_counts_the_service_would(
     finally:
         await conn.close()
 
+    # The postings were vacuumed after every other transaction of the seed: the lexical
+    # search's index-only scans read no heap page.
+    assert postings_scan["Node Type"] == "Index Only Scan"
+    assert postings_scan["Actual Rows"] > 0
+    assert postings_scan["Heap Fetches"] == 0
     assert graph is not None
     assert (graph["options"], graph["valid"], graph["partitions"]) == (
         ["m=32", "ef_construction=128"],
