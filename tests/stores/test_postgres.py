@@ -5,17 +5,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import struct
 import time
 import uuid
 from collections.abc import Callable
 
 import asyncpg
+import numpy as np
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
+from ibex_context.stores.postgres import (
+    FEEDBACK_ALPHA,
+    PostgresMemoryStore,
+    TokenCountsDecoder,
+    create_pool,
+    decode_vectors,
+)
 
 from tests.conftest import Tenant
 from tests.postgres_locks import memories_locked
@@ -615,3 +623,14 @@ async def test_occurred_at_is_stored_kept_on_updates_that_omit_it_and_defaults_t
     }
     assert stored["met Ana at the Lisbon conference"] == pytest.approx(1_683_554_160.5)
     assert stored["prefers window seats"] == pytest.approx(1_600_000_000.0)
+
+
+def test_vectors_in_pgvectors_binary_form_become_one_matrix_of_the_most_common_dimension() -> None:
+    def binary(*values: float) -> bytes:
+        return struct.pack(">HH", len(values), 0) + np.asarray(values, dtype=">f4").tobytes()
+
+    matrix, rows = decode_vectors([binary(1.0, 2.0), None, binary(3.0, 4.0, 5.0), binary(-1.5, 0.25)])
+    assert matrix.dtype == np.float32 and matrix.tolist() == [[1.0, 2.0], [-1.5, 0.25]]
+    assert rows.tolist() == [0, -1, -1, 1]
+    nothing, none = decode_vectors([None, None])
+    assert nothing.shape[0] == 0 and none.tolist() == [-1, -1]

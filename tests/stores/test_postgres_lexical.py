@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import asyncpg
+import numpy as np
 from ibex_context.stores.postgres import PostgresMemoryStore
 
 from tests.conftest import Tenant
@@ -43,7 +44,10 @@ async def test_ranks_by_bm25_with_stemming_and_returns_embeddings(
     assert [m.content for m in found] == [memories[0].content, memories[2].content]
     assert all(m.lexical_score is not None and m.lexical_score > 0 for m in found)
     assert found[0].lexical_score > found[1].lexical_score  # type: ignore[operator]
-    assert found[0].embedding is not None and found[0].embedding.shape == memories[0].embedding.shape
+    # The vectors come back exactly as written (pgvector's binary form, decoded as one matrix).
+    assert found[0].embedding is not None and found[0].embedding.dtype == np.float32
+    np.testing.assert_array_equal(found[0].embedding, memories[0].embedding)
+    np.testing.assert_array_equal(found[1].embedding, memories[2].embedding)
     assert found[0].similarity is None  # the scorer computes it from the embedding
 
 

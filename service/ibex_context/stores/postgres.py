@@ -133,7 +133,7 @@ _HOT_SET_SQL = f"""
 # rows are read by primary key, one LATERAL look-up each (the planner cannot estimate
 # the function; it had joined winners by scanning the agent's rows once per winner).
 # Rows come with their embedding, in pgvector's binary form (``vector_send``): one
-# buffer for all of them becomes the vector matrix (``_vector_matrix``); scoring
+# buffer for all of them becomes the vector matrix (``decode_vectors``); scoring
 # computes their semantic relevance from it as for hot memories.
 _LEXICAL_SQL = f"""
     SELECT {_CANDIDATE_COLUMNS}, top.bm25, vector_send(m.embedding) AS embedding
@@ -234,7 +234,7 @@ _NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
 _VECTOR_HEADER_BYTES = 4
 
 
-def _vector_matrix(values: Sequence[bytes | None]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]]:
+def decode_vectors(values: Sequence[bytes | None]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]]:
     """Vectors in ``vector_send`` form as one matrix and each value's row of it (-1: none);
     all of one length (one deployment writes one dimension) are decoded in one go."""
     lengths = [len(v) if v is not None else -1 for v in values]
@@ -529,7 +529,7 @@ class PostgresMemoryStore:
             return Candidates.empty()
         (bm25, embeddings), found = _candidate_columns(rows, self._token_counts)
         found.lexical_score = np.array(bm25, dtype=np.float64)
-        found.vectors, found.vector_rows = _vector_matrix(embeddings)
+        found.vectors, found.vector_rows = decode_vectors(embeddings)
         return found
 
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
