@@ -58,7 +58,7 @@ class _Sources:
     """Fills the retrieval state at once with one workload's store answers."""
 
     def __init__(self) -> None:
-        self.hot = Candidates.empty(Source.HOT)
+        self.hot = Candidates.empty()
         self.cold = Candidates.empty()
         self.lexical = Candidates.empty()
         self.query: np.ndarray | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 from ibex_context.candidates import Candidates, concat, merge
 from ibex_context.models import MemoryRecord, Source
 
@@ -69,7 +68,7 @@ def test_a_vector_match_keeps_its_similarity_and_gets_the_lexical_score_of_the_s
         memory("both", lexical_score=7.0, embedding=vector(1, 0)),
         memory("words only", lexical_score=3.0, embedding=vector(0, 1)),
     )
-    merged = merge(cold, lexical, Candidates.empty(Source.HOT))
+    merged = merge(cold, lexical, Candidates.empty())
     by_id = {r.id: r for r in merged.records()}
     assert merged.ids == ["both", "vector only", "words only"]
     assert (by_id["both"].similarity, by_id["both"].lexical_score) == (0.8, 7.0)
@@ -82,7 +81,7 @@ def test_a_vector_match_keeps_its_similarity_and_gets_the_lexical_score_of_the_s
 def test_the_first_lexical_row_of_a_memory_gives_its_score() -> None:
     cold = of(memory("m", similarity=0.5))
     lexical = of(memory("m", lexical_score=9.0), memory("m", lexical_score=1.0))
-    [merged] = merge(cold, lexical, Candidates.empty(Source.HOT)).records()
+    [merged] = merge(cold, lexical, Candidates.empty()).records()
     assert merged.lexical_score == 9.0
 
 
@@ -129,7 +128,7 @@ def test_vectors_of_another_dimension_than_the_querys_are_dropped() -> None:
 
 
 def test_nothing_from_any_source_merges_to_nothing() -> None:
-    assert len(merge(Candidates.empty(), Candidates.empty(), Candidates.empty(Source.HOT))) == 0
+    assert len(merge(Candidates.empty(), Candidates.empty(), Candidates.empty())) == 0
 
 
 def test_concat_keeps_every_row_in_order() -> None:
@@ -150,8 +149,7 @@ def test_from_records_keeps_the_most_common_dimension() -> None:
     assert mixed.vector_rows.tolist() == [0, -1, 1]
 
 
-@pytest.mark.parametrize("source", [Source.HOT, Source.COLD])
-def test_empty_candidates_have_every_column_empty(source: Source) -> None:
-    empty = Candidates.empty(source)
+def test_empty_candidates_have_every_column_empty() -> None:
+    empty = Candidates.empty()
     assert len(empty) == 0 and empty.records() == []
     assert empty.similarity.shape == (0,) and empty.vector_rows.shape == (0,)

@@ -31,11 +31,10 @@ Rows = npt.NDArray[np.intp]
 VectorMatrix = npt.NDArray[np.float32]
 
 _NO_VECTORS: VectorMatrix = np.zeros((0, 0), dtype=np.float32)
+_NO_FLOATS: Floats = np.zeros(0, dtype=np.float64)
+_NO_SOURCES: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
+_NO_ROWS: Rows = np.zeros(0, dtype=np.intp)
 _NAN = math.nan
-
-
-def _optional(value: float) -> float | None:
-    return None if math.isnan(value) else value
 
 
 # Not frozen: a frozen dataclass's __init__ sets every field through
@@ -69,25 +68,54 @@ class Candidates:
         return None if row < 0 else self.vectors[row]
 
     def record(self, i: int) -> MemoryRecord:
-        """Candidate ``i`` as one object (for the memories injected, and for tests)."""
-        return MemoryRecord(
-            self.ids[i],
-            self.contents[i],
-            self.categories[i],
-            _optional(float(self.confidence[i])),
-            _optional(float(self.usefulness[i])),
-            int(self.retrieval_counts[i]),
-            _optional(float(self.occurred_at[i])),
-            _optional(float(self.last_injected_at[i])),
-            self.token_counts[i],
-            self.embedding(i),
-            _optional(float(self.similarity[i])),
-            Source(int(self.sources[i])),
-            _optional(float(self.lexical_score[i])),
-        )
+        """Candidate ``i`` as one object (for a memory injected, and for tests)."""
+        return self.records_at([i])[0]
 
     def records(self) -> list[MemoryRecord]:
-        return [self.record(i) for i in range(len(self))]
+        return self.records_at(range(len(self)))
+
+    def records_at(self, rows: Sequence[int]) -> list[MemoryRecord]:
+        """The candidates at ``rows`` as objects: each column is read once for all of them
+        (reading numpy scalars one field at a time costs several times more)."""
+        if not rows:
+            return []
+        index = np.asarray(rows, dtype=np.intp)
+        numbers = np.stack(
+            (
+                self.confidence[index],
+                self.usefulness[index],
+                self.retrieval_counts[index],
+                self.occurred_at[index],
+                self.last_injected_at[index],
+                self.similarity[index],
+                self.lexical_score[index],
+            )
+        ).tolist()
+        confidence, usefulness, counts, occurred, injected, similarity, lexical = (
+            [None if math.isnan(v) else v for v in column] for column in numbers
+        )
+        vector_rows = self.vector_rows[index].tolist()
+        vectors = self.vectors
+        ids, contents, categories, token_counts = self.ids, self.contents, self.categories, self.token_counts
+        sources = self.sources[index].tolist()
+        return [
+            MemoryRecord(
+                ids[i],
+                contents[i],
+                categories[i],
+                confidence[k],
+                usefulness[k],
+                int(counts[k] or 0),
+                occurred[k],
+                injected[k],
+                token_counts[i],
+                None if vector_rows[k] < 0 else vectors[vector_rows[k]],
+                similarity[k],
+                Source(sources[k]),
+                lexical[k],
+            )
+            for k, i in enumerate(rows)
+        ]
 
     def take(self, rows: Rows) -> Candidates:
         """The candidates at ``rows``, in that order (vectors stay shared)."""
@@ -110,8 +138,13 @@ class Candidates:
         )
 
     @staticmethod
-    def empty(source: Source = Source.COLD) -> Candidates:
-        return Candidates.from_records([], source)
+    def empty() -> Candidates:
+        """No candidates (what a source that found nothing, or did not answer, gives);
+        its columns are shared, being empty."""
+        none = _NO_FLOATS
+        return Candidates(
+            (), (), (), none, none, none, none, none, (), none, none, _NO_SOURCES, _NO_VECTORS, _NO_ROWS
+        )
 
     @staticmethod
     def from_records(records: Sequence[MemoryRecord], source: Source | None = None) -> Candidates:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ibex_context.candidates import Candidates
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.models import Directive, FloatVector, Source
+from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
@@ -25,7 +25,7 @@ class _Directives:
 
 class _Hot:
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates:
-        return Candidates.empty(Source.HOT)
+        return Candidates.empty()
 
 
 class _Cold:

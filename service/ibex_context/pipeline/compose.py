@@ -126,7 +126,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         max(0, budget.memory_budget - overhead),
         max_items=profile.budget.max_memories,
     )
-    selected = [ranking.scored(i, c) for i, c in zip(packed.chosen, packed.costs, strict=True)]
+    selected = ranking.scored_at(packed.chosen, packed.costs)
     t2 = time.perf_counter_ns()
 
     injected_tokens = directive_tokens

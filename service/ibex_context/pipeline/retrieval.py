@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
-from ibex_context.models import Directive, FloatVector, Source
+from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
@@ -56,7 +56,7 @@ class RetrievalState:
 
     directive: Directive | None = None
     directive_done: bool = False
-    hot: Candidates = field(default_factory=lambda: Candidates.empty(Source.HOT))
+    hot: Candidates = field(default_factory=Candidates.empty)
     cold: Candidates = field(default_factory=Candidates.empty)
     lexical: Candidates = field(default_factory=Candidates.empty)
     query_embedding: FloatVector | None = None

@@ -40,6 +40,7 @@ was built (``profiles.schema``), not on every request.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -130,20 +131,28 @@ class Ranking:
         return len(self.order)
 
     def scored(self, i: int, tokens: int = 0) -> ScoredMemory:
-        """Candidate ``i`` with its score components (and its cost in ``tokens``): the
-        one object built per memory injected."""
-        return ScoredMemory(
-            self.candidates.record(i),
-            self.score[i],
-            self.relevance[i],
-            self.recency[i],
-            self.usefulness[i],
-            self.confidence[i],
-            self.frequency[i],
-            tokens,
-            self.semantic[i],
-            self.lexical[i],
-        )
+        """Candidate ``i`` with its score components (and its cost in ``tokens``)."""
+        return self.scored_at([i], [tokens])[0]
+
+    def scored_at(self, rows: Sequence[int], tokens: Sequence[int]) -> list[ScoredMemory]:
+        """Candidates ``rows`` with their score components and costs (``tokens[k]`` of
+        ``rows[k]``): the objects built for the memories injected, and only for them."""
+        records = self.candidates.records_at(rows)
+        return [
+            ScoredMemory(
+                record,
+                self.score[i],
+                self.relevance[i],
+                self.recency[i],
+                self.usefulness[i],
+                self.confidence[i],
+                self.frequency[i],
+                cost,
+                self.semantic[i],
+                self.lexical[i],
+            )
+            for record, i, cost in zip(records, rows, tokens, strict=True)
+        ]
 
 
 _EMPTY: list[float] = []
@@ -233,4 +242,4 @@ def score_candidates(
 ) -> list[ScoredMemory]:
     """Every kept candidate as a ``ScoredMemory``, best first (``rank``, materialised)."""
     ranking = rank(candidates, query_embedding, scoring, now, lexical_searched=lexical_searched)
-    return [ranking.scored(i) for i in ranking.order]
+    return ranking.scored_at(ranking.order, [0] * len(ranking.order))

@@ -19,8 +19,7 @@ columns (``zip(*map(HEADER.unpack_from, ...))``), the numbers into one
 ``np.frombuffer`` table whose columns are the token counts and whose other columns
 are the embedding matrix, the texts into one UTF-8 decode, cut at the character
 offsets the headers give. The result is the pipeline's ``Candidates`` (columns):
-no object is built per record but its strings and its token-count mapping (shared
-between records whose counts agree).
+no object is built per record but its strings and its token-count dict (by ``map``).
 
 The injection counters are the first 13 bytes, so the Redis script that records
 injections patches them in place without decoding the rest (``COUNTERS``).
@@ -34,10 +33,9 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
-from itertools import accumulate, chain
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate, chain, repeat
 from operator import itemgetter
-from types import MappingProxyType
 
 import numpy as np
 
@@ -85,7 +83,7 @@ def decode_records(records: Sequence[bytes]) -> Candidates:
     order, as the columns the pipeline consumes: no object per record."""
     n = len(records)
     if n == 0:
-        return Candidates.empty(Source.HOT)
+        return Candidates.empty()
     (_, counts, last, occurred, confidence, usefulness, ks, dims, *chars) = zip(
         *map(HEADER.unpack_from, records), strict=True
     )
@@ -115,19 +113,15 @@ def decode_records(records: Sequence[bytes]) -> Candidates:
 
 
 def _token_counts(joined_keys: list[str], values: list[list[int]]) -> list[Mapping[str, int]]:
-    """One mapping per record; records whose counts agree (often, for short texts) share one."""
-    shared: dict[tuple[str, tuple[int, ...]], Mapping[str, int]] = {}
-    out: list[Mapping[str, int]] = []
-    for (
-        keys,
-        counts,
-    ) in zip(joined_keys, map(tuple, values), strict=True):
-        mapping = shared.get((keys, counts))
-        if mapping is None:
-            names = keys.split(_KEY_SEPARATOR) if keys else []
-            mapping = shared[(keys, counts)] = MappingProxyType(dict(zip(names, counts, strict=True)))
-        out.append(mapping)
-    return out
+    """One mapping per record, built by ``map`` (no Python loop over the records)."""
+    return list(map(dict, map(zip, _count_keys(joined_keys), values)))
+
+
+def _count_keys(joined: list[str]) -> Iterable[list[str]]:
+    first = joined[0]
+    if joined.count(first) == len(joined):
+        return repeat(first.split(_KEY_SEPARATOR) if first else [], len(joined))
+    return [keys.split(_KEY_SEPARATOR) if keys else [] for keys in joined]
 
 
 def _cut_alike(records: Sequence[bytes], k: int, d: int) -> tuple[list[list[int]], VectorMatrix, Rows, str]:

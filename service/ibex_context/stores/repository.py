@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from ibex_context.candidates import Candidates
 from ibex_context.errors import StoreError, StoreUnavailable
-from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
+from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
@@ -111,7 +111,7 @@ class ContextRepository:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
         if records is None:
             self.schedule_hot_set_rebuild(org_id, agent_id)
-            return Candidates.empty(Source.HOT)
+            return Candidates.empty()
         return records
 
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
