@@ -4,13 +4,13 @@ Every source answers with one ``Candidates``: the vector and lexical searches bu
 it straight from their rows (``stores.postgres``), the hot set's read from its
 records (``stores.hot_record``). ``merge`` joins the three by id with index arrays,
 ``pipeline.scoring.rank`` scores the columns, the packer costs candidates by index,
-and only the memories injected become objects (``record``, into ``ScoredMemory``).
+and only the memories injected become objects (``records_at``, into ``ScoredMemory``).
 Per-candidate objects built and rebuilt between the stores and the response were a
 large part of a call's CPU (one ``MemoryRecord`` per row, then copies to merge them).
 
 Unknown numbers are NaN (``confidence``, ``usefulness``, ``occurred_at``,
-``last_injected_at``, ``similarity``: not computed by the store, ``lexical_score``: not found by the
-lexical search). Vectors are rows of one float32 matrix: ``vector_rows[i]`` is
+``last_injected_at``; ``similarity``: not computed by the store; ``lexical_score``:
+not found by the lexical search). Vectors are rows of one float32 matrix: ``vector_rows[i]`` is
 candidate i's row in ``vectors``, -1 when it has none (the vector search returns
 its similarity instead). Nothing here does I/O.
 """
@@ -52,7 +52,7 @@ class Candidates:
     occurred_at: Floats
     last_injected_at: Floats
     # Per-encoding (and per-format block) token counts written with the memory
-    # (``costing.stored_token_counts``): shared read-only mappings, never copied.
+    # (``costing.stored_token_counts``), as the store decoded them: never copied here.
     token_counts: Sequence[Mapping[str, int]]
     similarity: Floats
     lexical_score: Floats
