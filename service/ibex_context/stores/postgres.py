@@ -80,6 +80,18 @@ _CANDIDATE_COLUMNS = (
     " coalesce(extract(epoch FROM u.last_injected_at)::float8, 'NaN') AS last_injected_at,"
     " m.token_counts::text AS token_counts"
 )
+# Their names in the rows (``_as_arrays`` aggregates each).
+_CANDIDATE_NAMES = (
+    "id",
+    "content",
+    "category",
+    "confidence",
+    "usefulness",
+    "retrieval_count",
+    "occurred_at",
+    "last_injected_at",
+    "token_counts",
+)
 # Scoped by the tenant on both sides ($1 = org_id, $2 = agent_id).
 _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 AND u.memory_id = m.id"
 
@@ -102,8 +114,27 @@ def _search_sql(plan: ColdPlan) -> str:
 """
 
 
-# Public: benchmarks/cold_plans.py times exactly these statements.
+# Public: benchmarks/cold_plans.py times exactly these statements (the rows; the store
+# asks for them as arrays, ``_as_arrays``).
 SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPlan}
+
+
+def _as_arrays(rows_sql: str, extra: Sequence[str]) -> str:
+    """``rows_sql``'s rows as one row of arrays, one per column (NULLs when no row), in
+    the rows' order (an aggregate over a sorted subquery keeps it).
+
+    asyncpg builds a ``Record`` per row and its columns are read back one row at a
+    time; arrays decode in C straight into lists, the columns ``Candidates`` wants. For
+    50 rows of the vector search this cut the client's CPU per search by about a
+    third, fetch included (benchmarks/results/columnar-2026-11-26.md).
+    """
+    columns = ", ".join(f"array_agg(r.{name})" for name in (*_CANDIDATE_NAMES, *extra))
+    return f"SELECT {columns} FROM ({rows_sql}) AS r"
+
+
+_SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
+    plan: _as_arrays(sql, ("distance",)) for plan, sql in SEARCH_SQL.items()
+}
 # Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
 _AGENT_SIZE_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
@@ -150,6 +181,7 @@ _LEXICAL_SQL = f"""
     ) AS u ON true
     ORDER BY top.bm25 DESC, m.id
 """
+_LEXICAL_ARRAYS_SQL = _as_arrays(_LEXICAL_SQL, ("bm25", "embedding"))
 
 
 class _VectorParam:
@@ -203,13 +235,11 @@ def as_uuid(value: str, field: str) -> uuid.UUID:
 
 
 def _candidate_columns(
-    rows: Sequence[asyncpg.Record], token_counts: TokenCountsDecoder
-) -> tuple[list[tuple[Any, ...]], Candidates]:
-    """The rows' ``_CANDIDATE_COLUMNS`` as ``Candidates`` (from the vector search: no
-    similarity, no BM25, no vectors yet), and the rows' further columns, one tuple each."""
-    ids, contents, categories, confidence, usefulness, counts, occurred, injected, texts, *more = zip(
-        *rows, strict=True
-    )
+    row: asyncpg.Record, token_counts: TokenCountsDecoder
+) -> tuple[list[list[Any]], Candidates]:
+    """``_as_arrays``'s one row as ``Candidates`` (as from the vector search: no
+    similarity, no BM25, no vectors yet), and the arrays of its further columns."""
+    ids, contents, categories, confidence, usefulness, counts, occurred, injected, texts, *more = row
     n = len(ids)
     return more, Candidates(
         ids,
@@ -467,10 +497,10 @@ class PostgresMemoryStore:
         connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
         try:
             for conn in connections:
-                for statement in SEARCH_SQL.values():
+                for statement in _SEARCH_ARRAYS_SQL.values():
                     await conn.fetch(statement, nobody, nobody, probe, 1)
                 await conn.fetchval(_AGENT_SIZE_SQL, nobody, nobody)
-                await conn.fetch(_LEXICAL_SQL, nobody, nobody, "warm up", 1)
+                await conn.fetch(_LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
             for conn in connections:
@@ -489,18 +519,18 @@ class PostgresMemoryStore:
         async with self._pool.acquire() as conn:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(size, self._exact_max_memories)
-            statement = SEARCH_SQL[plan]
+            statement = _SEARCH_ARRAYS_SQL[plan]
             ef_search = self._graph_width.for_agent(size, limit)
             if plan is ColdPlan.HNSW and ef_search != self._ef_search:
                 # A large agent, or more rows than the session's ef_search: for this search only.
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-                    rows = await conn.fetch(statement, org, agent, embedding, limit)
+                    row = await conn.fetchrow(statement, org, agent, embedding, limit)
             else:
-                rows = await conn.fetch(statement, org, agent, embedding, limit)
-        if not rows:
+                row = await conn.fetchrow(statement, org, agent, embedding, limit)
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
             return ColdMatches.of(Candidates.empty(), plan)
-        (distances,), found = _candidate_columns(rows, self._token_counts)
+        (distances,), found = _candidate_columns(row, self._token_counts)
         similarity = found.similarity = 1.0 - np.array(distances, dtype=np.float64)
         if (np.diff(similarity) > 0).any():
             # relaxed_order iterative scans may return rows slightly out of order.
@@ -522,12 +552,12 @@ class PostgresMemoryStore:
         with ``lexical_score`` (the BM25 score) and their vectors."""
         if limit <= 0 or not query.strip():
             return Candidates.empty()
-        rows = await self._pool.fetch(
-            _LEXICAL_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
+        row = await self._pool.fetchrow(
+            _LEXICAL_ARRAYS_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
         )
-        if not rows:
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
             return Candidates.empty()
-        (bm25, embeddings), found = _candidate_columns(rows, self._token_counts)
+        (bm25, embeddings), found = _candidate_columns(row, self._token_counts)
         found.lexical_score = np.array(bm25, dtype=np.float64)
         found.vectors, found.vector_rows = decode_vectors(embeddings)
         return found
