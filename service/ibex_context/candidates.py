@@ -281,5 +281,5 @@ def merge(cold: Candidates, lexical: Candidates, hot: Candidates, *, dim: int | 
     seen = owner[hot_rows]
     also_elsewhere = seen[seen != hot_rows]
     if also_elsewhere.size:
-        joined.sources[also_elsewhere] = Source.HOT_AND_COLD
+        joined.sources[also_elsewhere] = int(Source.HOT_AND_COLD)
     return joined.take(np.flatnonzero(owner == rows))

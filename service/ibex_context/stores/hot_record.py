@@ -106,7 +106,7 @@ def decode_records(records: Sequence[bytes]) -> Candidates:
         _token_counts(fields[3::4], token_values),
         np.full(n, np.nan),
         np.full(n, np.nan),
-        np.full(n, Source.HOT, dtype=np.int8),
+        np.full(n, int(Source.HOT), dtype=np.int8),
         vectors,
         vector_rows,
     )
