@@ -38,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ibex_context.candidates import Candidates  # noqa: E402
 from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
 from ibex_context.models import ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
@@ -57,9 +58,9 @@ class _Sources:
     """Fills the retrieval state at once with one workload's store answers."""
 
     def __init__(self) -> None:
-        self.hot: list[MemoryRecord] = []
-        self.cold: list[MemoryRecord] = []
-        self.lexical: list[MemoryRecord] = []
+        self.hot = Candidates.empty()
+        self.cold = Candidates.empty()
+        self.lexical = Candidates.empty()
         self.query: np.ndarray | None = None
         self.directive: Directive | None = None
         self.messages: tuple[ChatMessage, ...] = ()
@@ -99,7 +100,11 @@ def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
             )
         )
     sources = _Sources()
-    sources.hot, sources.cold, sources.lexical, sources.query = hot, cold, lexical, w.query
+    # As the stores give them: one set of columns per source.
+    sources.hot = Candidates.from_records(hot, Source.HOT)
+    sources.cold = Candidates.from_records(cold, Source.COLD)
+    sources.lexical = Candidates.from_records(lexical, Source.COLD)
+    sources.query = w.query
     sources.directive = Directive(content=w.directive, version=1)
     sources.messages = w.messages
     return sources
@@ -127,10 +132,9 @@ async def _run(
     samples: dict[str, list[int]] = {k: [] for k in ("total", "score", "pack", "format", "injected")}
     for i in range(calls + len(answers)):
         a = answers[i % len(answers)]
-        # Fresh records every call, as the stores decode them from rows (not timed).
-        retriever.hot = [replace(r) for r in a.hot]
-        retriever.cold = [replace(r) for r in a.cold]
-        retriever.lexical = [replace(r) for r in a.lexical]
+        # The stores' columns as decoded from their rows (decoding is not timed here;
+        # merging never changes its inputs, so they are reused).
+        retriever.hot, retriever.cold, retriever.lexical = a.hot, a.cold, a.lexical
         retriever.query, retriever.directive = a.query, a.directive
         session = f"{i:08d}-0000-4000-8000-000000000000" if caches == "new session" else "s"
         request = AssemblyRequest(

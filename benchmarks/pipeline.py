@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
+from ibex_context.candidates import Candidates
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, ScoredMemory, Source
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.costing import count_injected, memory_cost, section_overhead
@@ -186,7 +187,7 @@ def compose(
         )
 
     t0 = time.thread_time_ns()
-    scored = score_candidates(w.candidates, w.query, profile.scoring, now=w.now)
+    scored = score_candidates(Candidates.from_records(w.candidates), w.query, profile.scoring, now=w.now)
     t1 = time.thread_time_ns()
     times["score"] = t1 - t0
 

@@ -102,7 +102,7 @@ async def _run(data_dir: Path) -> list[str]:
         rows.append(f"| hot set read, 20 of 50 records (Lua ZRANGE+HMGET, decode) | {_stats(hot)} |")
         records = await cache.get_hot_memories(org, agent, 20)
         assert records is not None and len(records) == 20
-        blobs = [encode_record(r) for r in records]
+        blobs = [encode_record(r) for r in records.records()]
         decode_samples = []
         for _ in range(2000):
             t = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from ibex_context.candidates import Candidates
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
@@ -33,17 +34,19 @@ class _Hot:
         self._embedding = embedding
         self._delay = delay
 
-    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates:
         await asyncio.sleep(self._delay)
-        return [
-            MemoryRecord(
-                id="7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e02",
-                content="The warehouse opens at six.",
-                category="factual",
-                embedding=self._embedding,
-                source=Source.HOT,
-            )
-        ]
+        return Candidates.from_records(
+            [
+                MemoryRecord(
+                    id="7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e02",
+                    content="The warehouse opens at six.",
+                    category="factual",
+                    embedding=self._embedding,
+                )
+            ],
+            Source.HOT,
+        )
 
 
 class _Cold:
@@ -51,17 +54,15 @@ class _Cold:
         self._delay = delay
         self.limits: dict[str, int] = {}
 
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]:
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         self.limits["vector"] = limit
         await asyncio.sleep(self._delay)
-        return []
+        return Candidates.empty()
 
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
         self.limits["lexical"] = limit
         await asyncio.sleep(self._delay)
-        return []
+        return Candidates.empty()
 
 
 async def _assembler(

@@ -7,6 +7,7 @@ no clock, so these tests call it directly with plain values.
 from __future__ import annotations
 
 import numpy as np
+from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, Source
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.compose import ComposeInput, Composition, compose
@@ -52,7 +53,7 @@ def _run(
         ComposeInput(
             messages=MESSAGES,
             directive=directive,
-            candidates=candidates,
+            candidates=Candidates.from_records(candidates),
             query_embedding=np.ones(4, dtype=np.float32),
             lexical_searched=False,
             profile=profile,

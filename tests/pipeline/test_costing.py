@@ -8,6 +8,7 @@ import random
 import re
 
 import pytest
+from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.costing import (
     STORED_BLOCK_FORMATS,
@@ -333,5 +334,5 @@ def test_the_packers_cost_by_index_is_the_cost_of_that_memory(
         for i, c in enumerate(contents)
     ] + [MemoryRecord(id="bare", content="No counts stored.", category="factual")]
     costs = BlockCosts(encoding, fmt, counter)
-    cost_of = costs.by_index(records)
+    cost_of = costs.by_index(Candidates.from_records(records))
     assert [cost_of(i) for i in range(len(records))] == [memory_cost(r, encoding, fmt) for r in records]

@@ -6,8 +6,9 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from ibex_context.candidates import Candidates
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
@@ -23,22 +24,20 @@ class _Directives:
 
 
 class _Hot:
-    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
-        return []
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates:
+        return Candidates.empty()
 
 
 class _Cold:
     def __init__(self) -> None:
         self.searches = 0
 
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]:
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         self.searches += 1
-        return []
+        return Candidates.empty()
 
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
-        return []
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+        return Candidates.empty()
 
 
 class _StuckEmbedder:
@@ -104,11 +103,9 @@ async def test_a_cold_task_cancelled_while_embedding_records_the_search_as_skipp
 class _PlannedCold(_Cold):
     """A store that names the plan of its vector search, as the PostgreSQL store does."""
 
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]:
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         self.searches += 1
-        return ColdMatches([], ColdPlan.HNSW)
+        return ColdMatches.of(Candidates.empty(), ColdPlan.HNSW)
 
 
 async def test_the_cold_sources_detail_names_the_plan_the_store_chose() -> None:

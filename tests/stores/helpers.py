@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from ibex_context.models import FloatVector
+from ibex_context.candidates import Candidates
+from ibex_context.models import FloatVector, MemoryRecord
 from ibex_context.stores.base import PreparedMemory
 
 DIM = 384
@@ -35,3 +36,9 @@ def at_similarity(base: FloatVector, similarity: float, seed: int) -> FloatVecto
     orthogonal /= np.linalg.norm(orthogonal)
     vector = similarity * base + np.sqrt(1.0 - similarity**2) * orthogonal
     return vector.astype(np.float32)
+
+
+def records(found: Candidates | None) -> list[MemoryRecord]:
+    """A search's or hot-set read's candidates one record per row (none for a missing
+    hot set): what the tests compare field by field."""
+    return [] if found is None else found.records()

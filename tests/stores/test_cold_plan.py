@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ibex_context.candidates import Candidates
+from ibex_context.models import MemoryRecord
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 
 
@@ -26,10 +28,11 @@ def test_the_graph_search_keeps_at_least_the_rows_asked_for_and_at_most_pgvector
     assert width.for_agent(100_000, 5_000) == 1000
 
 
-def test_matches_are_a_list_of_records_that_names_its_plan() -> None:
-    matches = ColdMatches([], ColdPlan.EXACT)
-    assert matches == [] and isinstance(matches, list)
-    assert matches.plan is ColdPlan.EXACT
+def test_matches_are_candidates_that_name_their_plan() -> None:
+    found = Candidates.from_records([MemoryRecord("m", "c", "factual", similarity=0.9)])
+    matches = ColdMatches.of(found, ColdPlan.HNSW)
+    assert isinstance(matches, Candidates) and matches.ids == ["m"]
+    assert matches.plan is ColdPlan.HNSW
 
 
 def test_a_cached_size_expires_after_its_ttl() -> None:

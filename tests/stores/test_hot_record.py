@@ -1,4 +1,4 @@
-"""The hot set's records: every field the scorer reads comes back from a read's records."""
+"""The hot set's records: every field the scorer reads comes back, as the columns of ``Candidates``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def stored(n: int, **fields: object) -> MemoryRecord:
 
 
 def read(records: list[MemoryRecord]) -> list[MemoryRecord]:
-    return decode_records([encode_record(record) for record in records])
+    """The decoded columns, one record per row (to compare them with what was written)."""
+    return decode_records([encode_record(record) for record in records]).records()
 
 
 def assert_same(decoded: MemoryRecord, record: MemoryRecord) -> None:
@@ -61,7 +62,7 @@ def test_records_read_back_in_the_order_read_with_every_field() -> None:
 
 
 def test_a_read_of_nothing_is_empty() -> None:
-    assert decode_records([]) == []
+    assert len(decode_records([])) == 0
 
 
 def test_missing_numbers_read_back_as_none() -> None:
@@ -82,10 +83,21 @@ def test_records_that_disagree_on_counts_or_embedding_read_back_each_as_written(
         stored(1),
         stored(2, token_counts={"o200k_base": 3}),
         stored(3, embedding=None),
-        stored(4, token_counts={}, embedding=unit_vector(4)[:8]),
+        stored(4, token_counts={}),
     ]
     for got, record in zip(read(records), records, strict=True):
         assert_same(got, record)
+
+
+def test_vectors_of_a_dimension_other_than_the_sets_most_common_read_back_as_none() -> None:
+    # One matrix holds the vectors; a record written across an embedder change has a
+    # vector no query of the deployment's dimension can be compared with anyway.
+    records = [stored(1), stored(2, embedding=unit_vector(2)[:8]), stored(3)]
+    decoded = decode_records([encode_record(record) for record in records])
+    assert decoded.vectors.shape == (2, unit_vector(1).shape[0])
+    assert decoded.vector_rows.tolist() == [0, -1, 1]
+    assert_same(decoded.record(2), records[2])
+    assert decoded.record(1).embedding is None
 
 
 def test_texts_are_cut_by_characters_not_bytes() -> None:
@@ -101,9 +113,9 @@ def test_texts_are_cut_by_characters_not_bytes() -> None:
 
 
 def test_each_record_gets_its_own_token_counts() -> None:
-    first, second = read([stored(1), stored(2)])
-    first.token_counts["o200k_base"] = 999  # type: ignore[index]
-    assert second.token_counts["o200k_base"] == COUNTS["o200k_base"] + 2
+    first, second = decode_records([encode_record(stored(1)), encode_record(stored(2))]).token_counts
+    assert first is not second
+    assert (first["o200k_base"], second["o200k_base"]) == (COUNTS["o200k_base"] + 1, COUNTS["o200k_base"] + 2)
 
 
 def test_the_injection_counters_are_a_fixed_prefix_that_can_be_patched_in_place() -> None:
@@ -111,7 +123,7 @@ def test_the_injection_counters_are_a_fixed_prefix_that_can_be_patched_in_place(
     blob = encode_record(record)
     assert blob[0] == FORMAT_VERSION
     patched = COUNTERS.pack(FORMAT_VERSION, 9, 1_700_000_123.5) + blob[COUNTERS.size :]
-    [decoded] = decode_records([patched])
+    [decoded] = decode_records([patched]).records()
     assert (decoded.retrieval_count, decoded.last_injected_at) == (9, 1_700_000_123.5)
     assert decoded.content == record.content and decoded.token_counts == record.token_counts
     assert decoded.embedding is not None

@@ -5,21 +5,29 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import struct
 import time
 import uuid
 from collections.abc import Callable
 
 import asyncpg
+import numpy as np
 import pytest
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.stores.base import Injection
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import FEEDBACK_ALPHA, PostgresMemoryStore, TokenCountsDecoder, create_pool
+from ibex_context.stores.postgres import (
+    FEEDBACK_ALPHA,
+    PostgresMemoryStore,
+    TokenCountsDecoder,
+    create_pool,
+    decode_vectors,
+)
 
 from tests.conftest import Tenant
 from tests.postgres_locks import memories_locked
-from tests.stores.helpers import EF_SEARCH, MakeMemory, at_similarity, near, unit_vector
+from tests.stores.helpers import EF_SEARCH, MakeMemory, at_similarity, near, records, unit_vector
 
 
 async def test_upserting_new_texts_creates_them_in_input_order(
@@ -97,7 +105,7 @@ async def test_the_same_agent_id_under_another_org_sees_nothing(
     memory = make_memory("secret of org A")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
     other_org = str(uuid.uuid4())
-    assert await pg_store.search(other_org, tenant.agent_id, memory.embedding, 10) == []
+    assert records(await pg_store.search(other_org, tenant.agent_id, memory.embedding, 10)) == []
     assert await pg_store.fetch_memories(other_org, tenant.agent_id, [memory.id]) == []
     assert await pg_store.top_memories_for_hot_set(other_org, tenant.agent_id, 50) == []
     # The same text in the other org is a separate memory, not a duplicate.
@@ -116,7 +124,7 @@ async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
         for i in range(60)
     ]
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
-    found = await pg_store.search(tenant.org_id, tenant.agent_id, query, 50)
+    found = records(await pg_store.search(tenant.org_id, tenant.agent_id, query, 50))
     assert len(found) == 50
     assert [m.id for m in found] == [m.id for m in batch[:50]]
     similarities = [m.similarity for m in found]
@@ -124,7 +132,7 @@ async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
     assert found[0].similarity == pytest.approx(0.95, abs=1e-5)
     assert found[0].token_counts == {"o200k_base": 2}
     assert found[0].occurred_at is not None and abs(found[0].occurred_at - time.time()) < 60
-    assert len(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80)) == 60
+    assert len(records(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80))) == 60
 
 
 async def _tenant_in_the_partition_of(
@@ -179,9 +187,9 @@ async def test_the_hnsw_plan_fills_the_limit_for_a_small_tenant_sharing_a_large_
     assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
     assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
     assert len(found) == 25
-    assert all(m.content.startswith("small") for m in found)
+    assert all(content.startswith("small") for content in found.contents)
     # 25 of 30 from a graph of 430 vectors: the approximate answer is the exact one here.
-    assert [m.id for m in found] == [m.id for m in exact]
+    assert found.ids == exact.ids
 
 
 async def test_the_plan_follows_the_agents_memory_count(
@@ -211,7 +219,7 @@ async def test_the_plan_follows_the_agents_memory_count(
         now[0] += 61
         grown = await store.search(tenant.org_id, tenant.agent_id, query, 10)
         assert isinstance(grown, ColdMatches) and grown.plan is ColdPlan.HNSW
-        assert [m.id for m in grown] == [m.id for m in cached]
+        assert grown.ids == cached.ids
     finally:
         await store.aclose()
 
@@ -239,7 +247,7 @@ async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer
         )
         assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
         assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
-        assert [m.content for m in found] == [m.content for m in exact] == [f"w {i}" for i in range(5)]
+        assert list(found.contents) == list(exact.contents) == [f"w {i}" for i in range(5)]
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == str(EF_SEARCH)
     finally:
@@ -278,7 +286,7 @@ async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
             # Still holding the lock: only a server-side cancel can have ended the query.
             assert await searches_waiting(0) == 0
         # The pool is healthy afterwards.
-        assert len(await store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5)) == 1
+        assert len(records(await store.search(tenant.org_id, tenant.agent_id, unit_vector(3), 5))) == 1
     finally:
         await observer.close()
         await store.aclose()
@@ -377,7 +385,7 @@ async def test_ids_that_are_not_uuids_are_rejected_naming_the_field(
     pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
     with pytest.raises(InvalidRequest, match="org_id"):
-        await pg_store.search("not-a-uuid", tenant.agent_id, unit_vector(1), 5)
+        records(await pg_store.search("not-a-uuid", tenant.agent_id, unit_vector(1), 5))
     with pytest.raises(InvalidRequest, match=r"ids\[1\]"):
         await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [make_memory("x").id, "nope"])
 
@@ -469,7 +477,7 @@ async def test_injections_never_rewrite_the_memory_row(
     assert await _memory_row_version(postgres_dsn, tenant, memory.id) == before
     [stored] = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [memory.id])
     assert stored.retrieval_count == 4
-    [found] = await pg_store.search(tenant.org_id, tenant.agent_id, memory.embedding, 5)
+    [found] = records(await pg_store.search(tenant.org_id, tenant.agent_id, memory.embedding, 5))
     assert (found.retrieval_count, found.last_injected_at) == (4, pytest.approx(at + 1, abs=1e-3))
 
 
@@ -564,12 +572,12 @@ async def test_vectors_are_stored_inline(postgres_dsn: str) -> None:
     assert storage == "p"  # PLAIN: never TOASTed, so the exact scan reads no TOAST pages
 
 
-def test_token_counts_are_parsed_once_per_distinct_text_into_fresh_dicts() -> None:
+def test_token_counts_are_parsed_once_per_distinct_text_into_one_read_only_mapping() -> None:
     decode = TokenCountsDecoder(limit=2)
     first, second = decode('{"o200k_base": 7}'), decode('{"o200k_base": 7}')
-    assert first == second == {"o200k_base": 7}
-    first["o200k_base"] = 0  # a caller mutating its dict does not change what others get
-    assert decode('{"o200k_base": 7}') == {"o200k_base": 7}
+    assert first == second == {"o200k_base": 7} and first is second  # nothing copied per row
+    with pytest.raises(TypeError):
+        first["o200k_base"] = 0  # type: ignore[index]  # so no caller can change what others get
     # Past its limit the memo starts over instead of growing.
     assert decode('{"a": 1}') == {"a": 1} and decode('{"b": 2}') == {"b": 2}
     assert decode('{"o200k_base": 7}') == {"o200k_base": 7}
@@ -615,3 +623,14 @@ async def test_occurred_at_is_stored_kept_on_updates_that_omit_it_and_defaults_t
     }
     assert stored["met Ana at the Lisbon conference"] == pytest.approx(1_683_554_160.5)
     assert stored["prefers window seats"] == pytest.approx(1_600_000_000.0)
+
+
+def test_vectors_in_pgvectors_binary_form_become_one_matrix_of_the_most_common_dimension() -> None:
+    def binary(*values: float) -> bytes:
+        return struct.pack(">HH", len(values), 0) + np.asarray(values, dtype=">f4").tobytes()
+
+    matrix, rows = decode_vectors([binary(1.0, 2.0), None, binary(3.0, 4.0, 5.0), binary(-1.5, 0.25)])
+    assert matrix.dtype == np.float32 and matrix.tolist() == [[1.0, 2.0], [-1.5, 0.25]]
+    assert rows.tolist() == [0, -1, -1, 1]
+    nothing, none = decode_vectors([None, None])
+    assert nothing.shape[0] == 0 and none.tolist() == [-1, -1]

@@ -20,7 +20,7 @@ from ibex_context.stores.redis import (
 )
 
 from tests.conftest import Tenant
-from tests.stores.helpers import unit_vector
+from tests.stores.helpers import records, unit_vector
 
 
 def record(n: int) -> MemoryRecord:
@@ -77,7 +77,7 @@ async def test_a_hot_set_whose_last_member_is_removed_stays_built_and_empty(
     org, agent = tenant.org_id, tenant.agent_id
     assert await redis_cache.replace_hot_set(org, agent, [(record(1), 0.1)], expected_generation=0)
     await redis_cache.remove_hot_memories(org, agent, [record(1).id])
-    assert await redis_cache.get_hot_memories(org, agent, 20) == []
+    assert records(await redis_cache.get_hot_memories(org, agent, 20)) == []
 
 
 async def test_the_hot_set_reads_the_best_first_in_one_call_and_trims_to_its_size(
@@ -86,12 +86,12 @@ async def test_the_hot_set_reads_the_best_first_in_one_call_and_trims_to_its_siz
     org, agent = tenant.org_id, tenant.agent_id
     scored = [(record(i), i / 10) for i in range(1, 5)]  # scores 0.1 .. 0.4
     assert await redis_cache.replace_hot_set(org, agent, scored, expected_generation=0)
-    top = await redis_cache.get_hot_memories(org, agent, 3)
+    top = records(await redis_cache.get_hot_memories(org, agent, 3))
     assert top is not None and [r.content for r in top] == ["memory 4", "memory 3", "memory 2"]
     assert top[0].embedding is not None and top[0].embedding.shape == (384,)
     # Size is 5: adding three more keeps the five best and drops the others' data too.
     assert await redis_cache.add_hot_memories(org, agent, [(record(i), i / 10) for i in range(5, 8)])
-    everything = await redis_cache.get_hot_memories(org, agent, 50)
+    everything = records(await redis_cache.get_hot_memories(org, agent, 50))
     assert everything is not None and [r.content for r in everything] == [
         f"memory {i}" for i in range(7, 2, -1)
     ]
@@ -120,7 +120,7 @@ async def test_removing_members_removes_their_data(redis_cache: RedisContextCach
     org, agent = tenant.org_id, tenant.agent_id
     await redis_cache.replace_hot_set(org, agent, [(record(1), 0.5), (record(2), 0.4)], 0)
     assert await redis_cache.remove_hot_memories(org, agent, [record(1).id, str(uuid.uuid4())]) == 1
-    remaining = await redis_cache.get_hot_memories(org, agent, 5)
+    remaining = records(await redis_cache.get_hot_memories(org, agent, 5))
     assert remaining is not None and [r.id for r in remaining] == [record(2).id]
 
 
@@ -179,7 +179,7 @@ async def test_patching_counters_moves_only_the_frequency_term_of_members_alread
         assert await client.zscore(hot_set_key(org, agent), absent) is None  # never added
     finally:
         await client.aclose()
-    hot = await redis_cache.get_hot_memories(org, agent, 5)
+    hot = records(await redis_cache.get_hot_memories(org, agent, 5))
     assert hot is not None
     by_id = {r.id: r for r in hot}
     assert (by_id[record(2).id].retrieval_count, by_id[record(2).id].last_injected_at) == (
@@ -192,7 +192,7 @@ async def test_patching_counters_moves_only_the_frequency_term_of_members_alread
     assert await redis_cache.hot_set_generation(org, agent) == generation + 1
     # The last injection time never moves backwards; the score follows the count only.
     await redis_cache.patch_hot_counters(org, agent, [MemoryCounters(org, agent, record(2).id, 61, 5.0)])
-    [again] = [r for r in await redis_cache.get_hot_memories(org, agent, 5) or [] if r.id == record(2).id]
+    [again] = [r for r in records(await redis_cache.get_hot_memories(org, agent, 5)) if r.id == record(2).id]
     assert (again.retrieval_count, again.last_injected_at) == (61, 1_700_000_000.5)
 
 
@@ -213,7 +213,7 @@ async def test_a_batch_of_patches_travels_as_one_argument_and_each_lands(
         await cache.replace_hot_set(org, agent, [(m, 0.5) for m in members], 0)
         assert len(redis_module._patch_args(counters)) == 4
         assert await cache.patch_hot_counters(org, agent, counters) == 200
-        hot = {r.id: r for r in await cache.get_hot_memories(org, agent, 200) or []}
+        hot = {r.id: r for r in records(await cache.get_hot_memories(org, agent, 200))}
     finally:
         await cache.aclose()
     assert [(hot[m.id].retrieval_count, hot[m.id].last_injected_at) for m in members] == [
@@ -250,7 +250,7 @@ async def test_patching_several_agents_in_one_round_trip_patches_each_on_its_own
         }
     )
     assert outcomes == {(org, agent): 1, (org, other): 0}
-    hot = {r.id: r for r in await redis_cache.get_hot_memories(org, agent, 5) or []}
+    hot = {r.id: r for r in records(await redis_cache.get_hot_memories(org, agent, 5))}
     assert hot[record(1).id].retrieval_count == 7 and hot[record(2).id].retrieval_count == 0
     assert await redis_cache.get_hot_memories(org, other, 5) is None
 
@@ -267,7 +267,7 @@ async def test_a_hot_set_holding_a_record_of_an_older_format_reads_as_missing_an
         await client.zadd(hot_set_key(org, agent), {record(3).id: 0.3})
         await client.hset(hot_data_key(org, agent), record(3).id, old)
         # Above the limit it is not read, so the best two still serve.
-        top = await redis_cache.get_hot_memories(org, agent, 2)
+        top = records(await redis_cache.get_hot_memories(org, agent, 2))
         assert top is not None and [r.id for r in top] == [record(1).id, record(2).id]
         assert await redis_cache.get_hot_memories(org, agent, 3) is None
         counters = [MemoryCounters(org, agent, record(3).id, 5, 1_700_000_000.0)]
@@ -278,5 +278,5 @@ async def test_a_hot_set_holding_a_record_of_an_older_format_reads_as_missing_an
     # A rebuild replaces the whole set in the current format.
     generation = await redis_cache.hot_set_generation(org, agent)
     assert await redis_cache.replace_hot_set(org, agent, [(record(3), 0.3)], generation)
-    rebuilt = await redis_cache.get_hot_memories(org, agent, 3)
+    rebuilt = records(await redis_cache.get_hot_memories(org, agent, 3))
     assert rebuilt is not None and [r.content for r in rebuilt] == ["memory 3"]

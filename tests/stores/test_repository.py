@@ -25,7 +25,7 @@ from ibex_context.stores.redis import (
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant
-from tests.stores.helpers import MakeMemory
+from tests.stores.helpers import MakeMemory, records
 
 
 async def _wait_for(predicate: Callable[[], Awaitable[bool]], within_seconds: float = 5.0) -> bool:
@@ -78,7 +78,7 @@ async def test_unknown_agents_leave_no_key_in_redis(
     strangers = [new_tenant() for _ in range(20)]
     for stranger in strangers:
         assert await repository.get_directive(stranger.org_id, stranger.agent_id) is None
-        assert await repository.get_hot_memories(stranger.org_id, stranger.agent_id, 10) == []
+        assert records(await repository.get_hot_memories(stranger.org_id, stranger.agent_id, 10)) == []
         # The rebuild the miss scheduled (or a fresh one once it is done) has run.
         assert await repository.schedule_hot_set_rebuild(stranger.org_id, stranger.agent_id)
     client = aioredis.Redis.from_url(redis_url)
@@ -151,12 +151,12 @@ async def test_a_missing_hot_set_answers_empty_at_once_and_is_rebuilt_in_the_bac
         agent,
         [make_memory(f"fact {i}", confidence=0.1 + 0.1 * i) for i in range(8)],
     )
-    assert await repository.get_hot_memories(org, agent, 3) == []
+    assert records(await repository.get_hot_memories(org, agent, 3)) == []
     # Concurrent misses share one rebuild.
     first = repository.schedule_hot_set_rebuild(org, agent)
     assert repository.schedule_hot_set_rebuild(org, agent) is first
     assert await first is True
-    hot = await repository.get_hot_memories(org, agent, 3)
+    hot = records(await repository.get_hot_memories(org, agent, 3))
     assert [m.content for m in hot] == ["fact 7", "fact 6", "fact 5"]  # highest confidence first
 
 
@@ -168,10 +168,10 @@ async def test_writes_keep_the_hot_set_current(
     assert await repository.rebuild_hot_set(org, agent)
     star = make_memory("the best fact", confidence=1.0, usefulness=1.0)
     await repository.upsert_memories(org, agent, [star])
-    hot = await repository.get_hot_memories(org, agent, 10)
+    hot = records(await repository.get_hot_memories(org, agent, 10))
     assert hot[0].id == star.id and len(hot) == 4
     await repository.delete_memories(org, agent, [star.id])
-    hot = await repository.get_hot_memories(org, agent, 10)
+    hot = records(await repository.get_hot_memories(org, agent, 10))
     assert star.id not in [m.id for m in hot] and len(hot) == 3
 
 
@@ -182,7 +182,7 @@ async def test_the_hot_set_keeps_only_the_best_n_after_many_writes(
     assert await repository.rebuild_hot_set(org, agent)  # an empty, built hot set
     batch = [make_memory(f"fact {i}", confidence=i / 10) for i in range(1, 9)]
     await repository.upsert_memories(org, agent, batch)
-    hot = await repository.get_hot_memories(org, agent, 50)
+    hot = records(await repository.get_hot_memories(org, agent, 50))
     assert [m.content for m in hot] == [f"fact {i}" for i in range(8, 3, -1)]  # size 5
 
 
@@ -196,7 +196,7 @@ async def test_deleting_a_hot_member_refills_the_hot_set_from_postgres(
     await repository.delete_memories(org, agent, [batch[-1].id])
 
     async def refilled() -> bool:
-        hot = await repository.get_hot_memories(org, agent, 50)
+        hot = records(await repository.get_hot_memories(org, agent, 50))
         return [m.content for m in hot] == [f"fact {i}" for i in range(6, 1, -1)]
 
     assert await _wait_for(refilled)
@@ -219,7 +219,7 @@ async def test_injections_are_counted_but_do_not_raise_the_hot_set_scores(
     # Frequency's default weight is 0 (ADR-0008): being injected must not keep a memory
     # in the hot set, which would get it injected again.
     assert before is not None and after == before
-    [hot] = await repository.get_hot_memories(org, agent, 5)
+    [hot] = records(await repository.get_hot_memories(org, agent, 5))
     assert hot.retrieval_count == 10
 
 
@@ -248,7 +248,7 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
         directive = await repository.get_directive(org, agent)
         assert directive is not None and directive.content == "still works"
         with pytest.raises(StoreUnavailable, match="redis"):
-            await repository.get_hot_memories(org, agent, 5)
+            records(await repository.get_hot_memories(org, agent, 5))
         assert time.monotonic() - started < 0.5
         assert repository.pending_invalidations == 2
         # Injections are counted in PostgreSQL; the hot set they would patch is
@@ -275,7 +275,7 @@ async def test_the_first_write_builds_the_hot_set_so_reads_see_it(
     org, agent = tenant.org_id, tenant.agent_id
     memory = make_memory("written first")
     await repository.upsert_memories(org, agent, [memory])
-    assert [m.id for m in await repository.get_hot_memories(org, agent, 5)] == [memory.id]
+    assert [m.id for m in records(await repository.get_hot_memories(org, agent, 5))] == [memory.id]
 
 
 async def test_a_hot_set_left_by_an_older_version_is_rebuilt_in_the_current_format(
@@ -289,9 +289,9 @@ async def test_a_hot_set_left_by_an_older_version_is_rebuilt_in_the_current_form
         # One member as the previous version (format 2) stored it: a version byte of 2.
         data = await client.hget(hot_data_key(org, agent), batch[0].id)
         await client.hset(hot_data_key(org, agent), batch[0].id, b"\x02" + data[1:])
-        assert await repository.get_hot_memories(org, agent, 5) == []  # read as missing
+        assert records(await repository.get_hot_memories(org, agent, 5)) == []  # read as missing
         assert await repository.schedule_hot_set_rebuild(org, agent)  # the rebuild that scheduled
-        hot = await repository.get_hot_memories(org, agent, 5)
+        hot = records(await repository.get_hot_memories(org, agent, 5))
         assert [m.content for m in hot] == ["fact 3", "fact 2", "fact 1"]
         stored = await client.hvals(hot_data_key(org, agent))
         assert sorted(value[0] for value in stored if value != b"1") == [FORMAT_VERSION] * 3

@@ -16,12 +16,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import numpy as np
+
+from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
 from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.models import FloatVector
-from ibex_context.pipeline.retrieval import RetrievalState
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Scoring
 from ibex_context.stores.base import ColdMemorySearch
@@ -49,8 +51,9 @@ def vector_search(cold: ColdMemorySearch) -> RetrievalSearch:
     async def search(
         org_id: str, agent_id: str, _query: str, vector: FloatVector, k: int
     ) -> list[RetrievalHit]:
-        records = await cold.search(org_id, agent_id, vector, k)
-        return [RetrievalHit(r.id, r.similarity or 0.0, None, r.similarity or 0.0) for r in records]
+        found = await cold.search(org_id, agent_id, vector, k)
+        similarity = np.nan_to_num(found.similarity, nan=0.0).tolist()
+        return [RetrievalHit(i, s, None, s) for i, s in zip(found.ids, similarity, strict=True)]
 
     return search
 
@@ -68,7 +71,7 @@ def hybrid_search(cold: ColdMemorySearch, scoring: Scoring | None = None) -> Ret
         nearest, matching = await asyncio.gather(
             cold.search(org_id, agent_id, vector, k), cold.search_lexical(org_id, agent_id, query, k)
         )
-        candidates = RetrievalState(cold=nearest, lexical=matching).candidates()
+        candidates = merge(nearest, matching, Candidates.empty(), dim=int(np.asarray(vector).shape[-1]))
         scored = score_candidates(
             candidates,
             vector,

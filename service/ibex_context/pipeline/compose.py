@@ -1,10 +1,11 @@
 """The compose step: what arrived from the stores in, the injected messages out.
 
-Pure (no I/O, no clock, no report): rank the candidates (``scoring.rank``: columns,
-no per-candidate objects), cost the ones the packer reaches (``costing.BlockCosts``:
-a lookup of the block counts stored at write time), walk them in rank order into the
-budget (``packing.pack_ranked``), count the injection exactly and render it once,
-for the chosen memories only. The assembler times it and turns the result into the
+Pure (no I/O, no clock, no report): rank the candidates (``candidates.Candidates``,
+the stores' columns; ``scoring.rank``: no per-candidate objects), cost the ones the
+packer reaches (``costing.BlockCosts``: a lookup of the block counts stored at write
+time), walk them in rank order into the budget (``packing.pack_ranked``), and only
+then build objects, for the chosen memories: count the injection exactly and render
+it once. The assembler times it and turns the result into the
 response and the report.
 """
 
@@ -14,7 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ibex_context.models import ChatMessage, FloatVector, MemoryRecord, ScoredMemory
+from ibex_context.candidates import Candidates
+from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.costing import BlockCosts, count_injected, section_overhead
 from ibex_context.pipeline.formatting import format_context
@@ -29,7 +31,7 @@ from ibex_context.tokens.encodings import Encoding
 class ComposeInput:
     messages: tuple[ChatMessage, ...]
     directive: str | None
-    candidates: Sequence[MemoryRecord]
+    candidates: Candidates
     query_embedding: FloatVector | None
     # The lexical search answered: a candidate without a BM25 score shares no word
     # with the query.
@@ -103,6 +105,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         )
 
     candidates = ranking.candidates
+    categories = candidates.categories
     # The notice and category sections cost tokens too; an upper bound for the kept
     # candidates' categories keeps the exact repair below a rare event.
     overhead = (
@@ -110,7 +113,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
             encoding,
             fmt,
             nonce=nonce,
-            categories={candidates[i].category for i in ranking.order},
+            categories={categories[i] for i in ranking.order},
             include_message_framing=not given.directive,
             counter=counter,
         )
@@ -123,7 +126,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         max(0, budget.memory_budget - overhead),
         max_items=profile.budget.max_memories,
     )
-    selected = [ranking.scored(i, c) for i, c in zip(packed.chosen, packed.costs, strict=True)]
+    selected = ranking.scored_at(packed.chosen, packed.costs)
     t2 = time.perf_counter_ns()
 
     injected_tokens = directive_tokens

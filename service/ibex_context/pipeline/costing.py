@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
+from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
     BLOCK_AS_IS,
@@ -342,17 +343,18 @@ class BlockCosts:
     def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
         return memory_cost(memory, self._encoding, self._fmt, counter=self._counter)
 
-    def by_index(self, records: Sequence[MemoryRecord]) -> Callable[[int], int]:
-        """The packer's ``cost_of``: the cost of ``records[i]``. In xml (the default) a
-        memory with a stored block count costs one dict lookup and no further call."""
+    def by_index(self, candidates: Candidates) -> Callable[[int], int]:
+        """The packer's ``cost_of``: the cost of candidate ``i``. In xml (the default) a
+        memory with a stored block count costs one dict lookup and builds nothing;
+        otherwise the candidate is costed as a record (built for the ones reached)."""
         key, fixed = self._key, self._xml_opening + JOIN_ALLOWANCE_TOKENS
         if key is None or self._fmt != "xml":
-            return lambda i: self(records[i])
+            return lambda i: self(candidates.record(i))
+        counts = candidates.token_counts
 
         def cost_of(i: int) -> int:
-            record = records[i]
-            body = record.token_counts.get(key)
-            return fixed + body if body is not None else self(record)
+            body = counts[i].get(key)
+            return fixed + body if body is not None else self(candidates.record(i))
 
         return cost_of
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
-from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
+from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
@@ -55,42 +56,23 @@ class RetrievalState:
 
     directive: Directive | None = None
     directive_done: bool = False
-    hot: list[MemoryRecord] = field(default_factory=list)
-    cold: list[MemoryRecord] = field(default_factory=list)
-    lexical: list[MemoryRecord] = field(default_factory=list)
+    hot: Candidates = field(default_factory=Candidates.empty)
+    cold: Candidates = field(default_factory=Candidates.empty)
+    lexical: Candidates = field(default_factory=Candidates.empty)
     query_embedding: FloatVector | None = None
     sources: dict[SourceName, SourceResult] = field(default_factory=dict)
     # perf_counter_ns intervals per source, for the stage spans.
     intervals: dict[SourceName, tuple[int, int]] = field(default_factory=dict)
 
-    def candidates(self) -> list[MemoryRecord]:
-        """Hot, vector and lexical matches merged and de-duplicated by id.
-
-        A memory found by the vector search keeps that record (it carries the
-        similarity computed by PostgreSQL), with the BM25 score of the lexical
-        search when that found it too; one found in the hot set as well is marked
-        as coming from both.
-        """
-        by_id: dict[str, MemoryRecord] = {}
-        for record in self.cold:
-            by_id.setdefault(record.id, record)
-        for record in self.lexical:
-            seen = by_id.get(record.id)
-            if seen is None:
-                by_id[record.id] = record
-            elif seen.lexical_score is None:
-                seen.lexical_score = record.lexical_score
-        for record in self.hot:
-            seen = by_id.get(record.id)
-            if seen is None:
-                by_id[record.id] = record
-            elif seen.source is not Source.HOT_AND_COLD:
-                by_id[record.id] = _with_source(seen, Source.HOT_AND_COLD)
-        return list(by_id.values())
-
-
-def _with_source(record: MemoryRecord, source: Source) -> MemoryRecord:
-    return replace(record, source=source)
+    def candidates(self) -> Candidates:
+        """Hot, vector and lexical matches merged and de-duplicated by id
+        (``candidates.merge``): a memory found by the vector search keeps its
+        similarity and gets the BM25 score of the lexical search when that found it
+        too; one found in the hot set as well is marked as coming from both. Vectors
+        of the query's dimension are kept."""
+        query = self.query_embedding
+        dim = None if query is None else int(query.shape[-1])
+        return merge(self.cold, self.lexical, self.hot, dim=dim)
 
 
 class Retriever:
@@ -308,7 +290,7 @@ async def _run_source(
     return result
 
 
-def _chosen_plan(found: list[MemoryRecord]) -> str:
+def _chosen_plan(found: Candidates) -> str:
     """The cold source's detail: the plan the store chose, into the metadata and metrics."""
     return plan_detail(found.plan.value) if isinstance(found, ColdMatches) else ""
 

@@ -42,11 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
 
-from ibex_context.models import FloatVector, MemoryRecord, ScoredMemory
+from ibex_context.candidates import Candidates
+from ibex_context.models import FloatVector, ScoredMemory
 from ibex_context.profiles.model import UNKNOWN_CATEGORY_HALF_LIFE_DAYS, Scoring
 
 NEUTRAL_RELEVANCE = 0.5
@@ -64,46 +66,34 @@ _Array = npt.NDArray[np.float64]
 
 
 def _semantic(
-    candidates: Sequence[MemoryRecord], query_embedding: FloatVector | None
+    candidates: Candidates, query_embedding: FloatVector | None
 ) -> tuple[_Array, npt.NDArray[np.bool_]]:
     """Cosine similarity per candidate, clipped to [0, 1], and whether it is known."""
-    n = len(candidates)
-    similarity = np.fromiter(
-        (math.nan if r.similarity is None else r.similarity for r in candidates), dtype=np.float64, count=n
-    )
-    known = np.isfinite(similarity)
+    similarity = candidates.similarity
+    known = ~np.isnan(similarity)
     semantic = np.where(known, similarity, 0.0)
-    if query_embedding is not None:
+    vectors = candidates.vectors
+    if query_embedding is not None and vectors.shape[0]:
         query = np.asarray(query_embedding, dtype=np.float64).ravel()
         # A stored vector of another dimension (embedder changed) cannot be
         # compared: its similarity stays unknown rather than failing the request.
-        shape, known_of = query.shape, known.tolist()
-        rows = [
-            i
-            for i, r in enumerate(candidates)
-            if not known_of[i] and r.embedding is not None and r.embedding.shape == shape
-        ]
-        if rows:
-            # np.array over the list: a third of np.stack's cost at this size.
-            matrix = np.array([candidates[i].embedding for i in rows], dtype=np.float64)
-            # sqrt of row dot products: np.linalg.norm(axis=1) costs several times more here.
-            norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix)) * math.sqrt(float(query @ query))
-            dots = matrix @ query
-            cosine = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            index = np.asarray(rows, dtype=np.intp)
-            semantic[index] = cosine
-            known[index] = True
+        if vectors.shape[1] == query.shape[0]:
+            rows = np.flatnonzero(~known & (candidates.vector_rows >= 0))
+            if rows.size:
+                matrix = vectors[candidates.vector_rows[rows]].astype(np.float64)
+                # sqrt of row dot products: np.linalg.norm(axis=1) costs several times more here.
+                norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix)) * math.sqrt(float(query @ query))
+                dots = matrix @ query
+                cosine = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+                semantic[rows] = cosine
+                known[rows] = True
     _clip_unit(semantic)
     return semantic, known
 
 
-def _lexical(candidates: Sequence[MemoryRecord]) -> _Array:
+def _lexical(candidates: Candidates) -> _Array:
     """BM25 saturated to [0, 1); 0 where the lexical search did not return the memory."""
-    bm25 = np.fromiter(
-        (0.0 if r.lexical_score is None else r.lexical_score for r in candidates),
-        dtype=np.float64,
-        count=len(candidates),
-    )
+    bm25 = np.nan_to_num(candidates.lexical_score, nan=0.0)
     np.maximum(bm25, 0.0, out=bm25)
     return bm25 / (bm25 + LEXICAL_SATURATION)
 
@@ -126,7 +116,7 @@ class Ranking:
     rebuilt were a large part of the call's CPU).
     """
 
-    candidates: Sequence[MemoryRecord]
+    candidates: Candidates
     order: list[int]
     score: list[float]
     relevance: list[float]
@@ -142,25 +132,34 @@ class Ranking:
 
     def scored(self, i: int, tokens: int = 0) -> ScoredMemory:
         """Candidate ``i`` with its score components (and its cost in ``tokens``)."""
-        return ScoredMemory(
-            self.candidates[i],
-            self.score[i],
-            self.relevance[i],
-            self.recency[i],
-            self.usefulness[i],
-            self.confidence[i],
-            self.frequency[i],
-            tokens,
-            self.semantic[i],
-            self.lexical[i],
-        )
+        return self.scored_at([i], [tokens])[0]
+
+    def scored_at(self, rows: Sequence[int], tokens: Sequence[int]) -> list[ScoredMemory]:
+        """Candidates ``rows`` with their score components and costs (``tokens[k]`` of
+        ``rows[k]``): the objects built for the memories injected, and only for them."""
+        records = self.candidates.records_at(rows)
+        return [
+            ScoredMemory(
+                record,
+                self.score[i],
+                self.relevance[i],
+                self.recency[i],
+                self.usefulness[i],
+                self.confidence[i],
+                self.frequency[i],
+                cost,
+                self.semantic[i],
+                self.lexical[i],
+            )
+            for record, i, cost in zip(records, rows, tokens, strict=True)
+        ]
 
 
 _EMPTY: list[float] = []
 
 
 def rank(
-    candidates: Sequence[MemoryRecord],
+    candidates: Candidates,
     query_embedding: FloatVector | None,
     scoring: Scoring,
     now: float,
@@ -185,32 +184,22 @@ def rank(
         relevance = semantic_or_neutral
     relevance_known = semantic_known
 
-    # One pass over the records for every per-record field; the rest is numpy.
-    half_life_of = scoring.half_lives_days
-    nan = math.nan
-    fields = np.array(
-        [
-            (
-                nan if r.occurred_at is None else r.occurred_at,
-                half_life_of.get(r.category, UNKNOWN_CATEGORY_HALF_LIFE_DAYS),
-                nan if r.usefulness is None else r.usefulness,
-                nan if r.confidence is None else r.confidence,
-                r.retrieval_count,
-            )
-            for r in candidates
-        ],
+    # The half-life is the one per-candidate look-up; every other field is a column.
+    half_lives = np.fromiter(
+        map(scoring.half_lives_days.get, candidates.categories, repeat(UNKNOWN_CATEGORY_HALF_LIFE_DAYS)),
         dtype=np.float64,
-    ).reshape(n, 5)
-    created, half_lives = fields[:, 0], fields[:, 1]
+        count=n,
+    )
+    created = candidates.occurred_at
     age_known = np.isfinite(created)
     # A occurred_at in the future (clock skew) counts as brand new.
     age_days = np.maximum(np.where(age_known, now - created, 0.0), 0.0) / SECONDS_PER_DAY
     recency = np.where(age_known, np.exp(-math.log(2.0) * age_days / half_lives), UNKNOWN_RECENCY)
     # Usefulness and confidence together: defaults where unknown, then [0, 1].
-    rated = fields[:, 2:4]
+    rated = np.stack((candidates.usefulness, candidates.confidence), axis=1)
     rated = _clip_unit(np.where(np.isfinite(rated), rated, (DEFAULT_USEFULNESS, DEFAULT_CONFIDENCE)))
     usefulness, confidence = rated[:, 0], rated[:, 1]
-    frequency = _clip_unit(fields[:, 4] / FREQUENCY_CAP)
+    frequency = _clip_unit(candidates.retrieval_counts / FREQUENCY_CAP)
 
     w = scoring.weights
     total_weight = w.relevance + w.recency + w.usefulness + w.confidence + w.frequency
@@ -227,7 +216,8 @@ def rank(
     # Python floats once (indexing numpy arrays per item is several times slower).
     score_of = composite.tolist()
     kept = np.flatnonzero(keep).tolist()
-    order = sorted(kept, key=lambda i: (-score_of[i], candidates[i].id))
+    ids = candidates.ids
+    order = sorted(kept, key=lambda i: (-score_of[i], ids[i]))
     return Ranking(
         candidates,
         order,
@@ -243,7 +233,7 @@ def rank(
 
 
 def score_candidates(
-    candidates: Sequence[MemoryRecord],
+    candidates: Candidates,
     query_embedding: FloatVector | None,
     scoring: Scoring,
     now: float,
@@ -252,4 +242,4 @@ def score_candidates(
 ) -> list[ScoredMemory]:
     """Every kept candidate as a ``ScoredMemory``, best first (``rank``, materialised)."""
     ranking = rank(candidates, query_embedding, scoring, now, lexical_searched=lexical_searched)
-    return [ranking.scored(i) for i in ranking.order]
+    return ranking.scored_at(ranking.order, [0] * len(ranking.order))

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.candidates import Candidates
+from ibex_context.models import Directive, FloatVector
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +70,13 @@ class DirectiveReader(Protocol):
 
 
 class HotMemoryReader(Protocol):
-    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]: ...
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates: ...
 
 
 class ColdMemorySearch(Protocol):
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]: ...
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates: ...
 
-    async def search_lexical(
-        self, org_id: str, agent_id: str, query: str, limit: int
-    ) -> list[MemoryRecord]: ...
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates: ...
 
 
 class MemoryWriter(Protocol):

@@ -20,9 +20,9 @@ import enum
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from ibex_context.models import MemoryRecord
+from ibex_context.candidates import Candidates
 
 
 class ColdPlan(enum.StrEnum):
@@ -62,18 +62,24 @@ class GraphSearchWidth:
         return min(MAX_EF_SEARCH, max(width, limit))
 
 
-class ColdMatches(list[MemoryRecord]):
-    """The vector search's records, nearest first, with the plan that found them.
+@dataclass(slots=True)
+class ColdMatches(Candidates):
+    """The vector search's candidates, nearest first, with the plan that found them.
 
-    A ``list[MemoryRecord]`` like every store's search result; the retrieval reads
-    ``plan`` (when present) into the cold source's metadata.
+    ``Candidates`` like every store's search result; the retrieval reads ``plan``
+    (when present) into the cold source's metadata.
     """
 
-    __slots__ = ("plan",)
+    plan: ColdPlan = ColdPlan.EXACT
 
-    def __init__(self, records: list[MemoryRecord], plan: ColdPlan) -> None:
-        super().__init__(records)
-        self.plan = plan
+    @staticmethod
+    def of(found: Candidates, plan: ColdPlan) -> ColdMatches:
+        matches = ColdMatches(*(getattr(found, name) for name in _CANDIDATE_FIELDS))
+        matches.plan = plan
+        return matches
+
+
+_CANDIDATE_FIELDS = tuple(f.name for f in fields(Candidates))
 
 
 @dataclass(slots=True)

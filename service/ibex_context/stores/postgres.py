@@ -35,11 +35,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import asyncpg
 import numpy as np
+import numpy.typing as npt
 
+from ibex_context.candidates import Candidates
 from ibex_context.errors import InvalidRequest, StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord, Source
 from ibex_context.settings import Settings
@@ -67,6 +70,28 @@ _MEMORY_COLUMNS = (
     " extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at,"
     " m.token_counts::text AS token_counts"
 )
+# What the searches read of each memory for ``Candidates`` (``_candidate_columns``),
+# in this order: the id as text (no uuid object per row), times as epoch floats
+# (NaN: never injected), ``token_counts`` as text (``TokenCountsDecoder``).
+_CANDIDATE_COLUMNS = (
+    "m.id::text, m.content, m.category, m.confidence, m.usefulness,"
+    " coalesce(u.retrieval_count, 0) AS retrieval_count,"
+    " extract(epoch FROM coalesce(m.occurred_at, m.created_at))::float8 AS occurred_at,"
+    " coalesce(extract(epoch FROM u.last_injected_at)::float8, 'NaN') AS last_injected_at,"
+    " m.token_counts::text AS token_counts"
+)
+# Their names in the rows (``_as_arrays`` aggregates each).
+_CANDIDATE_NAMES = (
+    "id",
+    "content",
+    "category",
+    "confidence",
+    "usefulness",
+    "retrieval_count",
+    "occurred_at",
+    "last_injected_at",
+    "token_counts",
+)
 # Scoped by the tenant on both sides ($1 = org_id, $2 = agent_id).
 _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 AND u.memory_id = m.id"
 
@@ -79,7 +104,7 @@ _USAGE_JOIN = "LEFT JOIN memory_usage AS u ON u.org_id = $1 AND u.agent_id = $2 
 # plan did, for the 100k-memory agent: 22 ms).
 def _search_sql(plan: ColdPlan) -> str:
     return f"""
-    SELECT {_MEMORY_COLUMNS}, m.distance
+    SELECT {_CANDIDATE_COLUMNS}, m.distance
     FROM ibex_cold_{plan.value}($1, $2, $3, $4) AS m
     LEFT JOIN LATERAL (
         SELECT retrieval_count, last_injected_at FROM memory_usage
@@ -89,8 +114,27 @@ def _search_sql(plan: ColdPlan) -> str:
 """
 
 
-# Public: benchmarks/cold_plans.py times exactly these statements.
+# Public: benchmarks/cold_plans.py times exactly these statements (the rows; the store
+# asks for them as arrays, ``_as_arrays``).
 SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPlan}
+
+
+def _as_arrays(rows_sql: str, extra: Sequence[str]) -> str:
+    """``rows_sql``'s rows as one row of arrays, one per column (NULLs when no row), in
+    the rows' order (an aggregate over a sorted subquery keeps it).
+
+    asyncpg builds a ``Record`` per row and its columns are read back one row at a
+    time; arrays decode in C straight into lists, the columns ``Candidates`` wants. For
+    50 rows of the vector search this cut the client's CPU per search by about a
+    third, fetch included (benchmarks/results/columnar-2026-11-26.md).
+    """
+    columns = ", ".join(f"array_agg(r.{name})" for name in (*_CANDIDATE_NAMES, *extra))
+    return f"SELECT {columns} FROM ({rows_sql}) AS r"
+
+
+_SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
+    plan: _as_arrays(sql, ("distance",)) for plan, sql in SEARCH_SQL.items()
+}
 # Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
 _AGENT_SIZE_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
@@ -119,10 +163,11 @@ _HOT_SET_SQL = f"""
 # only the query's lexemes are read, by index-only range scans), then the winners'
 # rows are read by primary key, one LATERAL look-up each (the planner cannot estimate
 # the function; it had joined winners by scanning the agent's rows once per winner).
-# Rows come with their embedding: scoring computes their semantic relevance as for hot
-# memories.
+# Rows come with their embedding, in pgvector's binary form (``vector_send``): one
+# buffer for all of them becomes the vector matrix (``decode_vectors``); scoring
+# computes their semantic relevance from it as for hot memories.
 _LEXICAL_SQL = f"""
-    SELECT {_MEMORY_COLUMNS}, m.embedding, top.bm25
+    SELECT {_CANDIDATE_COLUMNS}, top.bm25, vector_send(m.embedding) AS embedding
     FROM ibex_bm25($1, $2, $3, $4) AS top
     CROSS JOIN LATERAL (
         SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts, embedding
@@ -136,6 +181,7 @@ _LEXICAL_SQL = f"""
     ) AS u ON true
     ORDER BY top.bm25 DESC, m.id
 """
+_LEXICAL_ARRAYS_SQL = _as_arrays(_LEXICAL_SQL, ("bm25", "embedding"))
 
 
 class _VectorParam:
@@ -188,23 +234,51 @@ def as_uuid(value: str, field: str) -> uuid.UUID:
         raise InvalidRequest(field, "must be a UUID") from None
 
 
-def _search_record(row: asyncpg.Record, token_counts: TokenCountsDecoder) -> MemoryRecord:
-    """A ``SEARCH_SQL`` row (its column order) as a record: positional, ~50 per call."""
-    ident, content, category, confidence, usefulness, count, created, injected, counts, distance = row
-    return MemoryRecord(
-        str(ident),
-        content,
-        category,
-        float(confidence),
-        float(usefulness),
-        count,
-        created,
-        injected,
-        token_counts(counts),
-        None,
-        1.0 - distance,
-        Source.COLD,
+def _candidate_columns(
+    row: asyncpg.Record, token_counts: TokenCountsDecoder
+) -> tuple[list[list[Any]], Candidates]:
+    """``_as_arrays``'s one row as ``Candidates`` (as from the vector search: no
+    similarity, no BM25, no vectors yet), and the arrays of its further columns."""
+    ids, contents, categories, confidence, usefulness, counts, occurred, injected, texts, *more = row
+    n = len(ids)
+    return more, Candidates(
+        ids,
+        contents,
+        categories,
+        np.array(confidence, dtype=np.float64),
+        np.array(usefulness, dtype=np.float64),
+        np.array(counts, dtype=np.float64),
+        np.array(occurred, dtype=np.float64),
+        np.array(injected, dtype=np.float64),
+        list(map(token_counts, texts)),
+        np.full(n, np.nan),
+        np.full(n, np.nan),
+        # A plain int: np.full with an IntEnum fill costs ~5x more.
+        np.full(n, int(Source.COLD), dtype=np.int8),
+        _NO_VECTORS,
+        np.full(n, -1, dtype=np.intp),
     )
+
+
+_NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
+# pgvector's binary vector: uint16 dimensions, uint16 unused, then big-endian float32s.
+_VECTOR_HEADER_BYTES = 4
+
+
+def decode_vectors(values: Sequence[bytes | None]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]]:
+    """Vectors in ``vector_send`` form as one matrix and each value's row of it (-1: none);
+    all of one length (one deployment writes one dimension) are decoded in one go."""
+    lengths = [len(v) if v is not None else -1 for v in values]
+    length = max(dict.fromkeys(lengths), key=lengths.count)
+    if length < 0:
+        return _NO_VECTORS, np.full(len(values), -1, dtype=np.intp)
+    alike = [i for i, n in enumerate(lengths) if n == length]
+    present = [v for v in values if v is not None and len(v) == length]
+    buffer = b"".join(present)
+    words = np.frombuffer(buffer, dtype=">f4").reshape(len(alike), length // 4)
+    rows = np.full(len(values), -1, dtype=np.intp)
+    rows[alike] = np.arange(len(alike))
+    return words[:, _VECTOR_HEADER_BYTES // 4 :].astype(np.float32), rows
 
 
 def _epoch(value: float | None) -> float | None:
@@ -216,22 +290,22 @@ class TokenCountsDecoder:
 
     Rows repeat the same few small objects (two encodings, counts in the low
     hundreds), so a bounded memo turns ~50 ``json.loads`` per search into dictionary
-    look-ups. Every call returns a fresh dict: records never share a mutable value.
+    look-ups. Equal texts share one read-only mapping: nothing is copied per row.
     """
 
     __slots__ = ("_limit", "_parsed")
 
     def __init__(self, limit: int = 8192) -> None:
         self._limit = limit
-        self._parsed: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._parsed: dict[str, Mapping[str, int]] = {}
 
-    def __call__(self, text: str) -> dict[str, int]:
-        items = self._parsed.get(text)
-        if items is None:
+    def __call__(self, text: str) -> Mapping[str, int]:
+        counts = self._parsed.get(text)
+        if counts is None:
             if len(self._parsed) >= self._limit:
                 self._parsed.clear()
-            items = self._parsed[text] = tuple(json.loads(text).items())
-        return dict(items)
+            counts = self._parsed[text] = MappingProxyType(json.loads(text))
+        return counts
 
 
 def _record(
@@ -424,10 +498,10 @@ class PostgresMemoryStore:
         connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
         try:
             for conn in connections:
-                for statement in SEARCH_SQL.values():
+                for statement in _SEARCH_ARRAYS_SQL.values():
                     await conn.fetch(statement, nobody, nobody, probe, 1)
                 await conn.fetchval(_AGENT_SIZE_SQL, nobody, nobody)
-                await conn.fetch(_LEXICAL_SQL, nobody, nobody, "warm up", 1)
+                await conn.fetch(_LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
             for conn in connections:
@@ -436,31 +510,33 @@ class PostgresMemoryStore:
     # ---------------------------------------------------------------- reads
 
     @_store_errors
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]:
-        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first: a
-        ``ColdMatches`` that names the plan chosen for the agent's size (``stores.cold_plan``)."""
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
+        their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
+        agent's size (``stores.cold_plan``)."""
         if limit <= 0:
-            return ColdMatches([], ColdPlan.EXACT)
+            return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with self._pool.acquire() as conn:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(size, self._exact_max_memories)
-            statement = SEARCH_SQL[plan]
+            statement = _SEARCH_ARRAYS_SQL[plan]
             ef_search = self._graph_width.for_agent(size, limit)
             if plan is ColdPlan.HNSW and ef_search != self._ef_search:
                 # A large agent, or more rows than the session's ef_search: for this search only.
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-                    rows = await conn.fetch(statement, org, agent, embedding, limit)
+                    row = await conn.fetchrow(statement, org, agent, embedding, limit)
             else:
-                rows = await conn.fetch(statement, org, agent, embedding, limit)
-        decode = self._token_counts
-        records = [_search_record(row, decode) for row in rows]
-        # relaxed_order iterative scans may return rows slightly out of order.
-        records.sort(key=lambda r: -(r.similarity or 0.0))
-        return ColdMatches(records, plan)
+                row = await conn.fetchrow(statement, org, agent, embedding, limit)
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
+            return ColdMatches.of(Candidates.empty(), plan)
+        (distances,), found = _candidate_columns(row, self._token_counts)
+        similarity = found.similarity = 1.0 - np.array(distances, dtype=np.float64)
+        if (np.diff(similarity) > 0).any():
+            # relaxed_order iterative scans may return rows slightly out of order.
+            found = found.take(np.argsort(-similarity, kind="stable"))
+        return ColdMatches.of(found, plan)
 
     async def _agent_size(self, conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> int:
         """The agent's memory count (``memory_stats``), cached for a while."""
@@ -472,21 +548,20 @@ class PostgresMemoryStore:
         return size
 
     @_store_errors
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
         """The ``limit`` memories best matching ``query``'s words by BM25, best first,
-        with ``lexical_score`` (the BM25 score) and their embeddings."""
+        with ``lexical_score`` (the BM25 score) and their vectors."""
         if limit <= 0 or not query.strip():
-            return []
-        rows = await self._pool.fetch(
-            _LEXICAL_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
+            return Candidates.empty()
+        row = await self._pool.fetchrow(
+            _LEXICAL_ARRAYS_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
         )
-        decode = self._token_counts
-        records = []
-        for row in rows:
-            record = _record(row, decode, with_embedding=True)
-            record.lexical_score = float(row["bm25"])
-            records.append(record)
-        return records
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
+            return Candidates.empty()
+        (bm25, embeddings), found = _candidate_columns(row, self._token_counts)
+        found.lexical_score = np.array(bm25, dtype=np.float64)
+        found.vectors, found.vector_rows = decode_vectors(embeddings)
+        return found
 
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
         return (await self.get_directive_state(org_id, agent_id)).to_directive()

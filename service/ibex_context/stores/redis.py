@@ -36,6 +36,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import StoreHealth
@@ -342,8 +343,9 @@ class RedisContextCache:
             hot_generation_key(org_id, agent_id),
         ]
 
-    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord] | None:
-        """The best ``limit`` hot memories in one round trip; None when the hot set is missing."""
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates | None:
+        """The best ``limit`` hot memories in one round trip, in rank order; None when the
+        hot set is missing."""
         records = await self._read_hot(keys=self._hot_keys(org_id, agent_id)[:2], args=[limit])
         return None if records is None else decode_records(records)
 

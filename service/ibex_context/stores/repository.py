@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import asyncpg
 from redis.exceptions import RedisError
 
+from ibex_context.candidates import Candidates
 from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
@@ -99,8 +100,8 @@ class ContextRepository:
             self._log_cache_failure("directive cache fill", exc)
         return state.to_directive()
 
-    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
-        """The hot set's best ``limit``; [] while a missing hot set is rebuilt in the background.
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates:
+        """The hot set's best ``limit``; none while a missing hot set is rebuilt in the background.
 
         Raises StoreUnavailable when Redis fails, so the failure is reported, not hidden.
         """
@@ -110,15 +111,13 @@ class ContextRepository:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
         if records is None:
             self.schedule_hot_set_rebuild(org_id, agent_id)
-            return []
+            return Candidates.empty()
         return records
 
-    async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int
-    ) -> list[MemoryRecord]:
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         return await self._postgres.search(org_id, agent_id, embedding, limit)
 
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> list[MemoryRecord]:
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
         return await self._postgres.search_lexical(org_id, agent_id, query, limit)
 
     # ================================================================ hot set rebuild
