@@ -171,9 +171,23 @@ async def measure(
         for plan in ColdPlan:
             await _timed(conn, plan, agent, query(agent), width, width.ef_search)
     exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
+    # A mixed data set also gets the rows of each agent size apart: the service's plan
+    # differs by size, and so do its cost and recall.
+    sizes = sorted({int(agent["memories"]) for agent in agents})
+    by_size = {
+        size: (
+            Measured(f"HNSW, {size:,}-memory agents"),
+            Measured(f"service's choice, {size:,}-memory agents"),
+        )
+        for size in (sizes if len(sizes) > 1 else [])
+    }
     exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
     for agent in agents:
-        service.plans[choose_plan(agent["memories"], exact_max).value] += 1
+        chosen = choose_plan(agent["memories"], exact_max)
+        service.plans[chosen.value] += 1
+        if agent["memories"] in by_size:
+            by_size[agent["memories"]][0].plans["hnsw"] += 1
+            by_size[agent["memories"]][1].plans[chosen.value] += 1
     for _ in range(calls):
         for agent in agents:
             q = query(agent)
@@ -184,9 +198,17 @@ async def measure(
             matched = recall(truth, found)
             hnsw.recall.append(matched)
             chosen = choose_plan(agent["memories"], exact_max)
-            service.milliseconds.append(exact_ms if chosen is ColdPlan.EXACT else hnsw_ms)
-            service.recall.append(1.0 if chosen is ColdPlan.EXACT else matched)
-    return [exact, hnsw, service]
+            chosen_ms = exact_ms if chosen is ColdPlan.EXACT else hnsw_ms
+            chosen_recall = 1.0 if chosen is ColdPlan.EXACT else matched
+            service.milliseconds.append(chosen_ms)
+            service.recall.append(chosen_recall)
+            if agent["memories"] in by_size:
+                graph, choice = by_size[agent["memories"]]
+                graph.milliseconds.append(hnsw_ms)
+                graph.recall.append(matched)
+                choice.milliseconds.append(chosen_ms)
+                choice.recall.append(chosen_recall)
+    return [exact, hnsw, service, *(m for pair in by_size.values() for m in pair)]
 
 
 async def run(
