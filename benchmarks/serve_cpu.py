@@ -12,6 +12,8 @@ the server process's user+system time (every thread, from ``/proc/<pid>/stat``) 
 the window divided by the calls answered in it; the per-thread split (main thread =
 the event loop, the rest) comes from ``/proc/<pid>/task``. Latency is the client's
 and shares the machine with everything else: read it as context, not as the result.
+The "degraded" column counts answers with a degradation reason: a degraded call costs
+less CPU, so compare trees at similar degradation.
 
     PYTHONPATH=service:. .venv/bin/python -m benchmarks.serve_cpu \\
         --tree before=/tmp/baseline --tree after=. --out benchmarks/results/serve_cpu.md
@@ -306,8 +308,9 @@ def _report(runs: list[Run], args: argparse.Namespace, trees: dict[str, Path], s
         f"{CHANNELS} grpc.aio channels from the driver process, {args.warmup:g} s warm-up then "
         f"{args.seconds:g} s measured; trees alternate run by run, {args.rounds} rounds. "
         "Server CPU = user+system of the whole server process (every thread) over the window / calls "
-        "answered. 2-vCPU VM shared with other sessions (load average per run below): CPU time per "
-        "call is little affected by the load, latency is.",
+        "answered. 2-vCPU VM shared with other sessions (load average per run below): latency "
+        "depends on the load, and CPU time per call does too (caches, fewer events per loop "
+        "iteration), if less: compare runs of similar load.",
         "",
         "Trees: " + ", ".join(f"`{k}` = {v}" for k, v in trees.items()),
         "",
