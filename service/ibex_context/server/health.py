@@ -150,16 +150,19 @@ class ServiceHealth:
             unary_stream(f"/{HEALTH_SERVICE}/Watch", HealthCheckRequest, checks.watch),
         ]
 
-    async def accepting_changed(self, timeout: float) -> None:
-        """Returns when the server starts draining, or after ``timeout`` seconds."""
-        if self.accepting:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._accepting_changed.wait()
-            except TimeoutError:
-                pass
-        else:
+    async def wait_for_change(self, accepting_seen: bool, timeout: float) -> None:
+        """Returns once ``accepting`` is no longer ``accepting_seen`` (at once if it
+        already changed), or after ``timeout`` seconds."""
+        if self.accepting != accepting_seen:
+            return
+        if not self.accepting:  # draining: nothing more will change
             await asyncio.sleep(timeout)
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._accepting_changed.wait()
+        except TimeoutError:
+            pass
 
 
 class _Checks:
@@ -197,8 +200,9 @@ class _Checks:
             await asyncio.Event().wait()  # the name never becomes known: hold until the caller leaves
         last: ServingStatus | None = None
         while True:
+            accepting = self._health.accepting
             current = await self.status(request.service)
             if current != last:
                 last = current
                 yield HealthCheckResponse(status=current)
-            await self._health.accepting_changed(_WATCH_INTERVAL_SECONDS)
+            await self._health.wait_for_change(accepting, _WATCH_INTERVAL_SECONDS)

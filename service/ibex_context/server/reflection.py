@@ -61,7 +61,7 @@ class _Reflection:
             if kind == "file_by_filename":
                 return self._file(self._pool.FindFileByName(request.file_by_filename))
             if kind == "file_containing_symbol":
-                return self._file(self._pool.FindFileContainingSymbol(request.file_containing_symbol))
+                return self._file(self._symbol_file(request.file_containing_symbol))
             if kind == "file_containing_extension":
                 wanted = request.file_containing_extension
                 message = self._pool.FindMessageTypeByName(wanted.containing_type)
@@ -84,6 +84,18 @@ class _Reflection:
         except KeyError:
             return self._error(grpc.StatusCode.NOT_FOUND, "not found")
         return self._error(grpc.StatusCode.INVALID_ARGUMENT, "invalid argument")
+
+    def _symbol_file(self, symbol: str) -> FileDescriptor:
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            # upb's pool does not index methods ("pkg.Service.Method", which grpcurl's
+            # describe sends): the file of the service that has the method.
+            service_name, _, method = symbol.rpartition(".")
+            service = self._pool.FindServiceByName(service_name)
+            if method not in service.methods_by_name:
+                raise
+            return service.file
 
     def _file(self, file: FileDescriptor) -> Any:
         proto = FileDescriptorProto()
