@@ -10,6 +10,7 @@ import asyncio
 import logging
 import secrets
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 
 # No call started for this long: the clients have stopped sending to this replica.
 _QUIET_SECONDS = 0.2
+# ... unless calls kept arriving after the drain began: clients are still sending on
+# their open connections (a loaded client can leave gaps longer than the short quiet),
+# and stopping sends them a GOAWAY that cuts the calls already on the way.
+_QUIET_WHILE_CLIENTS_SEND_SECONDS = 1.0
 
 
 @dataclass
@@ -269,6 +274,7 @@ class ContextService:
         self._stopping = True
         s = self.settings
         grace = s.shutdown_grace_seconds if grace is None else grace
+        draining_since = time.monotonic()
         self.health.set_not_serving()
         if s.shutdown_drain_delay_seconds:
             await asyncio.sleep(s.shutdown_drain_delay_seconds)
@@ -279,6 +285,8 @@ class ContextService:
         ends = loop.time() + grace
         if not await self.inflight.wait_quiet(_QUIET_SECONDS, grace):
             log.warning("shutdown grace elapsed with %d calls in flight", self.inflight.count)
+        elif self.inflight.last_started > draining_since:
+            await self.inflight.wait_quiet(_QUIET_WHILE_CLIENTS_SEND_SECONDS, max(0.0, ends - loop.time()))
         # GOAWAY on every connection (clients reconnect elsewhere); the calls still
         # running may finish within what is left of the grace, then are cancelled.
         await self.server.stop(max(0.0, ends - loop.time()))
