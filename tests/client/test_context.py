@@ -129,6 +129,20 @@ async def test_invalid_argument_falls_back_and_is_logged_loudly_with_the_field(
     assert "req-bad" in record.getMessage()
 
 
+async def test_a_request_over_the_size_limit_falls_back_as_a_rejected_request(
+    server: RunningServer, client_log: pytest.LogCaptureFixture
+) -> None:
+    huge = (ChatMessage("user", "x" * (5 * 1024 * 1024)),)  # the server takes 4 MiB
+    async with ContextClient(server.target, timeout=5) as client:
+        result = await client.assemble(org_id="o", agent_id="a", model=scripted.FULL, messages=huge)
+
+    assert result.fallback_reason == "client_invalid_argument"
+    assert result.messages == huge
+    assert server.service.calls == 0, "refused before the handler"
+    (record,) = [r for r in client_log.records if r.name == "ibex_context.client"]
+    assert "larger than max" in record.getMessage()
+
+
 async def test_a_server_error_falls_back_with_its_status(server: RunningServer) -> None:
     async with ContextClient(server.target, timeout=5) as client:
         result = await assemble(client, scripted.CRASH)
