@@ -3,8 +3,9 @@
 Runs the real handler (validation, assembly, response conversion, serialization,
 post-response bookkeeping) against the real Redis and PostgreSQL of a
 ``loadtest/run`` data dir, one call at a time, with the load test's request mix;
-only the HTTP/2 transport is left out (a stand-in stream hands the message over
-and serializes the response). Reports CPU and wall time per call and, with
+only the gRPC transport is left out (the handler is called with the parsed
+message and a stand-in context that knows the deadline; it returns the serialized
+response). Reports CPU and wall time per call and, with
 ``--profile``, the functions that take it (cProfile, cumulative).
 
     .venv/bin/python -m benchmarks.call_cpu --calls 600 [--profile] [--out FILE]
@@ -43,27 +44,23 @@ from loadtest.workload import (  # noqa: E402
 )
 
 
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
-        self._at = time.monotonic() + seconds
+class _Context:
+    """What the handler uses of grpc.aio's servicer context (``server.rpc.Context``)."""
+
+    def __init__(self, deadline_s: float) -> None:
+        self._at = time.monotonic() + deadline_s
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
 
     def time_remaining(self) -> float:
         return max(0.0, self._at - time.monotonic())
 
+    def set_code(self, code: Any) -> None:
+        pass
 
-class _Stream:
-    """What the handler uses of grpclib's server stream."""
-
-    def __init__(self, message: Any, deadline_s: float) -> None:
-        self._message = message
-        self.deadline = _Deadline(deadline_s)
-        self.sent: bytes = b""
-
-    async def recv_message(self) -> Any:
-        return self._message
-
-    async def send_message(self, response: Any) -> None:
-        self.sent = response.SerializeToString()
+    def set_details(self, details: str) -> None:
+        pass
 
 
 def _requests(workload: Workload, n: int, seed: int) -> list[tuple[str, Any]]:
@@ -140,7 +137,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         warm = _requests(workload, args.warmup, args.seed + 7)
         calls = _requests(workload, args.calls, args.seed)
         for _, message in warm:
-            await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
+            await handler.AssembleContext(message, _Context(0.045))
         await asyncio.sleep(0.3)
         heap = _heap_census(args.top) if args.heap else None
         profiler = cProfile.Profile() if args.profile else None
@@ -170,7 +167,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             if profiler:
                 profiler.enable()
             c0, w0 = time.process_time(), time.perf_counter()
-            await handler.AssembleContext(_Stream(message, 0.045))  # type: ignore[arg-type]
+            await handler.AssembleContext(message, _Context(0.045))
             c1, w1 = time.process_time(), time.perf_counter()
             if profiler:
                 profiler.disable()

@@ -3,10 +3,10 @@
 Measured, each operation timed on its own per iteration (``time.perf_counter_ns``),
 p50/p99 over all iterations of several rounds:
 
-* server listeners, split by where the time goes:
-  - ``on_request`` (RecvRequest: CallState, traceparent parse, gauge, handler wrap) and
-    ``on_trailers`` (SendTrailingMetadata: stamp status, schedule the recording) run
-    inside the call, before the trailers leave: this is the latency the layer adds;
+* the call observer, split by where the time goes:
+  - ``begin`` (CallState, traceparent parse, gauge) and ``end`` (stamp status,
+    schedule the recording) run inside the call, before the status leaves: this is
+    the latency the layer adds;
   - ``record`` (metrics from the report, spans, access log line) runs after the
     trailers are written (``loop.call_soon``): CPU, but not in the caller's latency.
   The report is a realistic one: 9 stages, 4 sources, 2 degradation reasons. The
@@ -37,11 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from grpclib.const import Status
-from grpclib.events import RecvRequest, SendTrailingMetadata
-from grpclib.metadata import Deadline
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.devtools.scripted_service import scripted_server
@@ -61,7 +58,6 @@ from ibex_context.pipeline.report import (
     SourceStatus,
     StageSpan,
 )
-from multidict import MultiDict
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import (
     CollectorRegistry,
@@ -137,30 +133,15 @@ class _Deferred:
             callback(*args)
 
 
-async def _noop_handler(stream: Any) -> None:
-    return None
-
-
-def _events(with_parent: bool) -> tuple[RecvRequest, SendTrailingMetadata]:
-    metadata: MultiDict[str | bytes] = MultiDict({"x-request-id": "req-1"})
+def _metadata(with_parent: bool) -> list[tuple[str, str | bytes]]:
+    """Invocation metadata as grpc.aio hands it over (pairs, lower-case keys)."""
+    metadata: list[tuple[str, str | bytes]] = [("user-agent", "bench"), ("x-request-id", "req-1")]
     if with_parent:
-        metadata["traceparent"] = TRACEPARENT
-    recv = RecvRequest(
-        metadata=metadata,
-        method_func=_noop_handler,
-        method_name=ASSEMBLE_CONTEXT_METHOD,
-        deadline=Deadline.from_timeout(0.045),
-        content_type="application/grpc",
-        user_agent="bench",
-        peer=None,
-    )
-    trailers = SendTrailingMetadata(
-        metadata=MultiDict(), status=Status.OK, status_message=None, status_details=None
-    )
-    return recv, trailers
+        metadata.append(("traceparent", TRACEPARENT))
+    return metadata
 
 
-async def bench_listeners(iterations: int, rounds: int, tracing_mode: str) -> dict[str, Sample]:
+async def bench_observer(iterations: int, rounds: int, tracing_mode: str) -> dict[str, Sample]:
     metrics = Metrics(CollectorRegistry())
     exporter = InMemorySpanExporter()
     if tracing_mode == "off":
@@ -184,28 +165,26 @@ async def bench_listeners(iterations: int, rounds: int, tracing_mode: str) -> di
     loop = asyncio.get_running_loop()
     deferred = _Deferred()
     real_call_soon = loop.call_soon
-    # Nothing below suspends, so the only call_soon is the one on_trailers makes:
+    # Nothing below suspends, so the only call_soon is the one ``end`` makes:
     # capture it to time the recording on its own.
     loop.call_soon = deferred  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
             gc.collect()
             for _ in range(iterations):
-                recv, trailers = _events(with_parent=tracing_mode == "kept")
+                metadata = _metadata(with_parent=tracing_mode == "kept")
                 token = current_call.set(None)
                 t0 = time.perf_counter_ns()
-                await observer.on_request(recv)
+                state = observer.begin(ASSEMBLE_CONTEXT_METHOD, metadata, 0.045)
                 t1 = time.perf_counter_ns()
-                state = current_call.get()
                 assert state is not None
                 # "dropped" needs an ordinary call: a degraded one is always kept.
                 state.report = a_report(degraded=tracing_mode != "dropped")
                 t2 = time.perf_counter_ns()
-                await observer.on_trailers(trailers)
+                observer.end(state, Status.OK)
                 t3 = time.perf_counter_ns()
                 deferred.run()
                 t4 = time.perf_counter_ns()
-                metrics.call_ended()
                 current_call.reset(token)
                 request_ns.append(t1 - t0)
                 trailers_ns.append(t3 - t2)
@@ -219,8 +198,8 @@ async def bench_listeners(iterations: int, rounds: int, tracing_mode: str) -> di
     access.removeHandler(handler)
     tracing.shutdown()
     return {
-        "on_request": summarise(request_ns),
-        "on_trailers": summarise(trailers_ns),
+        "begin": summarise(request_ns),
+        "end": summarise(trailers_ns),
         "record": summarise(record_ns),
     }
 
@@ -330,7 +309,7 @@ def _rows(samples: dict[str, Sample]) -> list[str]:
 
 
 async def run(iterations: int, rounds: int) -> str:
-    listeners = {mode: await bench_listeners(iterations, rounds, mode) for mode in ("off", "dropped", "kept")}
+    observed = {mode: await bench_observer(iterations, rounds, mode) for mode in ("off", "dropped", "kept")}
     scrapes = {created: bench_scrape(rounds, created_series=created) for created in (True, False)}
     codec = bench_client_codec(iterations, rounds)
     trips = await bench_round_trips(iterations)
@@ -344,10 +323,10 @@ async def run(iterations: int, rounds: int) -> str:
         f"bound). Calibration: `sum(range(1000))` takes {calibration_us():.1f} us here (about 8 us on a "
         "current server core), so expect these figures to be several times smaller in production.",
         "",
-        "## Server listeners (per call)",
+        "## Server call observer (per call)",
         "",
-        "`on_request` + `on_trailers` run inside the call, before the trailers are sent: they are the "
-        "latency observability adds. `record` runs after the trailers are written (`loop.call_soon`): "
+        "`begin` + `end` run inside the call, before its status is sent: they are the "
+        "latency observability adds. `record` runs after the status is written (`loop.call_soon`): "
         "event-loop CPU, not in this call's latency. Report: 9 stages, 4 sources, 2 reasons; the access "
         "log line is JSON.",
         "",
@@ -359,7 +338,7 @@ async def run(iterations: int, rounds: int) -> str:
         "dropped": "exporter on, call not sampled",
         "kept": "exporter on, call sampled (10 spans, inline export)",
     }
-    for mode, samples in listeners.items():
+    for mode, samples in observed.items():
         lines += [f"| {labels[mode]} {row[1:]}" for row in _rows(samples)]
     lines += [
         "",

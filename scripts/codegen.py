@@ -2,7 +2,8 @@
 ``python scripts/codegen.py``).
 
 * From ``proto/``: protobuf's upb messages (``_pb2``) with typed stubs (``.pyi``) and
-  grpclib's service bases/stubs: the server, the client and the load test use these (ADR-0001).
+  grpclib's stubs: the client library and the tests' clients use them; the server (grpc.aio)
+  and the load test use the upb messages alone (ADR-0001, ADR-0010).
 * From ``service/ibex_context/profiles/schema.py`` (the profile schema): the ContextProfile
   CRD the chart installs, and the field table of ``docs/profiles.md`` (between markers).
 

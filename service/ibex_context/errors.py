@@ -7,8 +7,8 @@ IbexError
 │   └── StoreUnavailable      the store cannot be reached at all
 └── EmbeddingError            the embedder failed
 
-An oversized request never becomes an exception here: server/request_size.py refuses it
-from its length prefix, before its body is read, also with INVALID_ARGUMENT.
+An oversized request never becomes an exception here: gRPC's core refuses it from its
+length prefix, before its body is read, with RESOURCE_EXHAUSTED (server/grpc_server.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,10 @@ class Settings(BaseSettings):
         le=64,
     )
     max_request_bytes: int = _f(
-        4 * 1024 * 1024, "Largest request accepted, in bytes (grpclib has no limit of its own).", ge=1024
+        4 * 1024 * 1024,
+        "Largest request accepted, in bytes: gRPC's `grpc.max_receive_message_length`; a larger one is "
+        "refused from its length prefix with `RESOURCE_EXHAUSTED`.",
+        ge=1024,
     )
     max_messages: int = _f(2000, "Most messages in one AssembleContext request.", ge=1)
     max_message_chars: int = _f(400_000, "Most characters in one message.", ge=1)

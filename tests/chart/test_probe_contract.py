@@ -6,13 +6,12 @@ chart probes must exist, readiness must drop when the server stops accepting, li
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from grpclib.server import Server
+from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.health import ServiceHealth
 
 from tests.chart.conftest import FULLNAME, Rendered
@@ -41,16 +40,12 @@ async def cli_health(port: int, service: str) -> tuple[int, str]:
 @pytest.fixture()
 async def health_server() -> AsyncIterator[tuple[ServiceHealth, int]]:
     health = ServiceHealth([])  # no stores configured: the stores check passes
-    server = Server([health.service([])])
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))  # a free port, never a fixed one
-    port = listener.getsockname()[1]
-    await server.start(sock=listener)
+    server = ServiceServer(health.methods([]), max_request_bytes=1024)
+    port = await server.start("127.0.0.1", 0)  # a free port, never a fixed one
     try:
         yield health, port
     finally:
-        server.close()
-        await server.wait_closed()
+        await server.stop(0)
 
 
 def probe_services(rendered: Rendered) -> dict[str, str]:

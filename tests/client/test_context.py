@@ -15,6 +15,9 @@ from ibex_context.client.context import _RateLimitedLog
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 from ibex_context.models import ChatMessage
+from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.health import ServiceHealth
+from ibex_context.server.rpc import Context
 from prometheus_client import CollectorRegistry
 
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "What do I drink?"))
@@ -60,15 +63,12 @@ async def test_the_deadline_reaches_the_server(server: RunningServer) -> None:
     seen: list[float] = []
     original = server.service.assemble
 
-    async def spy(stream: object) -> None:
-        deadline = stream.deadline  # type: ignore[attr-defined]
-        seen.append(deadline.time_remaining() if deadline else -1.0)
-        await original(stream)  # type: ignore[arg-type]
+    async def spy(request: pb.AssembleContextRequest, context: Context) -> bytes:
+        remaining = context.time_remaining()
+        seen.append(remaining if remaining is not None else -1.0)
+        return await original(request, context)
 
     server.service.assemble = spy  # type: ignore[method-assign]
-    server.server._mapping = {
-        scripted.ASSEMBLE_CONTEXT: server.service.__mapping__()[scripted.ASSEMBLE_CONTEXT]
-    }
     async with ContextClient(server.target, timeout=0.5) as client:
         await assemble(client)
     assert len(seen) == 1 and 0 < seen[0] <= 0.5
@@ -127,6 +127,20 @@ async def test_invalid_argument_falls_back_and_is_logged_loudly_with_the_field(
     assert record.levelno == logging.ERROR
     assert "org_id: must be a UUID" in record.getMessage()
     assert "req-bad" in record.getMessage()
+
+
+async def test_a_request_over_the_size_limit_falls_back_as_a_rejected_request(
+    server: RunningServer, client_log: pytest.LogCaptureFixture
+) -> None:
+    huge = (ChatMessage("user", "x" * (5 * 1024 * 1024)),)  # the server takes 4 MiB
+    async with ContextClient(server.target, timeout=5) as client:
+        result = await client.assemble(org_id="o", agent_id="a", model=scripted.FULL, messages=huge)
+
+    assert result.fallback_reason == "client_invalid_argument"
+    assert result.messages == huge
+    assert server.service.calls == 0, "refused before the handler"
+    (record,) = [r for r in client_log.records if r.name == "ibex_context.client"]
+    assert "larger than max" in record.getMessage()
 
 
 async def test_a_server_error_falls_back_with_its_status(server: RunningServer) -> None:
@@ -246,13 +260,8 @@ async def test_check_health_raises_when_nothing_listens_instead_of_falling_back(
 
 
 async def test_check_health_names_the_status_the_service_reports() -> None:
-    from grpclib.health.service import Health
-    from grpclib.server import Server
-
-    server = Server([Health()])
-    sock = free_socket()
-    await server.start(sock=sock)
-    port = sock.getsockname()[1]
+    server = ServiceServer(ServiceHealth([]).methods([]), max_request_bytes=1024)
+    port = await server.start("127.0.0.1", 0)
     try:
         async with ContextClient(f"dns:///127.0.0.1:{port}") as client:
             assert await client.check_health() == "SERVING"
@@ -260,5 +269,4 @@ async def test_check_health_names_the_status_the_service_reports() -> None:
                 await client.check_health("no.such.Service")
             assert raised.value.status is Status.NOT_FOUND
     finally:
-        server.close()
-        await server.wait_closed()
+        await server.stop(0)

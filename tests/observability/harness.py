@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
@@ -18,6 +17,7 @@ from ibex_context.observability.exposition import MetricsServer, start_metrics_s
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
+from ibex_context.server.rpc import Method
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,7 +71,7 @@ ObservedFactory = Callable[..., AbstractAsyncContextManager[Observed]]
 
 @asynccontextmanager
 async def observed_server(
-    *, sample_ratio: float = 1.0, slow_ms: float = 40.0, extra_services: Sequence[Any] = ()
+    *, sample_ratio: float = 1.0, slow_ms: float = 40.0, extra_methods: Sequence[Method] = ()
 ) -> AsyncIterator[Observed]:
     metrics = Metrics(CollectorRegistry())
     exporter = InMemorySpanExporter()
@@ -93,7 +93,7 @@ async def observed_server(
             tracing=tracing,
             access_log=base.getChild("access"),
             service=service,
-            extra_services=extra_services,
+            extra_methods=extra_methods,
         ) as server:
             yield Observed(server, metrics, exporter, tracing, metrics_server, output)
     finally:

@@ -1,4 +1,4 @@
-"""The grpclib event listeners: in-flight accounting, statuses, access log, quiet probes."""
+"""The call observer around the grpc.aio methods: in-flight accounting, statuses, access log, quiet probes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 import pytest
 from grpclib.client import Channel
-from grpclib.health.service import Health
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest
 from ibex_context.client import ContextClient
@@ -16,6 +15,7 @@ from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import safe_request_id
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import IncomingTrace, Tracing
+from ibex_context.server.health import ServiceHealth
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, ObservedFactory, sample
@@ -137,7 +137,7 @@ async def test_rejected_call_is_logged_with_the_field_it_named(
 async def test_health_probes_are_counted_but_neither_traced_nor_logged(
     observed_factory: ObservedFactory,
 ) -> None:
-    async with observed_factory(extra_services=[Health()]) as observed:
+    async with observed_factory(extra_methods=ServiceHealth([]).methods([])) as observed:
         host, port = observed.target.split(":")
         channel = Channel(host, int(port))
         try:

@@ -7,10 +7,12 @@ import time
 import asyncpg
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpclib.const import Status
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.server.app import ContextService
 
 from tests.conftest import Tenant
 
@@ -71,8 +73,28 @@ async def test_a_20_mb_request_is_rejected_before_it_is_parsed(
     assert huge.ByteSize() > 20_000_000
     with pytest.raises(GRPCError) as error:
         await assembly.AssembleContext(huge, timeout=30)
+    # gRPC's core refuses it from its length prefix (server/grpc_server.py).
+    assert error.value.status is Status.RESOURCE_EXHAUSTED
+    assert error.value.message is not None
+    assert "larger than max (20000364 vs. 4194304)" in error.value.message
+
+
+@pytest.mark.parametrize("method", ["ContextAssemblyService/AssembleContext", "MemoryService/UpsertMemories"])
+async def test_bytes_that_are_not_protobuf_are_invalid_argument(
+    shared_service: ContextService, method: str
+) -> None:
+    from .test_request_size import _BytesCodec
+
+    not_protobuf = b"\x0a\x64abc"  # field 1 announced 100 bytes long, 3 present
+    async with Channel("127.0.0.1", shared_service.port, codec=_BytesCodec()) as channel:
+        with pytest.raises(GRPCError) as error:
+            async with channel.request(
+                f"/ibex.context.v1.{method}", Cardinality.UNARY_UNARY, bytes, bytes, timeout=10
+            ) as stream:
+                await stream.send_message(not_protobuf, end=True)
+                await stream.recv_message()
     assert error.value.status is Status.INVALID_ARGUMENT
-    assert error.value.message is not None and error.value.message.startswith("request:")
+    assert error.value.message == "request: not a valid protobuf message"
 
 
 async def _count(postgres_dsn: str, tenant: Tenant) -> int:

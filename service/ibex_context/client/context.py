@@ -97,7 +97,9 @@ def classify_failure(exc: Exception) -> _Failure:
             return _Failure(CLIENT_TIMEOUT, "timeout")
         if exc.status is Status.UNAVAILABLE:
             return _Failure(CLIENT_UNAVAILABLE, detail=exc.message or "")
-        if exc.status is Status.INVALID_ARGUMENT:
+        # RESOURCE_EXHAUSTED: a request over the service's size limit, refused by gRPC's
+        # core (ADR-0010): as much a caller bug as a field the service rejects.
+        if exc.status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
             return _Failure(CLIENT_INVALID_ARGUMENT, detail=exc.message or "")
         return _Failure(f"{CLIENT_ERROR}:{exc.status.name}", detail=exc.message or "")
     if isinstance(exc, StreamTerminatedError):

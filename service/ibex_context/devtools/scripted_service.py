@@ -16,18 +16,15 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-import grpclib.const
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.server import Server, Stream
+import grpc
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.models import Degradation
-from ibex_context.observability.calls import instrument_server
+from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
@@ -41,6 +38,8 @@ from ibex_context.pipeline.report import (
     StageSpan,
     invalid_report,
 )
+from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.rpc import CallError, Context, Method, unary
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 MEMORY_TEXT = "Zanzibar-quokka-PAPAYA-7731 prefers dark roast"
@@ -69,22 +68,17 @@ class ScriptedAssembly:
     seen_metadata: list[dict[str, str]] = field(default_factory=list)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tests.scripted_service"))
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {
-            ASSEMBLE_CONTEXT: grpclib.const.Handler(
-                self.assemble,
-                grpclib.const.Cardinality.UNARY_UNARY,
-                pb.AssembleContextRequest,
-                pb.AssembleContextResponse,
-            )
-        }
+    def methods(self) -> list[Method]:
+        # Looked up on each call, so a test may replace ``assemble``.
+        return [unary(ASSEMBLE_CONTEXT, pb.AssembleContextRequest, self._assemble)]
 
-    async def assemble(self, stream: Stream[Any, Any]) -> None:
+    async def _assemble(self, request: pb.AssembleContextRequest, context: Context) -> bytes:
+        return await self.assemble(request, context)
+
+    async def assemble(self, request: pb.AssembleContextRequest, context: Context) -> bytes:
         self.calls += 1
-        assert stream.metadata is not None  # grpclib sets it before calling the handler
-        self.seen_metadata.append({k: v for k, v in stream.metadata.items() if isinstance(v, str)})
-        request = await stream.recv_message()
-        assert request is not None
+        invocation = context.invocation_metadata() or ()
+        self.seen_metadata.append({k: v for k, v in invocation if isinstance(v, str)})
         state = current_call.get()
         request_id = request.request_id or "generated-request-id"
         started_ns = time.perf_counter_ns()
@@ -98,7 +92,7 @@ class ScriptedAssembly:
         if request.model == INVALID:
             if state is not None:
                 state.report = invalid_report(request_id, request.model, "org_id")
-            raise GRPCError(Status.INVALID_ARGUMENT, "org_id: must be a UUID")
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "org_id: must be a UUID")
         if request.model == CRASH:
             raise RuntimeError("handler bug")
         if request.model == SLOW:
@@ -142,7 +136,7 @@ class ScriptedAssembly:
             profile="default",
         )
         start = time.perf_counter_ns()
-        await stream.send_message(pb.AssembleContextResponse(messages=messages, metadata=metadata))
+        payload = pb.AssembleContextResponse(messages=messages, metadata=metadata).SerializeToString()
         stages.append(StageSpan("serialize", start, time.perf_counter_ns()))
         # Like the real handler: the report is built once, after the send.
         if state is not None:
@@ -166,6 +160,7 @@ class ScriptedAssembly:
                 memory_tokens_used=250,
                 encoding="o200k_base",
             )
+        return payload
 
 
 def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -187,7 +182,7 @@ def closed_port() -> int:
 
 @dataclass
 class RunningServer:
-    server: Server
+    server: ServiceServer
     service: ScriptedAssembly
     host: str
     port: int
@@ -206,24 +201,23 @@ async def scripted_server(
     service: ScriptedAssembly | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    extra_services: Sequence[Any] = (),
+    extra_methods: Sequence[Method] = (),
 ) -> AsyncIterator[RunningServer]:
-    """A real grpclib server on a real socket, instrumented when ``metrics`` is given."""
+    """A real grpc.aio server (the service's own, ``server/grpc_server.py``) on a real
+    socket, observed as the service is when ``metrics`` is given."""
     service = service or ScriptedAssembly()
-    server = Server([service, *extra_services])
+    observer = None
     if metrics is not None:
-        instrument_server(
-            server,
+        observer = CallObserver(
             metrics=metrics,
             tracing=tracing or Tracing(),
             log=access_log or logging.getLogger("tests.access"),
         )
-    sock = free_socket(host, port)
-    await server.start(sock=sock)
+    server = ServiceServer(
+        [*service.methods(), *extra_methods], max_request_bytes=4 * 1024 * 1024, observer=observer
+    )
+    bound = await server.start(host, port)
     try:
-        yield RunningServer(server, service, host, sock.getsockname()[1])
+        yield RunningServer(server, service, host, bound)
     finally:
-        server.close()
-        # grpclib waits for clients to hang up (no GOAWAY); do not hang the test on it.
-        with suppress(TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), 1.0)
+        await server.stop(0)

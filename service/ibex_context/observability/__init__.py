@@ -5,14 +5,15 @@ Wiring (once, in the app factory)::
     metrics = Metrics(CollectorRegistry())
     tracing = Tracing.from_settings(settings)
     configure_logging(settings.log_level, settings.log_format)
-    instrument_server(server, metrics=metrics, tracing=tracing, log=logging.getLogger("ibex_context.access"))
+    observer = CallObserver(metrics=metrics, tracing=tracing, log=logging.getLogger("ibex_context.access"))
+    server = ServiceServer(methods, max_request_bytes=..., observer=observer)  # server/grpc_server.py
     metrics_server = start_metrics_server(settings.metrics_port, metrics.registry)  # .port, await .close()
 
 Handlers attach their report, built once when the call is answered (never changed after),
 with ``state = current_call.get(); if state: state.report = report``.
 """
 
-from ibex_context.observability.calls import instrument_server
+from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.exposition import HealthStatus, MetricsServer, start_metrics_server
 from ibex_context.observability.logging import configure_logging
 from ibex_context.observability.metrics import Metrics
@@ -20,6 +21,7 @@ from ibex_context.observability.state import CallState, current_call
 from ibex_context.observability.tracing import Tracing
 
 __all__ = [
+    "CallObserver",
     "CallState",
     "HealthStatus",
     "Metrics",
@@ -27,6 +29,5 @@ __all__ = [
     "Tracing",
     "configure_logging",
     "current_call",
-    "instrument_server",
     "start_metrics_server",
 ]

@@ -1,14 +1,13 @@
-"""Observing every gRPC call of the server through grpclib's events.
+"""Observing every gRPC call of the server: metrics, spans and the access log.
 
-grpclib has no interceptors; it has events. ``instrument_server`` listens to two:
-
-* ``RecvRequest``: creates the call's ``CallState``, puts it in ``current_call``,
-  counts the call in flight and wraps the handler so the in-flight gauge is
-  decremented however the handler ends (a lost connection sends no trailers).
-* ``SendTrailingMetadata``: stamps the end time and the status, then schedules the
-  recording (metrics, spans, access log) with ``loop.call_soon``. The listener runs
-  before grpclib writes the trailers, and the caller's call is not finished until
-  the trailers arrive, so the recording is deferred until after they are written.
+The server (``server/rpc.py``) wraps every method it serves: ``CallObserver.begin``
+when the request arrives (creates the call's ``CallState``, puts it in
+``current_call``, counts the call in flight) and ``CallObserver.end`` with the
+status the call ends with, whichever way it ends (answered, refused, cut by the
+deadline or the caller). ``end`` schedules the recording (metrics, spans, access
+log) with ``loop.call_soon``: the call is not finished for its caller until the
+response and the status are written, and grpc.aio writes them after the method
+returns, so the recording waits until after that step.
 
 Handlers attach what they did: ``state = current_call.get(); if state: state.report = report``.
 """
@@ -18,34 +17,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from grpclib.const import Status
-from grpclib.events import RecvRequest, SendTrailingMetadata, listen
-from grpclib.server import Server, Stream
 
 from ibex_context.observability.metrics import split_method, unfinished_outcome
 from ibex_context.observability.state import CallState, current_call
 
 if TYPE_CHECKING:
-    from grpclib._typing import IServerMethodFunc
-
     from ibex_context.observability.metrics import Metrics
     from ibex_context.observability.tracing import Tracing
 
-__all__ = ["CallObserver", "CallState", "access_log_fields", "current_call", "instrument_server"]
+__all__ = ["CallObserver", "CallState", "access_log_fields", "current_call"]
 
 ASSEMBLE_CONTEXT_METHOD = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 # Probes and reflection: counted in the gRPC metrics, but neither traced nor logged.
 QUIET_METHOD_PREFIXES: tuple[str, ...] = ("/grpc.health.", "/grpc.reflection.")
 _RECORDING_ERROR_LOG_INTERVAL_SECONDS = 60.0
-
-
-def instrument_server(server: Server, *, metrics: Metrics, tracing: Tracing, log: logging.Logger) -> None:
-    """Observe every call of ``server``: call this once, before ``server.start()``."""
-    observer = CallObserver(metrics=metrics, tracing=tracing, log=log)
-    listen(server, RecvRequest, observer.on_request)
-    listen(server, SendTrailingMetadata, observer.on_trailers)
+# The only metadata the observer reads.
+_OBSERVED_METADATA = frozenset(("traceparent", "tracestate", "x-request-id"))
 
 
 class CallObserver:
@@ -55,53 +46,44 @@ class CallObserver:
         self._log = log
         self._last_recording_error = 0.0
 
-    async def on_request(self, event: RecvRequest) -> None:
+    def begin(
+        self, method: str, metadata: Iterable[tuple[str, str | bytes]], time_remaining: float | None
+    ) -> CallState | None:
+        """A call of ``method`` arrived: its state, set as ``current_call`` of the calling
+        task's context, and counted in flight. Call ``end`` exactly once after it."""
+        self._metrics.call_started()
         try:
-            self._start(event)
+            return self._begin(method, metadata, time_remaining)
         except Exception:
             # A bug here must cost the call its telemetry, never the call itself.
             self._recording_failed()
+            return None
 
-    def _start(self, event: RecvRequest) -> None:
+    def _begin(
+        self, method: str, metadata: Iterable[tuple[str, str | bytes]], time_remaining: float | None
+    ) -> CallState:
         start_ns = time.perf_counter_ns()
-        incoming = self._tracing.extract(event.metadata)
-        deadline = event.deadline
+        observed = {key: value for key, value in metadata if key in _OBSERVED_METADATA}
+        incoming = self._tracing.extract(observed)
         state = CallState(
-            method=event.method_name,
+            method=method,
             start_ns=start_ns,
             epoch_offset_ns=time.time_ns() - start_ns,
-            request_id=safe_request_id(event.metadata.get("x-request-id")),
+            request_id=safe_request_id(observed.get("x-request-id")),
             parent=incoming.context,
             trace_id=incoming.trace_id,
             parent_sampled=incoming.parent_sampled,
-            deadline=deadline,
-            deadline_ms=deadline.time_remaining() * 1000 if deadline is not None else None,
+            deadline_at=time.monotonic() + time_remaining if time_remaining is not None else None,
+            deadline_ms=time_remaining * 1000 if time_remaining is not None else None,
         )
-        event.method_func = self._observed(event.method_func, state)
         current_call.set(state)
-        self._metrics.call_started()
+        return state
 
-    async def on_trailers(self, event: SendTrailingMetadata) -> None:
-        state = current_call.get()
-        if state is not None and not state.ended:
-            self._end(state, event.status)
-
-    def _observed(self, handler: IServerMethodFunc, state: CallState) -> IServerMethodFunc:
-        async def observed(stream: Stream[Any, Any]) -> None:
-            try:
-                await handler(stream)
-            except asyncio.CancelledError:
-                # The deadline passed or the caller reset the stream. Trailers may
-                # never be sent (or carry a racy status), so end the call here.
-                if not state.ended:
-                    self._end(state, _interrupted_status(state))
-                raise
-            finally:
-                self._metrics.call_ended()
-
-        return observed
-
-    def _end(self, state: CallState, status: Status) -> None:
+    def end(self, state: CallState | None, status: Status) -> None:
+        """The call ended with ``status``: no longer in flight; recorded once its status is sent."""
+        self._metrics.call_ended()
+        if state is None or state.ended:
+            return
         state.end_ns = time.perf_counter_ns()
         state.status = status
         state.ended = True
@@ -143,8 +125,9 @@ MAX_REQUEST_ID_CHARS = 128
 def safe_request_id(value: str | bytes | None) -> str:
     """The caller's id as it may go into a log line or a span: bounded, printable only.
 
-    It comes from the caller unchecked (grpclib does not validate header values), and a
-    control character in it could forge lines in the text log format.
+    It comes from the caller unchecked (metadata values are any printable ASCII, and a
+    binary ``-bin`` key arrives as bytes), and a control character in it could forge
+    lines in the text log format.
     """
     if not isinstance(value, str):
         return ""
@@ -152,8 +135,10 @@ def safe_request_id(value: str | bytes | None) -> str:
     return value if value.isprintable() else "".join(c for c in value if c.isprintable())
 
 
-def _interrupted_status(state: CallState) -> Status:
-    if state.deadline is not None and state.deadline.time_remaining() <= 0:
+def interrupted_status(state: CallState | None) -> Status:
+    """The status of a call whose task was cancelled: the deadline passed, or the caller
+    reset the stream."""
+    if state is not None and state.deadline_at is not None and time.monotonic() >= state.deadline_at:
         return Status.DEADLINE_EXCEEDED
     return Status.CANCELLED
 

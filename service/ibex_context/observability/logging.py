@@ -28,8 +28,8 @@ _STANDARD_ATTRIBUTES: frozenset[str] = frozenset(logging.LogRecord("", 0, "", 0,
     "taskName",
 }
 
-# h2/hpack log every frame and header at DEBUG; grpclib logs every cancelled or
-# timed-out call at INFO, which the access log already records.
+# h2/hpack (grpclib's HTTP/2, the client library's transport) log every frame and header
+# at DEBUG; grpclib logs every cancelled or timed-out call at INFO.
 _CHATTY_LIBRARIES: dict[str, int] = {
     "h2": logging.WARNING,
     "hpack": logging.WARNING,

@@ -301,7 +301,7 @@ class Metrics:
         self.inflight_calls.dec()
 
     def record_call(self, method: str, status: Status, duration_seconds: float) -> None:
-        """One finished RPC. ``method`` is the full path; grpclib only reports paths it serves."""
+        """One finished RPC. ``method`` is the full path; only served methods are observed."""
         counter = self._rpc_counters.get((method, status))
         if counter is None:
             service, name = split_method(method)

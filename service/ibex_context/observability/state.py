@@ -1,8 +1,8 @@
 """The per-call record shared by the server's event listeners, the handler and the log formatter.
 
-grpclib runs its ``RecvRequest`` and ``SendTrailingMetadata`` listeners inside the
-request's task, so a ``ContextVar`` set in the first is visible to the handler and to
-the second without passing anything through the handler's signature.
+The server's method wrapper (``server/rpc.py``) begins and ends the call inside the
+request's task, so a ``ContextVar`` set when it begins is visible to the handler and
+to the log formatter without passing anything through the handler's signature.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from grpclib.const import Status
-from grpclib.metadata import Deadline
 from opentelemetry.context import Context
 
 from ibex_context.pipeline.report import AssemblyReport
@@ -37,7 +36,8 @@ class CallState:
     trace_id: int = 0
     # None without a caller trace context; else whether the caller sampled its trace.
     parent_sampled: bool | None = None
-    deadline: Deadline | None = None
+    # The caller's deadline on the ``time.monotonic()`` clock.
+    deadline_at: float | None = None
     # Time the caller gave us, as remaining when the request arrived.
     deadline_ms: float | None = None
     # Attached by the handler once built, whole (``pipeline.report``): after the response

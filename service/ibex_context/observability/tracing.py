@@ -1,7 +1,7 @@
 """Spans of the service, built after each call from its ``CallState`` and ``AssemblyReport``.
 
-grpclib has no OpenTelemetry instrumentation, and starting live spans on the request
-path would cost time inside the deadline. So nothing is traced while the call runs:
+Starting live spans on the request path (OpenTelemetry's grpcio instrumentation does)
+would cost time inside the deadline. So nothing is traced while the call runs:
 the caller's ``traceparent`` is parsed at call start, and after the response one
 SERVER span (named after the RPC, parented on the caller's span) and one child span
 per assembly stage are created with explicit start and end timestamps.

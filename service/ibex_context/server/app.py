@@ -7,16 +7,14 @@ dependencies through its constructor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
-from grpclib.reflection.service import ServerReflection
-from grpclib.server import Server
 from prometheus_client import CollectorRegistry
 
 from ibex_context.embedding.base import Embedder
@@ -28,7 +26,7 @@ from ibex_context.memory_api.reads import MemoryReads, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
 from ibex_context.models import ChatMessage
-from ibex_context.observability.calls import current_call, instrument_server
+from ibex_context.observability.calls import CallObserver, current_call
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
@@ -40,7 +38,6 @@ from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
-from ibex_context.server.codec import LimitedProtoCodec
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
@@ -48,6 +45,8 @@ from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
 from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
+from ibex_context.server.reflection import reflection_methods
+from ibex_context.server.rpc import service_names
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
@@ -62,8 +61,10 @@ log = logging.getLogger(__name__)
 
 # No call started for this long: the clients have stopped sending to this replica.
 _QUIET_SECONDS = 0.2
-# ... and this long before idle connections are closed under their clients.
-_QUIET_BEFORE_CLOSE_SECONDS = 1.0
+# ... unless calls kept arriving after the drain began: clients are still sending on
+# their open connections (a loaded client can leave gaps longer than the short quiet),
+# and stopping sends them a GOAWAY that cuts the calls already on the way.
+_QUIET_WHILE_CLIENTS_SEND_SECONDS = 1.0
 
 
 @dataclass
@@ -212,18 +213,21 @@ class ContextService:
         )
         await _warm_up(assembler, deadlines)
         self.health = ServiceHealth([postgres, redis], store_up=self.metrics.record_store_up)
-        services = ServerReflection.extend([assembly, memory, self.health.service([assembly, memory])])
+        served = [*assembly.methods(), *memory.methods()]
+        methods = [*served, *self.health.methods(service_names(served))]
+        methods += reflection_methods(service_names(methods))
         self.server = ServiceServer(
-            services, codec=LimitedProtoCodec(s.max_request_bytes), max_request_bytes=s.max_request_bytes
-        )
-        instrument_server(
-            self.server, metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
+            methods,
+            max_request_bytes=s.max_request_bytes,
+            observer=CallObserver(
+                metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
+            ),
+            reuse_port=s.grpc_reuse_port,
         )
         if s.gc_freeze:
             # Everything built so far lives as long as the process (see server/heap.py).
             self.metrics.gc_frozen_objects.set(freeze_startup_heap())
-        await self.server.start(s.grpc_host, s.grpc_port, reuse_port=s.grpc_reuse_port)
-        self.port = _bound_port(self.server, s.grpc_port)
+        self.port = await self.server.start(s.grpc_host, s.grpc_port)
         metrics_server = start_metrics_server(
             s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
         )
@@ -270,25 +274,22 @@ class ContextService:
         self._stopping = True
         s = self.settings
         grace = s.shutdown_grace_seconds if grace is None else grace
+        draining_since = time.monotonic()
         self.health.set_not_serving()
         if s.shutdown_drain_delay_seconds:
             await asyncio.sleep(s.shutdown_drain_delay_seconds)
         # Clients may still be sending (the load balancer has not noticed yet, or a
-        # burst is in the pipe): wait for a quiet moment, not just for zero.
+        # burst is in the pipe): keep serving until a quiet moment, not just zero. grpc.aio
+        # refuses new calls from the moment it is stopped, so it is stopped only then.
         loop = asyncio.get_running_loop()
         ends = loop.time() + grace
         if not await self.inflight.wait_quiet(_QUIET_SECONDS, grace):
             log.warning("shutdown grace elapsed with %d calls in flight", self.inflight.count)
-        self.server.close()  # no new connections; calls on open ones are still served
-        # Let clients hang up by themselves (a client that keeps a channel open gets a
-        # longer quiet period), then GOAWAY and close what is left: grpclib would wait
-        # for every client to hang up (grpclib#107).
-        while self.server.open_connections() and loop.time() < ends:
-            if await self.inflight.wait_quiet(_QUIET_BEFORE_CLOSE_SECONDS, max(0.0, ends - loop.time())):
-                break
-        self.server.close_connections()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.server.wait_closed(), 1.0)
+        elif self.inflight.last_started > draining_since:
+            await self.inflight.wait_quiet(_QUIET_WHILE_CLIENTS_SEND_SECONDS, max(0.0, ends - loop.time()))
+        # GOAWAY on every connection (clients reconnect elsewhere); the calls still
+        # running may finish within what is left of the grace, then are cancelled.
+        await self.server.stop(max(0.0, ends - loop.time()))
         if self.watcher is not None:
             await self.watcher.stop()
         await self._injections.drain(timeout=2.0)
@@ -340,13 +341,6 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         await assembler.assemble(request, DEFAULT_PROFILE, deadlines.within(2.0, DEFAULT_PROFILE.deadlines))
     except Exception:
         log.warning("warm-up assembly failed", exc_info=True)
-
-
-def _bound_port(server: Server, configured: int) -> int:
-    # grpclib has no public accessor for the bound port (needed when configured as 0).
-    listener = getattr(server, "_server", None)
-    sockets = getattr(listener, "sockets", None) or []
-    return int(sockets[0].getsockname()[1]) if sockets else configured
 
 
 async def _check_database_dim(dsn: str, dim: int) -> None:

@@ -1,58 +1,56 @@
-"""grpclib's Server, plus a request size limit that acts before a body is read
-(server/request_size.py), plus closing idle client connections at shutdown.
+"""The gRPC server: grpc.aio (grpcio's asyncio server on gRPC's C core), ADR-0010.
 
-grpclib (0.4.9) stops listening on ``close()`` but leaves accepted connections
-open, so ``wait_closed()`` waits for every client to hang up (grpclib#107, no
-GOAWAY). After draining, ``close_connections`` sends each connection an HTTP/2
-GOAWAY (clients then reconnect elsewhere) and closes its transport.
+* Request size: ``grpc.max_receive_message_length`` is the core's own limit. The core
+  reads a message's 5-byte length prefix and refuses a message announced larger than
+  the limit before buffering its body (three concurrent 300 MB requests cost the
+  server < 2 MB: tests/server/test_request_size.py), with RESOURCE_EXHAUSTED
+  "Received message larger than max (N vs. M)".
+* SO_REUSEPORT: the core sets it on every listening socket unless told not to
+  (``grpc.so_reuseport``, default on): a single-process server turns it off so that a
+  second server on a taken port fails to start instead of sharing it silently.
+* Shutdown: ``stop(grace)`` sends every connection a GOAWAY, refuses new calls at
+  once and cancels the calls still running after ``grace``. The drain that keeps
+  serving while load balancers catch up is the caller's (``server/app.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
+import grpc
 
-from ibex_context.server.request_size import limit_request_size
+from ibex_context.observability.calls import CallObserver
+from ibex_context.server.rpc import Method, generic_handlers
+
+__all__ = ["ServiceServer"]
 
 
-class ServiceServer(Server):
-    def __init__(self, *args: Any, max_request_bytes: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._mapping = limit_request_size(self._mapping, max_request_bytes)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+class ServiceServer:
+    def __init__(
+        self,
+        methods: Sequence[Method],
+        *,
+        max_request_bytes: int,
+        observer: CallObserver | None = None,
+        reuse_port: bool = False,
+    ) -> None:
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_request_bytes),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ]
+        self._server = grpc.aio.server(options=options)
+        self._server.add_generic_rpc_handlers(generic_handlers(methods, observer))
+        self.port = 0
 
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return protocol
+    async def start(self, host: str, port: int) -> int:
+        """Binds ``host:port`` (0: a free port), starts serving; returns the bound port."""
+        # The core takes "[::1]:port" for IPv6 literals.
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.port = self._server.add_insecure_port(address)
+        await self._server.start()
+        return self.port
 
-    def open_connections(self) -> int:
-        return sum(
-            1
-            for protocol in list(self._protocols)
-            if (transport := getattr(getattr(protocol, "connection", None), "_transport", None)) is not None
-            and not transport.is_closing()
-        )
-
-    def close_connections(self) -> int:
-        """Send every accepted connection an HTTP/2 GOAWAY (its client reconnects
-        elsewhere) and close it. Call it once no call is in flight: h2 sends nothing
-        more on a connection after GOAWAY. Returns how many connections were open."""
-        count = 0
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            transport = getattr(connection, "_transport", None)
-            if connection is None or transport is None or transport.is_closing():
-                continue
-            count += 1
-            h2 = getattr(connection, "_connection", None)
-            with contextlib.suppress(Exception):
-                if h2 is not None:
-                    h2.close_connection()
-                    transport.write(h2.data_to_send())
-            connection.close()
-        return count
+    async def stop(self, grace: float) -> None:
+        """GOAWAY to every connection, no new calls; the calls running may take ``grace`` seconds."""
+        await self._server.stop(grace)

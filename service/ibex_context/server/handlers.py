@@ -1,7 +1,8 @@
-"""gRPC handlers of ContextAssemblyService and MemoryService (grpclib, upb messages).
+"""gRPC handlers of ContextAssemblyService and MemoryService (grpc.aio, upb messages).
 
 Handlers translate between the wire and the pipeline; they hold no logic of
-their own beyond validation and error mapping.
+their own beyond validation and error mapping. Each is ``(request, context) ->
+response``; ``server/rpc.py`` parses, serializes and observes around it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.server import Stream
+import grpc
 
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest, StoreError
 from ibex_context.memory_api.writes import MemoryWrites
@@ -25,6 +23,7 @@ from ibex_context.pipeline.report import AssemblyReport, Reason, StageSpan, buil
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
+from ibex_context.server.rpc import CallError, Context, Method, service_methods
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,7 @@ ReportSink = Callable[[AssemblyReport], None]
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
 
 
-class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
+class ContextAssemblyHandler:
     def __init__(
         self,
         *,
@@ -58,12 +57,12 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
         self._inflight = inflight
         self._report_sink = report_sink
 
-    async def AssembleContext(
-        self, stream: Stream[pb.AssembleContextRequest, pb.AssembleContextResponse]
-    ) -> None:
+    def methods(self) -> list[Method]:
+        return service_methods(pb.DESCRIPTOR.services_by_name["ContextAssemblyService"], pb, self)
+
+    async def AssembleContext(self, message: pb.AssembleContextRequest, context: Context) -> bytes:
+        """Returns the response serialized: its serialization is a stage of the report."""
         with self._inflight.track():
-            message = await stream.recv_message()
-            assert message is not None
             try:
                 request = validation.assemble_request(message, self._limits)
             except InvalidRequest as exc:
@@ -74,9 +73,9 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
                         exc.field,
                     )
                 )
-                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+                raise CallError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
             profile = self._resolve_profile(request.org_id, request.agent_id)
-            caller = stream.deadline.time_remaining() if stream.deadline is not None else None
+            caller = context.time_remaining()
             deadlines = self._deadlines.for_call(profile.deadlines, caller)
             if self._limit.try_acquire():
                 try:
@@ -88,98 +87,86 @@ class ContextAssemblyHandler(context_grpc.ContextAssemblyServiceBase):
             response = convert.assemble_response(
                 assembly, request_id=request.request_id, profile=profile.name
             )
-            serialize: StageSpan | None = None
             start = time.perf_counter_ns()
-            try:
-                await stream.send_message(response)
-                serialize = StageSpan("serialize", start, time.perf_counter_ns())
-            finally:
-                # Built once, after the last thing it describes; what runs after the
-                # response (metrics, spans, the access log) only reads it.
-                self._report_sink(build_report(request, profile.name, assembly, serialize))
+            payload = response.SerializeToString()
+            serialize = StageSpan("serialize", start, time.perf_counter_ns())
+            # Built once, after the last thing it describes; what runs after the
+            # response (metrics, spans, the access log) only reads it.
+            self._report_sink(build_report(request, profile.name, assembly, serialize))
             if assembly.memories:
                 self._injections.submit(
                     request.org_id, request.agent_id, [m.memory.id for m in assembly.memories]
                 )
+            return payload
 
 
-class MemoryHandler(context_grpc.MemoryServiceBase):
+class MemoryHandler:
     def __init__(self, *, writes: MemoryWrites, limits: validation.Limits, inflight: InflightCalls) -> None:
         self._writes = writes
         self._limits = limits
         self._inflight = inflight
 
+    def methods(self) -> list[Method]:
+        """Every method of MemoryService in the proto (``MemoryServiceHandler`` has them all)."""
+        return service_methods(pb.DESCRIPTOR.services_by_name["MemoryService"], pb, self)
+
     async def UpsertMemories(
-        self, stream: Stream[pb.UpsertMemoriesRequest, pb.UpsertMemoriesResponse]
-    ) -> None:
+        self, message: pb.UpsertMemoriesRequest, _context: Context
+    ) -> pb.UpsertMemoriesResponse:
         with self._inflight.track(), _errors_to_status("UpsertMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             memories = validation.new_memories(message.memories, self._limits)
             results = await self._writes.upsert(org_id, agent_id, memories)
-            await stream.send_message(
-                pb.UpsertMemoriesResponse(
-                    results=[
-                        pb.UpsertResult(
-                            id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED)
-                        )
-                        for r in results
-                    ]
-                )
+            return pb.UpsertMemoriesResponse(
+                results=[
+                    pb.UpsertResult(id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED))
+                    for r in results
+                ]
             )
 
     async def DeleteMemories(
-        self, stream: Stream[pb.DeleteMemoriesRequest, pb.DeleteMemoriesResponse]
-    ) -> None:
+        self, message: pb.DeleteMemoriesRequest, _context: Context
+    ) -> pb.DeleteMemoriesResponse:
         with self._inflight.track(), _errors_to_status("DeleteMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             ids = validation.memory_ids(message.ids)
             deleted = await self._writes.delete(org_id, agent_id, ids)
-            await stream.send_message(pb.DeleteMemoriesResponse(deleted=deleted))
+            return pb.DeleteMemoriesResponse(deleted=deleted)
 
-    async def SetDirective(self, stream: Stream[pb.SetDirectiveRequest, pb.SetDirectiveResponse]) -> None:
+    async def SetDirective(
+        self, message: pb.SetDirectiveRequest, _context: Context
+    ) -> pb.SetDirectiveResponse:
         with self._inflight.track(), _errors_to_status("SetDirective"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             content = validation.directive_content(message.content, self._limits)
             version = await self._writes.set_directive(org_id, agent_id, content)
-            await stream.send_message(pb.SetDirectiveResponse(version=version))
+            return pb.SetDirectiveResponse(version=version)
 
     async def ClearDirective(
-        self, stream: Stream[pb.ClearDirectiveRequest, pb.ClearDirectiveResponse]
-    ) -> None:
+        self, message: pb.ClearDirectiveRequest, _context: Context
+    ) -> pb.ClearDirectiveResponse:
         with self._inflight.track(), _errors_to_status("ClearDirective"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             cleared = await self._writes.clear_directive(org_id, agent_id)
-            await stream.send_message(pb.ClearDirectiveResponse(cleared=cleared))
+            return pb.ClearDirectiveResponse(cleared=cleared)
 
     async def RecordFeedback(
-        self, stream: Stream[pb.RecordFeedbackRequest, pb.RecordFeedbackResponse]
-    ) -> None:
+        self, message: pb.RecordFeedbackRequest, _context: Context
+    ) -> pb.RecordFeedbackResponse:
         with self._inflight.track(), _errors_to_status("RecordFeedback"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             session_id = validation.uuid_field(message.session_id, "session_id", required=False) or None
             items = validation.feedback(message.feedback)
             updates = await self._writes.record_feedback(org_id, agent_id, session_id, items)
-            await stream.send_message(
-                pb.RecordFeedbackResponse(
-                    updates=[
-                        pb.MemoryScoreUpdate(
-                            memory_id=u.memory_id,
-                            previous_usefulness=u.previous_usefulness,
-                            new_usefulness=u.new_usefulness,
-                        )
-                        for u in updates
-                    ]
-                )
+            return pb.RecordFeedbackResponse(
+                updates=[
+                    pb.MemoryScoreUpdate(
+                        memory_id=u.memory_id,
+                        previous_usefulness=u.previous_usefulness,
+                        new_usefulness=u.new_usefulness,
+                    )
+                    for u in updates
+                ]
             )
 
 
@@ -194,10 +181,12 @@ class _errors_to_status:
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, InvalidRequest):
-            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if isinstance(exc, StoreError):
             log.warning("%s failed: %s", self._method, type(exc).__name__)
-            raise GRPCError(Status.UNAVAILABLE, f"store unavailable: {type(exc).__name__}") from None
-        if isinstance(exc, Exception) and not isinstance(exc, GRPCError):
+            raise CallError(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {type(exc).__name__}") from None
+        if isinstance(exc, Exception) and not isinstance(exc, CallError):
             log.error("%s failed", self._method, exc_info=exc)
-            raise GRPCError(Status.INTERNAL, f"{self._method} failed: {type(exc).__name__}") from None
+            raise CallError(
+                grpc.StatusCode.INTERNAL, f"{self._method} failed: {type(exc).__name__}"
+            ) from None

@@ -14,38 +14,40 @@ a cancelled asyncpg call for seconds): each store has at most one probe running,
 check waits for it at most ``check_timeout`` and then reports it as timed out, and a
 later check joins the probe still running instead of starting another. No result is
 cached: the first check after a store stops says so.
+
+Served as grpc.aio handlers of our own (``grpc.health.v1.Health``: Check and Watch).
+The messages are grpclib's generated ``health_pb2``, not grpcio-health-checking's:
+both register ``grpc.health.v1.HealthCheckRequest`` in protobuf's default descriptor
+pool, so a process importing both fails ("duplicate symbol"), and the client library
+(``ibex_context.client``) and every test talk to health through grpclib's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from grpclib.health.check import CheckBase, ServiceStatus
-from grpclib.health.service import OVERALL, Health
+import grpc
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
+from ibex_context.server.rpc import CallError, Method, unary, unary_stream
 from ibex_context.stores.base import HealthProbe, StoreHealth
 
+HEALTH_SERVICE = "grpc.health.v1.Health"
 STORES_SERVICE = "ibex.stores"
+LIVENESS = "liveness"
 # A probe running this long is abandoned (left to finish) and a fresh one started,
 # so a probe that never returns cannot pin a store to "timed out" forever.
 _ABANDON_PROBE_AFTER_SECONDS = 10.0
-# How often a Watch on a store's health name re-probes.
+# How often a Watch re-evaluates its name (a store probe for the stores' names).
 _WATCH_INTERVAL_SECONDS = 1.0
 
 StoreUp = Callable[[str, bool], None]
-
-
-class _NamedService:
-    """A health-check key for a name that is not a real service (e.g. "liveness")."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __mapping__(self) -> dict[str, Any]:
-        return {f"/{self._name}/Check": None}
+ServingStatus = Any  # HealthCheckResponse.ServingStatus.ValueType
+SERVING: ServingStatus = HealthCheckResponse.SERVING
+NOT_SERVING: ServingStatus = HealthCheckResponse.NOT_SERVING
 
 
 def store_name(probe: HealthProbe) -> str:
@@ -103,8 +105,8 @@ class ServiceHealth:
         self._probes = [_Probe(p) for p in probes]
         self._check_timeout = check_timeout
         self._store_up = store_up
-        self.accepting = ServiceStatus()
-        self.accepting.set(True)
+        self.accepting = True
+        self._accepting_changed = asyncio.Event()
         self.last_details: dict[str, str] = {}
 
     @property
@@ -135,56 +137,72 @@ class ServiceHealth:
     async def stores_ok(self) -> bool:
         return all((await self.check_stores()).values())
 
-    def service(self, services: Sequence[object]) -> Health:
-        checks: dict[Any, list[CheckBase]] = {svc: [self.accepting] for svc in services}
-        checks[OVERALL] = [self.accepting]
-        checks[_NamedService("liveness")] = []
-        checks[_NamedService(STORES_SERVICE)] = [_StoresCheck(self, None)]
-        for name in self.store_names:
-            checks[_NamedService(f"{STORES_SERVICE}.{name}")] = [_StoresCheck(self, name)]
-        return Health(checks)
-
     def set_not_serving(self) -> None:
-        self.accepting.set(False)
+        self.accepting = False
+        self._accepting_changed.set()
+
+    def methods(self, services: Sequence[str]) -> list[Method]:
+        """``grpc.health.v1.Health`` (Check, Watch) answering for ``""`` and ``services``
+        (SERVING until the drain), ``liveness`` and the stores' names."""
+        checks = _Checks(self, services)
+        return [
+            unary(f"/{HEALTH_SERVICE}/Check", HealthCheckRequest, checks.check),
+            unary_stream(f"/{HEALTH_SERVICE}/Watch", HealthCheckRequest, checks.watch),
+        ]
+
+    async def wait_for_change(self, accepting_seen: bool, timeout: float) -> None:
+        """Returns once ``accepting`` is no longer ``accepting_seen`` (at once if it
+        already changed), or after ``timeout`` seconds."""
+        if self.accepting != accepting_seen:
+            return
+        if not self.accepting:  # draining: nothing more will change
+            await asyncio.sleep(timeout)
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._accepting_changed.wait()
+        except TimeoutError:
+            pass
 
 
-class _StoresCheck(CheckBase):
-    """A fresh, bounded store probe on every Check (no cached answer); Watch re-probes
-    every second."""
+class _Checks:
+    """What each health name reports: a fresh, bounded store probe on every Check of a
+    store's name (no cached answer); Watch re-evaluates every second and on the drain."""
 
-    def __init__(self, health: ServiceHealth, store: str | None) -> None:
+    def __init__(self, health: ServiceHealth, services: Sequence[str]) -> None:
         self._health = health
-        self._store = store
-        self._value: bool | None = None
-        self._events: set[asyncio.Event] = set()
-        self._poll_task: asyncio.Task[None] | None = None
+        self._accepting_names = frozenset(("", *services))
+        self._store_names = {STORES_SERVICE: None} | {
+            f"{STORES_SERVICE}.{name}": name for name in health.store_names
+        }
 
-    def __status__(self) -> bool | None:
-        return self._value
+    def known(self, name: str) -> bool:
+        return name in self._accepting_names or name in self._store_names or name == LIVENESS
 
-    async def __check__(self) -> bool | None:
-        ok = await self._health.check_stores()
-        value = all(ok.values()) if self._store is None else ok.get(self._store, False)
-        if value != self._value:
-            self._value = value
-            for event in self._events:
-                event.set()
-        return value
+    async def status(self, name: str) -> ServingStatus:
+        if name in self._accepting_names:
+            return SERVING if self._health.accepting else NOT_SERVING
+        if name in self._store_names:
+            store = self._store_names[name]
+            ok = await self._health.check_stores()
+            up = all(ok.values()) if store is None else ok.get(store, False)
+            return SERVING if up else NOT_SERVING
+        return SERVING  # liveness: this process answers
 
-    async def _poll(self) -> None:
+    async def check(self, request: HealthCheckRequest, _context: Any) -> HealthCheckResponse:
+        if not self.known(request.service):
+            raise CallError(grpc.StatusCode.NOT_FOUND, f"unknown service: {request.service[:200]!r}")
+        return HealthCheckResponse(status=await self.status(request.service))
+
+    async def watch(self, request: HealthCheckRequest, _context: Any) -> AsyncIterator[HealthCheckResponse]:
+        if not self.known(request.service):
+            yield HealthCheckResponse(status=HealthCheckResponse.SERVICE_UNKNOWN)
+            await asyncio.Event().wait()  # the name never becomes known: hold until the caller leaves
+        last: ServingStatus | None = None
         while True:
-            await self.__check__()
-            await asyncio.sleep(_WATCH_INTERVAL_SECONDS)
-
-    async def __subscribe__(self) -> asyncio.Event:
-        if self._poll_task is None:
-            self._poll_task = asyncio.get_running_loop().create_task(self._poll())
-        event = asyncio.Event()
-        self._events.add(event)
-        return event
-
-    async def __unsubscribe__(self, event: asyncio.Event) -> None:
-        self._events.discard(event)
-        if not self._events and self._poll_task is not None:
-            task, self._poll_task = self._poll_task, None
-            task.cancel()
+            accepting = self._health.accepting
+            current = await self.status(request.service)
+            if current != last:
+                last = current
+                yield HealthCheckResponse(status=current)
+            await self._health.wait_for_change(accepting, _WATCH_INTERVAL_SECONDS)

@@ -21,6 +21,11 @@ class InflightCalls:
     def count(self) -> int:
         return self._count
 
+    @property
+    def last_started(self) -> float:
+        """``time.monotonic()`` when the latest call started (0.0: none yet)."""
+        return self._last_started
+
     @contextmanager
     def track(self) -> Iterator[None]:
         self._count += 1

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from grpclib.server import Stream
-
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.memory_api.purge import PurgeReport, TenantPurge
 from ibex_context.memory_api.reads import MemoryReads
@@ -17,6 +15,7 @@ from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.server import read_validation, validation
 from ibex_context.server.handlers import MemoryHandler, _errors_to_status
 from ibex_context.server.lifecycle import InflightCalls
+from ibex_context.server.rpc import Context
 from ibex_context.stores.tenant_data import StoredRow
 
 
@@ -90,52 +89,46 @@ class MemoryServiceHandler(MemoryHandler):
         self._reads = reads
         self._purge = purge
 
-    async def GetMemories(self, stream: Stream[pb.GetMemoriesRequest, pb.GetMemoriesResponse]) -> None:
+    async def GetMemories(self, message: pb.GetMemoriesRequest, _context: Context) -> pb.GetMemoriesResponse:
         with self._inflight.track(), _errors_to_status("GetMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             ids = read_validation.get_ids(message.ids)
             rows = await self._reads.get(org_id, agent_id, ids, with_embedding=message.include_embedding)
-            await stream.send_message(pb.GetMemoriesResponse(memories=[stored_memory(r) for r in rows]))
+            return pb.GetMemoriesResponse(memories=[stored_memory(r) for r in rows])
 
-    async def ListMemories(self, stream: Stream[pb.ListMemoriesRequest, pb.ListMemoriesResponse]) -> None:
+    async def ListMemories(
+        self, message: pb.ListMemoriesRequest, _context: Context
+    ) -> pb.ListMemoriesResponse:
         with self._inflight.track(), _errors_to_status("ListMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             page = await self._reads.list_page(org_id, agent_id, read_validation.list_query(message))
-            await stream.send_message(
-                pb.ListMemoriesResponse(memories=await _converted(page.rows), next_page_token=page.next_token)
+            return pb.ListMemoriesResponse(
+                memories=await _converted(page.rows), next_page_token=page.next_token
             )
 
     async def SearchMemories(
-        self, stream: Stream[pb.SearchMemoriesRequest, pb.SearchMemoriesResponse]
-    ) -> None:
+        self, message: pb.SearchMemoriesRequest, _context: Context
+    ) -> pb.SearchMemoriesResponse:
         with self._inflight.track(), _errors_to_status("SearchMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             query, vector, top_k = read_validation.search_query(message, self._limits.embedding_dim)
             results = await self._reads.search(org_id, agent_id, query, vector, top_k)
-            await stream.send_message(
-                pb.SearchMemoriesResponse(
-                    hits=[
-                        pb.SearchHit(
-                            memory=stored_memory(r.memory),
-                            similarity=r.hit.similarity,
-                            lexical_score=r.hit.lexical_score or 0.0,
-                            relevance=r.hit.relevance,
-                        )
-                        for r in results
-                    ]
-                )
+            return pb.SearchMemoriesResponse(
+                hits=[
+                    pb.SearchHit(
+                        memory=stored_memory(r.memory),
+                        similarity=r.hit.similarity,
+                        lexical_score=r.hit.lexical_score or 0.0,
+                        relevance=r.hit.relevance,
+                    )
+                    for r in results
+                ]
             )
 
-    async def GetDirective(self, stream: Stream[pb.GetDirectiveRequest, pb.GetDirectiveResponse]) -> None:
+    async def GetDirective(
+        self, message: pb.GetDirectiveRequest, _context: Context
+    ) -> pb.GetDirectiveResponse:
         with self._inflight.track(), _errors_to_status("GetDirective"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             row = await self._reads.directive(org_id, agent_id)
             reply = pb.GetDirectiveResponse(
@@ -143,14 +136,12 @@ class MemoryServiceHandler(MemoryHandler):
             )
             if row.updated_at is not None:
                 _stamp(reply.updated_at, row.updated_at)
-            await stream.send_message(reply)
+            return reply
 
     async def ExportMemories(
-        self, stream: Stream[pb.ExportMemoriesRequest, pb.ExportMemoriesResponse]
-    ) -> None:
+        self, message: pb.ExportMemoriesRequest, _context: Context
+    ) -> pb.ExportMemoriesResponse:
         with self._inflight.track(), _errors_to_status("ExportMemories"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id = validation.uuid_field(message.org_id, "org_id")
             agent_id = read_validation.optional_agent(message.agent_id)
             size = read_validation.page_size(message.page_size, read_validation.DEFAULT_EXPORT_PAGE_SIZE)
@@ -161,24 +152,18 @@ class MemoryServiceHandler(MemoryHandler):
                 page_token=message.page_token,
                 with_embedding=message.include_embedding,
             )
-            await stream.send_message(
-                pb.ExportMemoriesResponse(
-                    memories=await _converted(page.rows), next_page_token=page.next_token
-                )
+            return pb.ExportMemoriesResponse(
+                memories=await _converted(page.rows), next_page_token=page.next_token
             )
 
-    async def PurgeAgent(self, stream: Stream[pb.PurgeAgentRequest, pb.PurgeAgentResponse]) -> None:
+    async def PurgeAgent(self, message: pb.PurgeAgentRequest, _context: Context) -> pb.PurgeAgentResponse:
         with self._inflight.track(), _errors_to_status("PurgeAgent"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id, agent_id = validation.scope(message.org_id, message.agent_id)
             report = await self._purge.purge_agent(org_id, agent_id)
-            await stream.send_message(pb.PurgeAgentResponse(**_purge_fields(report)))
+            return pb.PurgeAgentResponse(**_purge_fields(report))
 
-    async def PurgeOrg(self, stream: Stream[pb.PurgeOrgRequest, pb.PurgeOrgResponse]) -> None:
+    async def PurgeOrg(self, message: pb.PurgeOrgRequest, _context: Context) -> pb.PurgeOrgResponse:
         with self._inflight.track(), _errors_to_status("PurgeOrg"):
-            message = await stream.recv_message()
-            assert message is not None
             org_id = validation.uuid_field(message.org_id, "org_id")
             report = await self._purge.purge_org(org_id)
-            await stream.send_message(pb.PurgeOrgResponse(**_purge_fields(report)))
+            return pb.PurgeOrgResponse(**_purge_fields(report))

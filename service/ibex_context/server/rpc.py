@@ -1,0 +1,228 @@
+"""The service's methods as grpc.aio handlers: parsing, error statuses and observation.
+
+Each method is a coroutine ``(request, context) -> response`` (or an async iterator of
+responses for a server stream). The wrapper here, one per method, does what every
+method needs and none should repeat:
+
+* parses the request itself (the handler is registered without a deserializer): a
+  message that is not valid protobuf is INVALID_ARGUMENT, not grpc.aio's UNKNOWN;
+* maps ``CallError`` to its status with ``set_code``/``set_details`` (cheaper than
+  ``context.abort``, which raises through grpc.aio's own handling), and anything else
+  a handler raises to UNKNOWN, logged;
+* observes the call (``observability.calls.CallObserver``: metrics, spans, access log),
+  including calls cut by their deadline or their caller (the task is cancelled).
+
+A handler may return already-serialized bytes (AssembleContext times its own
+serialization for the report); anything else is serialized here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from grpclib.const import Status
+
+from ibex_context.observability.calls import CallObserver, interrupted_status
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CallError",
+    "Method",
+    "generic_handlers",
+    "service_methods",
+    "stream_stream",
+    "unary",
+    "unary_stream",
+]
+
+
+class CallError(Exception):
+    """Ends a call with ``code`` and ``message`` (the message reaches the caller)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class MessageType(Protocol):
+    @classmethod
+    def FromString(cls, data: bytes) -> Any: ...
+
+
+class Context(Protocol):
+    """What the service uses of ``grpc.aio.ServicerContext``."""
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]] | None: ...
+    def time_remaining(self) -> float | None: ...
+    def set_code(self, code: grpc.StatusCode) -> None: ...
+    def set_details(self, details: str) -> None: ...
+
+
+UnaryBehaviour = Callable[[Any, Context], Awaitable[Any]]
+UnaryStreamBehaviour = Callable[[Any, Context], AsyncIterator[Any]]
+StreamStreamBehaviour = Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]
+
+# grpc.StatusCode -> the status the observability layer records (same names and numbers).
+_STATUS: dict[grpc.StatusCode, Status] = {code: Status(code.value[0]) for code in grpc.StatusCode}
+INVALID_MESSAGE = "request: not a valid protobuf message"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One served method: its full path (``/package.Service/Method``) and its grpc.aio handler."""
+
+    path: str
+    build: Callable[[CallObserver | None], grpc.RpcMethodHandler[Any, Any]]
+
+    @property
+    def service(self) -> str:
+        return self.path.split("/")[1]
+
+    @property
+    def name(self) -> str:
+        return self.path.split("/")[2]
+
+
+def _serialize(message: Message | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _parse(request_type: MessageType, data: bytes) -> Any:
+    try:
+        return request_type.FromString(data)
+    except DecodeError:
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT, INVALID_MESSAGE) from None
+
+
+def _fail(context: Context, path: str, exc: Exception) -> Status:
+    """Sets the call's status for what its handler raised; returns it."""
+    if isinstance(exc, CallError):
+        context.set_code(exc.code)
+        context.set_details(exc.message)
+        return _STATUS[exc.code]
+    log.error("%s failed", path, exc_info=exc)
+    context.set_code(grpc.StatusCode.UNKNOWN)
+    context.set_details(f"{path.rsplit('/', 1)[-1]} failed: {type(exc).__name__}")
+    return Status.UNKNOWN
+
+
+def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Method:
+    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+        async def serve(data: bytes, context: Context) -> Any:
+            state = (
+                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
+                if observer
+                else None
+            )
+            status = Status.OK
+            try:
+                return await behaviour(_parse(request_type, data), context)
+            except asyncio.CancelledError:
+                status = interrupted_status(state)
+                raise
+            except Exception as exc:
+                status = _fail(context, path, exc)
+                return None
+            finally:
+                if observer is not None:
+                    observer.end(state, status)
+
+        return grpc.unary_unary_rpc_method_handler(serve, response_serializer=_serialize)
+
+    return Method(path, build)
+
+
+def unary_stream(path: str, request_type: MessageType, behaviour: UnaryStreamBehaviour) -> Method:
+    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+        async def serve(data: bytes, context: Context) -> AsyncIterator[Any]:
+            state = (
+                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
+                if observer
+                else None
+            )
+            status = Status.OK
+            try:
+                async for response in behaviour(_parse(request_type, data), context):
+                    yield response
+            except (asyncio.CancelledError, GeneratorExit):
+                status = interrupted_status(state)
+                raise
+            except Exception as exc:
+                status = _fail(context, path, exc)
+            finally:
+                if observer is not None:
+                    observer.end(state, status)
+
+        return grpc.unary_stream_rpc_method_handler(serve, response_serializer=_serialize)
+
+    return Method(path, build)
+
+
+def stream_stream(path: str, request_type: MessageType, behaviour: StreamStreamBehaviour) -> Method:
+    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+        async def serve(requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
+            state = (
+                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
+                if observer
+                else None
+            )
+            status = Status.OK
+
+            async def parsed() -> AsyncIterator[Any]:
+                async for data in requests:
+                    yield _parse(request_type, data)
+
+            try:
+                async for response in behaviour(parsed(), context):
+                    yield response
+            except (asyncio.CancelledError, GeneratorExit):
+                status = interrupted_status(state)
+                raise
+            except Exception as exc:
+                status = _fail(context, path, exc)
+            finally:
+                if observer is not None:
+                    observer.end(state, status)
+
+        return grpc.stream_stream_rpc_method_handler(serve, response_serializer=_serialize)
+
+    return Method(path, build)
+
+
+def service_methods(service: ServiceDescriptor, messages: ModuleType, implementation: object) -> list[Method]:
+    """The unary methods of ``service`` (from its proto descriptor), each served by the
+    same-named coroutine of ``implementation``; request classes from ``messages``."""
+    methods = []
+    for method in service.methods:
+        if method.client_streaming or method.server_streaming:
+            raise TypeError(f"{method.full_name}: only unary methods are served this way")
+        path = f"/{service.full_name}/{method.name}"
+        methods.append(
+            unary(path, getattr(messages, method.input_type.name), getattr(implementation, method.name))
+        )
+    return methods
+
+
+def generic_handlers(
+    methods: Sequence[Method], observer: CallObserver | None
+) -> list[grpc.GenericRpcHandler]:
+    """One generic handler per service, every method wrapped for ``observer``."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
+    for method in methods:
+        by_service.setdefault(method.service, {})[method.name] = method.build(observer)
+    return [grpc.method_handlers_generic_handler(service, table) for service, table in by_service.items()]
+
+
+def service_names(methods: Sequence[Method]) -> list[str]:
+    """The services of ``methods``, in order, each once."""
+    return list(dict.fromkeys(method.service for method in methods))
