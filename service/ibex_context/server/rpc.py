@@ -19,8 +19,9 @@ serialization for the report); anything else is serialized here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpclib.const import Status
 
-from ibex_context.observability.calls import CallObserver, interrupted_status
+from ibex_context.observability.calls import CallObserver, CallState, interrupted_status
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +120,7 @@ def _fail(context: Context, path: str, exc: Exception) -> Status:
 def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Method:
     def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
         async def serve(data: bytes, context: Context) -> Any:
-            state = (
-                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
-                if observer
-                else None
-            )
+            state = _begin(observer, path, context)
             status = Status.OK
             try:
                 return await behaviour(_parse(request_type, data), context)
@@ -145,23 +142,12 @@ def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Me
 def unary_stream(path: str, request_type: MessageType, behaviour: UnaryStreamBehaviour) -> Method:
     def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
         async def serve(data: bytes, context: Context) -> AsyncIterator[Any]:
-            state = (
-                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
-                if observer
-                else None
-            )
-            status = Status.OK
-            try:
-                async for response in behaviour(_parse(request_type, data), context):
+            def responses() -> AsyncIterator[Any]:
+                return behaviour(_parse(request_type, data), context)
+
+            async with contextlib.aclosing(_observed(observer, path, context, responses)) as observed:
+                async for response in observed:
                     yield response
-            except (asyncio.CancelledError, GeneratorExit):
-                status = interrupted_status(state)
-                raise
-            except Exception as exc:
-                status = _fail(context, path, exc)
-            finally:
-                if observer is not None:
-                    observer.end(state, status)
 
         return grpc.unary_stream_rpc_method_handler(serve, response_serializer=_serialize)
 
@@ -171,32 +157,51 @@ def unary_stream(path: str, request_type: MessageType, behaviour: UnaryStreamBeh
 def stream_stream(path: str, request_type: MessageType, behaviour: StreamStreamBehaviour) -> Method:
     def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
         async def serve(requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
-            state = (
-                observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
-                if observer
-                else None
-            )
-            status = Status.OK
-
             async def parsed() -> AsyncIterator[Any]:
                 async for data in requests:
                     yield _parse(request_type, data)
 
-            try:
-                async for response in behaviour(parsed(), context):
+            def responses() -> AsyncIterator[Any]:
+                return behaviour(parsed(), context)
+
+            async with contextlib.aclosing(_observed(observer, path, context, responses)) as observed:
+                async for response in observed:
                     yield response
-            except (asyncio.CancelledError, GeneratorExit):
-                status = interrupted_status(state)
-                raise
-            except Exception as exc:
-                status = _fail(context, path, exc)
-            finally:
-                if observer is not None:
-                    observer.end(state, status)
 
         return grpc.stream_stream_rpc_method_handler(serve, response_serializer=_serialize)
 
     return Method(path, build)
+
+
+def _begin(observer: CallObserver | None, path: str, context: Context) -> CallState | None:
+    """The observer's state for a call that starts now (None: not observed)."""
+    if observer is None:
+        return None
+    return observer.begin(path, context.invocation_metadata() or (), context.time_remaining())
+
+
+async def _observed(
+    observer: CallObserver | None,
+    path: str,
+    context: Context,
+    responses: Callable[[], AsyncIterator[Any]],
+) -> AsyncGenerator[Any, None]:
+    """A streaming call's responses, observed from its start to how it ended: one body
+    for the unary-stream and stream-stream methods (``responses`` is called inside, so a
+    request that does not parse ends the call like any other failure)."""
+    state = _begin(observer, path, context)
+    status = Status.OK
+    try:
+        async for response in responses():
+            yield response
+    except (asyncio.CancelledError, GeneratorExit):
+        status = interrupted_status(state)
+        raise
+    except Exception as exc:
+        status = _fail(context, path, exc)
+    finally:
+        if observer is not None:
+            observer.end(state, status)
 
 
 def service_methods(service: ServiceDescriptor, messages: ModuleType, implementation: object) -> list[Method]:
