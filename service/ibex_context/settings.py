@@ -44,7 +44,11 @@ class Settings(BaseSettings):
     shutdown_drain_delay_seconds: float = _f(
         0.0, "On SIGTERM, how long to keep serving while NOT_SERVING propagates to load balancers.", ge=0
     )
-    use_uvloop: bool = _f(False, "Run on uvloop (measured no gain here; see ADR-0001).")
+    use_uvloop: bool = _f(
+        True,
+        "Run on uvloop: 0.7-1.2 ms less server CPU per call than asyncio's loop at 50 RPS "
+        "(ADR-0010). False: asyncio's loop, which also reports the longest loop iteration.",
+    )
     gc_freeze: bool = _f(
         True,
         "Freeze the start-up heap (gc.freeze) before serving, so full garbage collections do "

@@ -9,7 +9,8 @@ step by as much. Two measurements show it:
   (``ibex_context_event_loop_lag_seconds``). Works on any loop (asyncio, uvloop). An
   idle loop shows up to ~1 ms of lag: epoll waits in whole milliseconds, rounded up
   (``selectors.EpollSelector``; libuv likewise), so read the histogram above 1 ms.
-* ``TimedEventLoop``: the asyncio loop ``ibex-context serve`` runs on, with a selector
+* ``TimedEventLoop``: the asyncio loop ``ibex-context serve`` runs on when
+  ``IBEX_USE_UVLOOP=false`` (uvloop is the default, ADR-0010), with a selector
   that times the work between two polls (one loop iteration: every callback that
   was ready, back to back). The probe observes the longest iteration of each
   interval (``ibex_context_event_loop_longest_iteration_seconds``). The cost is two
