@@ -107,25 +107,19 @@ def _clip_unit(values: _Array) -> _Array:
 
 @dataclass(frozen=True, slots=True)
 class Ranking:
-    """Every candidate's score components as columns (index i is ``candidates[i]``),
-    and ``order``: the kept candidates' indices, best first (ties by id).
+    """Every candidate's score components (``components[:, i]`` is ``candidates[i]``'s,
+    in ``COMPONENTS`` order), and ``order``: the kept candidates' indices, best first
+    (ties by id).
 
     Nothing per candidate is built here: the assembler materialises only the
-    memories it injects (``scored``), so ranking 100 candidates to inject 20
+    memories it injects (``scored_at``), so ranking 100 candidates to inject 20
     builds 20 objects, not 100 (issue #14: per-candidate objects built and
     rebuilt were a large part of the call's CPU).
     """
 
     candidates: Candidates
     order: list[int]
-    score: list[float]
-    relevance: list[float]
-    recency: list[float]
-    usefulness: list[float]
-    confidence: list[float]
-    frequency: list[float]
-    semantic: list[float]
-    lexical: list[float]
+    components: _Array
 
     def __len__(self) -> int:
         return len(self.order)
@@ -137,25 +131,31 @@ class Ranking:
     def scored_at(self, rows: Sequence[int], tokens: Sequence[int]) -> list[ScoredMemory]:
         """Candidates ``rows`` with their score components and costs (``tokens[k]`` of
         ``rows[k]``): the objects built for the memories injected, and only for them."""
+        if not rows:
+            return []
         records = self.candidates.records_at(rows)
+        # One read of the chosen columns: a list of COMPONENTS values per row.
+        values = self.components[:, rows].T.tolist()
         return [
             ScoredMemory(
-                record,
-                self.score[i],
-                self.relevance[i],
-                self.recency[i],
-                self.usefulness[i],
-                self.confidence[i],
-                self.frequency[i],
-                cost,
-                self.semantic[i],
-                self.lexical[i],
+                record, score, relevance, recency, usefulness, confidence, frequency, cost, semantic, lexical
             )
-            for record, i, cost in zip(records, rows, tokens, strict=True)
+            for record, (
+                score,
+                relevance,
+                recency,
+                usefulness,
+                confidence,
+                frequency,
+                semantic,
+                lexical,
+            ), cost in zip(records, values, tokens, strict=True)
         ]
 
 
-_EMPTY: list[float] = []
+# The rows of ``Ranking.components``.
+COMPONENTS = ("score", "relevance", "recency", "usefulness", "confidence", "frequency", "semantic", "lexical")
+_NO_COMPONENTS: _Array = np.zeros((len(COMPONENTS), 0), dtype=np.float64)
 
 
 def rank(
@@ -167,9 +167,12 @@ def rank(
     lexical_searched: bool = False,
 ) -> Ranking:
     """``lexical_searched``: the lexical search answered for this call, so a memory
-    without a ``lexical_score`` is known not to match the query's words."""
+    without a ``lexical_score`` is known not to match the query's words.
+
+    Each numpy call costs ~1-3 µs whatever the size of its ~100-element arrays, so
+    the columns are computed with as few calls as the formula allows."""
     if not candidates:
-        return Ranking(candidates, [], _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        return Ranking(candidates, [], _NO_COMPONENTS)
     n = len(candidates)
     semantic, semantic_known = _semantic(candidates, query_embedding)
     lexical = _lexical(candidates)
@@ -192,44 +195,47 @@ def rank(
     )
     created = candidates.occurred_at
     age_known = np.isfinite(created)
-    # A occurred_at in the future (clock skew) counts as brand new.
-    age_days = np.maximum(np.where(age_known, now - created, 0.0), 0.0) / SECONDS_PER_DAY
+    # A occurred_at in the future (clock skew) counts as brand new. (An unknown age
+    # goes through as NaN: ``where`` below puts UNKNOWN_RECENCY in its place.)
+    age_days = np.maximum(now - created, 0.0) / SECONDS_PER_DAY
     recency = np.where(age_known, np.exp(-math.log(2.0) * age_days / half_lives), UNKNOWN_RECENCY)
     # Usefulness and confidence together: defaults where unknown, then [0, 1].
-    rated = np.stack((candidates.usefulness, candidates.confidence), axis=1)
-    rated = _clip_unit(np.where(np.isfinite(rated), rated, (DEFAULT_USEFULNESS, DEFAULT_CONFIDENCE)))
-    usefulness, confidence = rated[:, 0], rated[:, 1]
+    rated = np.stack((candidates.usefulness, candidates.confidence))
+    rated = _clip_unit(np.where(np.isfinite(rated), rated, _RATED_DEFAULTS))
+    usefulness, confidence = rated
     frequency = _clip_unit(candidates.retrieval_counts / FREQUENCY_CAP)
 
     w = scoring.weights
     total_weight = w.relevance + w.recency + w.usefulness + w.confidence + w.frequency
-    adjustment = (
-        w.relevance + w.recency * recency + w.usefulness * usefulness + w.confidence * confidence
-        + w.frequency * frequency
-    ) / total_weight  # fmt: skip
-    composite = relevance * adjustment
+    # Summed left to right as the formula reads; a term of weight 0 adds 0.0 to a
+    # non-negative sum, which changes nothing, so it is left out.
+    adjustment: _Array | float = w.relevance
+    for term_weight, signal in (
+        (w.recency, recency),
+        (w.usefulness, usefulness),
+        (w.confidence, confidence),
+        (w.frequency, frequency),
+    ):
+        if term_weight:
+            adjustment = adjustment + term_weight * signal
+    composite = relevance * (adjustment / total_weight)
 
     # Off-topic means both halves say so: a memory that shares a word with the query
     # is kept whatever its semantic half (the blend halves a semantic match, so a
     # floor on the blend dropped memories the semantic search alone had kept).
     keep = ~relevance_known | (semantic >= scoring.relevance_floor) | (lexical > 0.0)
-    # Python floats once (indexing numpy arrays per item is several times slower).
-    score_of = composite.tolist()
-    kept = np.flatnonzero(keep).tolist()
-    ids = candidates.ids
-    order = sorted(kept, key=lambda i: (-score_of[i], ids[i]))
-    return Ranking(
-        candidates,
-        order,
-        score_of,
-        relevance.tolist(),
-        recency.tolist(),
-        usefulness.tolist(),
-        confidence.tolist(),
-        frequency.tolist(),
-        semantic.tolist(),
-        lexical.tolist(),
-    )
+    order = np.flatnonzero(keep).tolist()
+    # Best first, ties by id: sorted by id, then (stable, so ties keep that order) by
+    # score; two sorts with C-level keys cost less than one with a key tuple each.
+    order.sort(key=candidates.ids.__getitem__)
+    order.sort(key=composite.tolist().__getitem__, reverse=True)
+    components = np.concatenate(
+        (composite, relevance, recency, usefulness, confidence, frequency, semantic, lexical)
+    ).reshape(len(COMPONENTS), n)
+    return Ranking(candidates, order, components)
+
+
+_RATED_DEFAULTS = np.array([[DEFAULT_USEFULNESS], [DEFAULT_CONFIDENCE]])
 
 
 def score_candidates(
