@@ -38,6 +38,8 @@ _NO_SOURCES: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
 _NO_ROWS: Rows = np.zeros(0, dtype=np.intp)
 _NAN = math.nan
 T = TypeVar("T")
+# Source by value: an index, not an Enum call per record.
+_SOURCES = {int(source): source for source in Source}
 
 
 # Not frozen: a frozen dataclass's __init__ sets every field through
@@ -94,8 +96,9 @@ class Candidates:
                 self.lexical_score[index],
             )
         ).tolist()
+        # NaN (unknown) becomes None; ``v != v`` is NaN's test without a call per value.
         confidence, usefulness, counts, occurred, injected, similarity, lexical = (
-            [None if math.isnan(v) else v for v in column] for column in numbers
+            [None if v != v else v for v in column] for column in numbers
         )
         vector_rows = self.vector_rows[index].tolist()
         vectors = self.vectors
@@ -114,7 +117,7 @@ class Candidates:
                 token_counts[i],
                 None if vector_rows[k] < 0 else vectors[vector_rows[k]],
                 similarity[k],
-                Source(sources[k]),
+                _SOURCES[sources[k]],
                 lexical[k],
             )
             for k, i in enumerate(rows)

@@ -150,10 +150,7 @@ def _memory_tokens(
             else None
         )
         if stored is not None:
-            opening = opening_line(record, fmt, handle)
-            return (
-                encoding.count(opening) if counter is None else counter.count_text_cached(opening, encoding)
-            ) + stored
+            return encoding.count_short(opening_line(record, fmt, handle)) + stored
         if counter is None:
             return encoding.count(opening_line(record, fmt, handle)) + _count_body(
                 record, encoding, fmt, variant
@@ -260,11 +257,22 @@ def count_injected(
     # The client's own system prompt (merge) starts safely, so it adds its own
     # count on both sides of the difference: only the chunks remain.
     total = framing
+    # A block whose body was counted at write time costs its opening line (the one
+    # part that depends on the handle) plus that count: looked up once per block here.
+    stored_key = block_count_key(encoding.name, fmt) if fmt != "json" and encoding.exact else None
     for chunk in layout(directive, records, fmt, nonce, separator_after=separator_after):
         if isinstance(chunk, str):
             total += counter.count_text_cached(chunk, encoding)
+            continue
+        record, variant, handle = chunk
+        stored = (
+            record.token_counts.get(stored_key)
+            if stored_key is not None and variant == BLOCK_AS_IS and _starts_safely(record.content)
+            else None
+        )
+        if stored is not None:
+            total += encoding.count_short(opening_line(record, fmt, handle)) + stored
         else:
-            record, variant, handle = chunk
             total += _memory_tokens(record, encoding, fmt, handle, variant, counter)
     return total
 
@@ -338,7 +346,7 @@ class BlockCosts:
         stored = encoding.exact and encoding.splits_after_newline and fmt in STORED_BLOCK_FORMATS
         self._key = block_count_key(encoding.name, fmt) if stored else None
         # xml's opening line is the same for every memory (the costing handle).
-        self._xml_opening = counter.count_text_cached(f'<memory id="{COSTING_HANDLE}">\n', encoding)
+        self._xml_opening = encoding.count_short(f'<memory id="{COSTING_HANDLE}">\n')
 
     def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
         return memory_cost(memory, self._encoding, self._fmt, counter=self._counter)

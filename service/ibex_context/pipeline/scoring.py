@@ -63,6 +63,7 @@ FREQUENCY_CAP = 50
 SECONDS_PER_DAY = 86_400.0
 
 _Array = npt.NDArray[np.float64]
+_LARGEST_FLOAT = float(np.finfo(np.float64).max)
 
 
 def _semantic(
@@ -93,8 +94,10 @@ def _semantic(
 
 def _lexical(candidates: Candidates) -> _Array:
     """BM25 saturated to [0, 1); 0 where the lexical search did not return the memory."""
-    bm25 = np.nan_to_num(candidates.lexical_score, nan=0.0)
-    np.maximum(bm25, 0.0, out=bm25)
+    # fmax puts 0.0 where the score is NaN (or negative) and the min keeps an infinite
+    # score finite (its share is then 1.0): np.nan_to_num and a clip at 0, value for
+    # value, in ~2 µs instead of ~15 (nan_to_num's Python around its ufuncs).
+    bm25 = np.minimum(np.fmax(candidates.lexical_score, 0.0), _LARGEST_FLOAT)
     return bm25 / (bm25 + LEXICAL_SATURATION)
 
 

@@ -87,7 +87,9 @@ class MessageTokenCounter:
         key: str | bytes = text
         if len(text) > _SHORT_TEXT_CHARS:
             key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        return self._lookup((encoding.name, encoding.exact, key), lambda: encoding.count(text))
+        full_key = (encoding.name, encoding.exact, key)
+        cached = self._cached(full_key)
+        return cached if cached is not None else self._store(full_key, encoding.count(text))
 
     def count_block(self, key: tuple[object, ...], source: object, compute: Callable[[], int]) -> int:
         """A count cached under ``key`` for as long as it was computed from an equal ``source``.
@@ -127,13 +129,19 @@ class MessageTokenCounter:
         )
 
     def _lookup(self, key: tuple[str, bool, str | bytes], compute: Callable[[], int]) -> int:
+        cached = self._cached(key)
+        return cached if cached is not None else self._store(key, compute())
+
+    # A hit is the common case (a call asks ~40 times): no closure is built for it.
+    def _cached(self, key: tuple[str, bool, str | bytes]) -> int | None:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
-                return cached
-        count = compute()
+            return cached
+
+    def _store(self, key: tuple[str, bool, str | bytes], count: int) -> int:
         with self._lock:
             self.misses += 1
             self._cache[key] = count
