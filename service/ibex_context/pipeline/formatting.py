@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Final, TypeAlias
@@ -191,14 +191,20 @@ def category_order(categories: Iterable[str]) -> list[str]:
     return known + sorted(present - set(CATEGORY_ORDER))
 
 
-def injection_order(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[MemoryRecord]:
-    """The memories in the order of the text: by category (``category_order``), each
-    category in the order given. A memory's handle is its position here plus one."""
+def _by_category(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[tuple[str, list[MemoryRecord]]]:
+    """The memories grouped by category, the categories in ``category_order``, each
+    category's memories in the order given: the sections of the text."""
     by_category: dict[str, list[MemoryRecord]] = {}
     for memory in memories:
         record = record_of(memory)
         by_category.setdefault(record.category, []).append(record)
-    return [record for category in category_order(by_category) for record in by_category[category]]
+    return [(category, by_category[category]) for category in category_order(by_category)]
+
+
+def injection_order(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[MemoryRecord]:
+    """The memories in the order of the text: by category (``category_order``), each
+    category in the order given. A memory's handle is its position here plus one."""
+    return [record for _, records in _by_category(memories) for record in records]
 
 
 def handles(memories: Sequence[ScoredMemory | MemoryRecord]) -> dict[str, int]:
@@ -230,15 +236,12 @@ def layout(
     if records:
         sections.append([notice(fmt, nonce)])
         handle = 0
-        ordered = injection_order(records)
-        for category in category_order(r.category for r in ordered):
+        for category, members in _by_category(records):
             section: list[Chunk] = []
             opening = section_open(category, fmt, nonce)
             if opening:
                 section.append(opening)
-            for record in ordered[handle:]:
-                if record.category != category:
-                    break
+            for record in members:
                 handle += 1
                 section.append((record, BLOCK_AS_IS, handle))
             closing = section_close(fmt)
@@ -259,12 +262,18 @@ def layout(
     return [chunk for section in sections for chunk in section]
 
 
-def _chunk_text(chunk: Chunk, fmt: Format) -> str:
-    if isinstance(chunk, str):
-        return chunk
-    record, variant, handle = chunk
-    opening, escaped, closing = memory_parts(record, fmt, handle)
-    return opening + escaped + block_end(closing, variant)
+def _chunk_pieces(chunks: Sequence[Chunk], fmt: Format) -> Iterator[str]:
+    """The text of ``chunks`` piece by piece: a memory block as its opening, escaped
+    content and end, joined once with the rest (not copied into a block string first)."""
+    for chunk in chunks:
+        if isinstance(chunk, str):
+            yield chunk
+            continue
+        record, variant, handle = chunk
+        opening, escaped, closing = memory_parts(record, fmt, handle)
+        yield opening
+        yield escaped
+        yield block_end(closing, variant)
 
 
 def render_injection(
@@ -276,7 +285,7 @@ def render_injection(
         raise ValueError(f"unknown format {fmt!r}")
     records = [record_of(m) for m in memories]
     chunks = layout(directive, records, fmt, nonce, separator_after=False)
-    return "".join([_chunk_text(chunk, fmt) for chunk in chunks])
+    return "".join(_chunk_pieces(chunks, fmt))
 
 
 def format_context(
