@@ -38,6 +38,16 @@ _NO_SOURCES: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
 _NO_ROWS: Rows = np.zeros(0, dtype=np.intp)
 _NAN = math.nan
 T = TypeVar("T")
+# The float64 columns, in the order ``_concat`` and ``records_at`` unpack them.
+_FLOAT_COLUMNS = (
+    "confidence",
+    "usefulness",
+    "retrieval_counts",
+    "occurred_at",
+    "last_injected_at",
+    "similarity",
+    "lexical_score",
+)
 # Source by value: an index, not an Enum call per record.
 _SOURCES = {int(source): source for source in Source}
 
@@ -85,17 +95,12 @@ class Candidates:
         if not rows:
             return []
         index = np.asarray(rows, dtype=np.intp)
-        numbers = np.stack(
-            (
-                self.confidence[index],
-                self.usefulness[index],
-                self.retrieval_counts[index],
-                self.occurred_at[index],
-                self.last_injected_at[index],
-                self.similarity[index],
-                self.lexical_score[index],
-            )
-        ).tolist()
+        # One concatenate of the seven picks (np.stack's Python wrapper costs ~5 µs more).
+        numbers = (
+            np.concatenate([getattr(self, name)[index] for name in _FLOAT_COLUMNS])
+            .reshape(len(_FLOAT_COLUMNS), len(index))
+            .tolist()
+        )
         # NaN (unknown) becomes None; ``v != v`` is NaN's test without a call per value.
         confidence, usefulness, counts, occurred, injected, similarity, lexical = (
             [None if v != v else v for v in column] for column in numbers
@@ -259,18 +264,6 @@ def _concat(parts: Sequence[Candidates], dim: int, keep: Sequence[int] | None = 
         np.concatenate(matrices) if len(matrices) > 1 else (matrices[0] if matrices else _NO_VECTORS),
         vector_rows,
     )
-
-
-# The float64 columns, in the order ``_concat`` unpacks them.
-_FLOAT_COLUMNS = (
-    "confidence",
-    "usefulness",
-    "retrieval_counts",
-    "occurred_at",
-    "last_injected_at",
-    "similarity",
-    "lexical_score",
-)
 
 
 def _joined(columns: Sequence[Sequence[T]], keep: Sequence[int] | None) -> list[T]:
