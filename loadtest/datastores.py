@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest.machine import PYTHON, ROOT
+from loadtest.machine import PYTHON, ROOT, cpu_seconds
 
 
 class PgActivitySampler:
@@ -27,6 +27,8 @@ class PgActivitySampler:
         self._stop = threading.Event()
         self.samples = 0
         self.active: dict[str, int] = {}
+        # Its own backend, whose CPU the run leaves out of the stores' figure.
+        self.backend_pid: int | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
@@ -44,6 +46,7 @@ class PgActivitySampler:
 
         async def loop() -> None:
             conn = await asyncpg.connect(self._dsn)
+            self.backend_pid = conn.get_server_pid()
             try:
                 while not self._stop.is_set():
                     rows = await conn.fetch(
@@ -63,6 +66,13 @@ class PgActivitySampler:
 
         with contextlib.suppress(Exception):
             asyncio.run(loop())
+
+    def backend_cpu_seconds(self) -> float:
+        """CPU its backend has used since it connected (read before ``stop``: the
+        backend exits with the connection). ~45 queries a second cost the stores
+        0.15-0.3 ms per call at 50 RPS (benchmarks/results/stores-cpu-2026-11-26.md):
+        the run's stores figure leaves it out."""
+        return 0.0 if self.backend_pid is None else cpu_seconds(self.backend_pid)
 
     def summary(self, top: int = 8) -> list[str]:
         if not self.samples:

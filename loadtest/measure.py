@@ -41,6 +41,8 @@ class RunResult:
     # ``lag`` and ``longest iteration`` of the server's event loop(s), like ``stages``.
     event_loop: dict[str, dict[str, float | None]] = field(default_factory=dict)
     stolen_s: dict[str, float] = field(default_factory=dict)
+    # The backend of the run's own pg_stat_activity sampler, left out of stores_cpu_s.
+    sampler_cpu_s: float = 0.0
 
 
 def stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str) -> dict[str, Any]:

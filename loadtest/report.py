@@ -59,7 +59,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
-        f"- Stores CPU (PostgreSQL backends + Redis): {result.stores_cpu_s:.1f} s = "
+        f"- Stores CPU (PostgreSQL + Redis, without the run's own pg_stat_activity sampler: "
+        f"{result.sampler_cpu_s:.1f} s): {result.stores_cpu_s:.1f} s = "
         f"{100 * result.stores_cpu_s / max(result.wall_s, 1e-9):.0f} % of one core "
         f"({1000 * result.stores_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms per request).",
         f"- CPU contention: the server's threads waited {result.server_runqueue_wait_s:.1f} s on the run queue "

@@ -125,6 +125,8 @@ def _run_with_stores(
                 )
             time.sleep(max(0.0, args.duration - 0.5))
             after = read_counters(server.metrics_ports, server.proc.pid, locust.pid, store_pids)
+            # The sampler's backend is one of the postmaster's children: not the service's work.
+            sampler_cpu_s = sampler.backend_cpu_seconds()
             sampler.stop()
             if side_export is not None:
                 # Finishing after the window is reported, not waited out indefinitely.
@@ -132,6 +134,7 @@ def _run_with_stores(
             locust_rc = wait_for_locust(locust, args)
         summary = locust_summary(prefix, locust_rc, locust_log)
         figures = window_figures(before, after)
+        figures["stores_cpu_s"] -= sampler_cpu_s
         profile_summary = finish_profiler(profiler, prefix, log) if profiler is not None else ""
         return RunResult(
             summary=summary,
@@ -149,6 +152,7 @@ def _run_with_stores(
                 "export": side_export.summary() if side_export is not None else None,
             },
             profile_summary=profile_summary,
+            sampler_cpu_s=sampler_cpu_s,
             **figures,
         )
     finally:

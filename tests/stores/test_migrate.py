@@ -298,3 +298,59 @@ async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not
         assert sorted(r["name"] for r in swapped) == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
     finally:
         await conn.close()
+
+
+async def test_the_narrow_exact_ranking_returns_what_the_wide_one_did(empty_database_dsn: str) -> None:
+    """0011 reworks ibex_cold_exact (rank on ids, then read the winners): for every tenant
+    and limit, the same rows with the same columns, distances and order as 0008's, ties
+    between equal vectors included; other tenants' rows never appear."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version < 11])
+        tenants = [(uuid.uuid4(), uuid.uuid4()) for _ in range(3)]
+        await conn.executemany(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, confidence,"
+            " usefulness, token_counts, embedding, occurred_at)"
+            " VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', $5, 0.5, $6::jsonb, $7::text::vector,"
+            " CASE WHEN $8 THEN now() - interval '3 days' END)",
+            [
+                (
+                    org,
+                    agent,
+                    f"note {n} of {t}",
+                    f"{agent}{n}".encode(),
+                    0.1 * (n % 10),
+                    f'{{"cl100k_base": {n + 3}}}',
+                    # Every third vector repeats another: equal distances, ties to keep in order.
+                    f"[{(n % 7) + 1},1,{n % 3},0,{t},0,0,{9 - n % 5}]",
+                    n % 2 == 0,
+                )
+                for t, (org, agent) in enumerate(tenants)
+                for n in range(25)
+            ],
+        )
+        queries = ["[1,1,0,0,0,0,0,1]", "[7,0,2,0,1,0,0,3]", "[0,0,0,0,2,0,0,0]"]
+        search = "SELECT * FROM ibex_cold_exact($1, $2, $3::text::vector, $4)"
+        source = "SELECT prosrc FROM pg_proc WHERE proname = 'ibex_cold_exact'"
+
+        async def answers() -> list[list[tuple[object, ...]]]:
+            return [
+                [tuple(r) for r in await conn.fetch(search, org, agent, query, limit)]
+                for org, agent in tenants
+                for query in queries
+                for limit in (1, 5, 24, 50)
+            ]
+
+        wide, wide_source = await answers(), await conn.fetchval(source)
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 11]
+        assert await conn.fetchval(source) != wide_source
+        narrow = await answers()
+        assert narrow == wide
+        assert [len(rows) for rows in narrow[:4]] == [1, 5, 24, 25]
+        own = {
+            r["id"] for r in await conn.fetch("SELECT id FROM memories WHERE agent_id = $1", tenants[0][1])
+        }
+        assert {row[0] for rows in narrow[:12] for row in rows} <= own
+    finally:
+        await conn.close()
