@@ -220,7 +220,7 @@ def statement_classifier() -> Callable[[str], str]:
         kind = known.get(query)
         if kind is not None:
             return kind
-        text = " ".join(query.split())
+        text = " ".join(query.split()).rstrip(";")
         if text.startswith("INSERT INTO memory_usage"):
             return "injection counters (INSERT ... ON CONFLICT)"
         if text.upper() in ("BEGIN", "COMMIT", "ROLLBACK") or text.upper().startswith(

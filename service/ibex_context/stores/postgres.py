@@ -18,8 +18,10 @@ session settings:
   switch to a generic plan after five runs. The vector search no longer depends on
   it: its two plans are SQL functions whose settings fix them (migration 0008) and
   the store chooses between them from the agent's size (``stores.cold_plan``,
-  ADR-0009). Other statements keep custom plans (replanning costs ~0.3-0.5 ms of
-  backend CPU, benchmarks/results/stores-after.md).
+  ADR-0009). The injection counters' statement sets a generic plan for its own
+  transaction (``record_injection_counters``). Other statements keep custom plans
+  (replanning costs ~0.3-0.5 ms of backend CPU, benchmarks/results/stores-after.md;
+  for the two searches ~0.24 and ~0.31 ms, stores-cpu-2026-11-26.md).
 * ``statement_timeout``: a server-side backstop. The request deadline is enforced
   by cancelling the awaiting task, which makes asyncpg send a cancel request, so
   the query stops on the server too (tested).
@@ -892,7 +894,8 @@ class PostgresMemoryStore:
             # force_custom_plan would replan the probe of every one of memories' 64
             # partitions on each batch, and a custom plan gains nothing here (org and
             # agent come from the arrays; the probe is pruned at run time either way).
-            # 200 injections: ~7.5 -> ~4.5 ms of backend CPU (stores-cpu-2026-11-26.md).
+            # 200 injections: ~9.5 -> ~5.6 ms of backend CPU, this transaction's
+            # statements included (benchmarks/results/stores-cpu-2026-11-26.md).
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             rows = await conn.fetch(
                 _RECORD_INJECTIONS_SQL, orgs, agents, memories, [item.at for item in injections]
