@@ -28,7 +28,9 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +57,13 @@ from benchmarks.hot_read import AGENTS, HOT_SET_SIZE, _install
 
 T = TypeVar("T")
 HOT_LIMIT = 20
+VARIANTS = (
+    "directive, redis-py",
+    "directive, wire",
+    f"hot {HOT_LIMIT}, redis-py",
+    f"hot {HOT_LIMIT}, redis-py shielded",
+    f"hot {HOT_LIMIT}, wire",
+)
 _DIRECTIVE = (
     "You are the support assistant of a logistics company. Answer in the customer's language, "
     "state opening hours exactly as stored, never promise delivery dates, escalate refunds over "
@@ -69,7 +78,9 @@ def _shielded(call: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
     return asyncio.shield(task)
 
 
-async def _measure(url: str, calls: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+async def _measure(
+    url: str, calls: int, rounds: int, only: str | None = None
+) -> dict[str, list[dict[str, float]]]:
     client = create_redis_client(url, max_connections=64)
     cache = RedisContextCache(
         client,
@@ -95,16 +106,28 @@ async def _measure(url: str, calls: int, rounds: int) -> dict[str, list[dict[str
         records = await read_hot(keys=[hot_set_key(org, agent), hot_data_key(org, agent)], args=[HOT_LIMIT])
         return None if records is None else decode_records(records)
 
-    variants: dict[str, Callable[[str], Awaitable[object]]] = {
-        "directive, redis-py": directive_redis_py,
-        "directive, wire": lambda agent: cache.get_directive_state(org, agent),
-        f"hot {HOT_LIMIT}, redis-py": hot_redis_py,
-        f"hot {HOT_LIMIT}, redis-py shielded": lambda agent: _shielded(hot_redis_py(agent)),
-        f"hot {HOT_LIMIT}, wire": lambda agent: cache.get_hot_memories(org, agent, HOT_LIMIT),
-    }
+    variants: dict[str, Callable[[str], Awaitable[object]]] = dict(
+        zip(
+            VARIANTS,
+            [
+                directive_redis_py,
+                lambda agent: cache.get_directive_state(org, agent),
+                hot_redis_py,
+                lambda agent: _shielded(hot_redis_py(agent)),
+                lambda agent: cache.get_hot_memories(org, agent, HOT_LIMIT),
+            ],
+            strict=True,
+        )
+    )
     for name, read in variants.items():  # same answers, and warm
-        for i in range(200):
-            assert await read(agents[i % AGENTS]) is not None, name
+        if only in (None, name):
+            for i in range(200 if only is None else 20):
+                assert await read(agents[i % AGENTS]) is not None, name
+    if only is not None:  # the run callgrind counts: one variant, untimed
+        for i in range(calls):
+            await variants[only](agents[i % AGENTS])
+        await cache.aclose()
+        return {}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for _round in range(rounds):
         for name, read in variants.items():
@@ -131,20 +154,46 @@ async def _measure(url: str, calls: int, rounds: int) -> dict[str, list[dict[str
     return results
 
 
+def _with_redis(calls: int, rounds: int, only: str | None = None) -> dict[str, list[dict[str, float]]]:
+    with tempfile.TemporaryDirectory(prefix="ibex-redis-reads-") as tmp:
+        redis = RedisProcess(Path(tmp))
+        redis.start()
+        try:
+            return asyncio.run(_measure(redis.url, calls, rounds, only))
+        finally:
+            redis.stop()
+
+
+def _instructions(variant: str, calls: int) -> int:
+    """Instructions of this script run with ``calls`` reads of ``variant``, under callgrind."""
+    valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    done = subprocess.run(
+        [*valgrind, sys.executable, "-m", "benchmarks.redis_reads", "--only", variant, "--calls", str(calls)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    match = re.search(r"Collected : (\d+)", done.stderr)
+    assert match, done.stderr[-2000:]
+    return int(match.group(1))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--callgrind", action="store_true", help="count instructions per read instead")
+    parser.add_argument("--only", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.only is not None:
+        _with_redis(args.calls, 1, args.only)
+        return 0
+    if args.callgrind:
+        return _count_instructions(args.out)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="ibex-redis-reads-") as tmp:
-        redis = RedisProcess(Path(tmp))
-        redis.start()
-        try:
-            results = asyncio.run(_measure(redis.url, args.calls, args.rounds))
-        finally:
-            redis.stop()
+    results = _with_redis(args.calls, args.rounds)
     lines = [
         "| read | client CPU p50 µs (median of rounds) | p99 µs | mean µs | wall p50 µs | p50 per round |",
         "|---|---:|---:|---:|---:|---|",
@@ -169,6 +218,25 @@ def main(argv: list[str]) -> int:
     text = "\n".join([setup, "", *lines, ""])
     if args.out:
         args.out.write_text(text)
+    print(text)
+    return 0
+
+
+def _count_instructions(out: Path | None) -> int:
+    few, many = 20, 220
+    lines = ["| read | client instructions per read |", "|---|---:|"]
+    for variant in VARIANTS:
+        per_read = (_instructions(variant, many) - _instructions(variant, few)) / (many - few)
+        lines.append(f"| {variant} | {per_read / 1e3:,.0f} k |")
+        print(lines[-1], flush=True)
+    setup = (
+        f"valgrind --tool=callgrind over this script with {few} and {many} sequential reads of one "
+        f"variant (the difference divided by {many - few}); Redis outside valgrind; Python "
+        f"{platform.python_version()}."
+    )
+    text = "\n".join([setup, "", *lines, ""])
+    if out:
+        out.write_text(text)
     print(text)
     return 0
 

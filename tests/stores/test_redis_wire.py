@@ -23,6 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess, redis_server_binary
 from ibex_context.errors import ConfigurationError
+from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -219,8 +220,9 @@ async def test_auth_and_select_come_from_the_url(throwaway_redis: RedisProcess) 
 
 async def test_a_unix_socket_url_with_a_db_number(tmp_path: Path) -> None:
     socket_path = tmp_path / "redis.sock"
+    options = ["--port", "0", "--unixsocket", str(socket_path), "--save", "", "--dir", str(tmp_path)]
     server = subprocess.Popen(
-        [str(redis_server_binary()), "--port", "0", "--unixsocket", str(socket_path), "--save", ""],
+        [str(redis_server_binary()), *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -298,6 +300,40 @@ async def test_rediss_speaks_tls_and_verifies_the_server_by_default(
             task.cancel()
         await asyncio.gather(*pipes, return_exceptions=True)
         await proxy.wait_closed()
+
+
+async def test_the_cache_opens_the_reads_connection_at_warm_up_and_closes_it_with_the_rest(
+    throwaway_redis: RedisProcess,
+) -> None:
+    admin = aioredis.Redis.from_url(throwaway_redis.url)
+    cache = RedisContextCache(
+        create_redis_client(throwaway_redis.url, max_connections=4),
+        PipelinedRedis.from_url(throwaway_redis.url),
+        directive_ttl_seconds=60,
+        hot_set_size=5,
+        hot_set_ttl_seconds=60,
+    )
+
+    async def clients() -> int:
+        return int((await admin.info("clients"))["connected_clients"])
+
+    try:
+        assert await clients() == 1
+        await cache.warm_up(connections=2)
+        assert await clients() == 1 + 2 + 1  # admin, the pool's two, the reads' one
+        before = await _connections_received(admin)
+        assert await cache.get_directive_state("o", "a") is None
+        assert await cache.get_hot_memories("o", "a", 5) is None
+        assert await _connections_received(admin) == before  # no set-up on the first reads
+        await cache.aclose()
+        for _ in range(250):
+            if await clients() == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert await clients() == 1
+    finally:
+        await cache.aclose()
+        await admin.aclose()
 
 
 def test_urls_are_read_as_redis_py_reads_them() -> None:
