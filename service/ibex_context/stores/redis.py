@@ -264,7 +264,7 @@ class RedisContextCache:
     the repository decides what a failure means (miss, or best-effort invalidation).
 
     Two clients of the same Redis: ``reads`` (``stores.redis_wire``) serves the two
-    reads every AssembleContext call makes (directive, hot set), at under half of
+    reads every AssembleContext call makes (directive, hot set), at 30-60 % of
     redis-py's CPU and safe to cancel; ``client`` (redis-py) does everything else.
     It owns both: ``aclose()`` closes them."""
 

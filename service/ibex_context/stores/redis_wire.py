@@ -1,9 +1,9 @@
 """A narrow Redis client for the request path's two reads: the directive (GET) and the
 hot set (EVALSHA of the read script). Everything else keeps redis-py (``stores.redis``).
 
-Why not redis-py for these two: its asyncio client spends ~200 µs of CPU per GET
-(pool checkout, command parsing, response callbacks, connection release) where this
-one spends ~80 µs (``benchmarks/results/redis_reads-2026-11-26.md``), twice per call.
+Why not redis-py for these two: its asyncio client spends ~360 k instructions (~200 µs
+here) per GET with pool checkout, command parsing, response callbacks and connection
+release, where this one spends ~100 k (``benchmarks/results/redis_reads-2026-11-26.md``).
 And redis-py's connection release is not cancellation-safe, so a read cancelled by
 its deadline had to be shielded (an extra task per call).
 
