@@ -47,6 +47,7 @@ from ibex_context.stores.base import Injection, PreparedMemory
 from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -130,7 +131,11 @@ async def _measure(clock: CpuIterationClock, data_dir: Path) -> list[BatchFigure
         postgres = PostgresMemoryStore(pool, ef_search=64)
         client = aioredis.Redis.from_url(stores.redis.url)
         cache = RedisContextCache(
-            client, directive_ttl_seconds=300, hot_set_size=HOT_SET_SIZE, hot_set_ttl_seconds=3600
+            client,
+            PipelinedRedis.from_url(stores.redis.url),
+            directive_ttl_seconds=300,
+            hot_set_size=HOT_SET_SIZE,
+            hot_set_ttl_seconds=3600,
         )
         await cache.warm_up(connections=4)
         repository = ContextRepository(postgres, cache)

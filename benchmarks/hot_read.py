@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from ibex_context.devtools.embedded import RedisProcess  # noqa: E402
 from ibex_context.models import CATEGORY_ORDER, MemoryRecord, Source  # noqa: E402
-from ibex_context.stores.redis import RedisContextCache, create_redis_client  # noqa: E402
+from ibex_context.stores.redis import _READ_HOT, RedisContextCache, create_redis_client  # noqa: E402
+from ibex_context.stores.redis_wire import PipelinedRedis  # noqa: E402
 
 AGENTS = 20
 HOT_SET_SIZE = 50
@@ -132,6 +133,7 @@ return {{table.concat(headers), table.concat(numbers), table.concat(texts)}}
 async def _lua_alternative(url: str, calls: int) -> list[str]:
     cache = RedisContextCache(
         create_redis_client(url, max_connections=2),
+        PipelinedRedis.from_url(url),
         directive_ttl_seconds=300,
         hot_set_size=HOT_SET_SIZE,
         hot_set_ttl_seconds=3600,
@@ -140,7 +142,10 @@ async def _lua_alternative(url: str, calls: int) -> list[str]:
     agents = [str(uuid.UUID(int=100 + i)) for i in range(AGENTS)]
     await _install(cache, org, agents)
     client = cache._client
-    scripts = {"as stored (kept)": cache._read_hot, "cut in Lua": client.register_script(_CUT_IN_LUA)}
+    scripts = {
+        "as stored (kept)": client.register_script(_READ_HOT),
+        "cut in Lua": client.register_script(_CUT_IN_LUA),
+    }
     lines = ["| records | script | Redis CPU µs per read |", "|---:|---|---:|"]
     for limit in LIMITS:
         for _round in range(2):
@@ -166,6 +171,7 @@ async def _measure(
 ) -> dict[int, dict[str, float]]:
     cache = RedisContextCache(
         create_redis_client(url, max_connections=2),
+        PipelinedRedis.from_url(url),
         directive_ttl_seconds=300,
         hot_set_size=HOT_SET_SIZE,
         hot_set_ttl_seconds=3600,

@@ -31,6 +31,7 @@ from ibex_context.stores.hot_record import decode_records, encode_record
 from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 RESULTS = Path(__file__).parent / "results" / "stores.md"
@@ -67,7 +68,11 @@ async def _run(data_dir: Path) -> list[str]:
         postgres = PostgresMemoryStore(pool, ef_search=64)
         client = aioredis.Redis.from_url(stores.redis.url)
         cache = RedisContextCache(
-            client, directive_ttl_seconds=300, hot_set_size=50, hot_set_ttl_seconds=3600
+            client,
+            PipelinedRedis.from_url(stores.redis.url),
+            directive_ttl_seconds=300,
+            hot_set_size=50,
+            hot_set_ttl_seconds=3600,
         )
         repository = ContextRepository(postgres, cache)
         org, agent = str(uuid.uuid4()), str(uuid.uuid4())

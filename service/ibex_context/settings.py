@@ -59,8 +59,18 @@ class Settings(BaseSettings):
     )
 
     # --- stores -----------------------------------------------------------------------
-    redis_url: str = _f("redis://127.0.0.1:6379/0", "Redis: directive cache and hot sets.")
-    redis_max_connections: int = _f(64, "Redis connection pool size.", ge=1)
+    redis_url: str = _f(
+        "redis://127.0.0.1:6379/0",
+        "Redis: directive cache and hot sets. `redis://[[user]:password@]host[:port][/db]`, "
+        "`rediss://...` (TLS, verified against the system's CAs) or "
+        "`unix://[[user]:password@]/socket/path[?db=N]`; other query parameters are refused at start-up.",
+    )
+    redis_max_connections: int = _f(
+        64,
+        "Redis connection pool size of the write side, rebuilds and health checks (each call's "
+        "directive and hot-set reads share one more, pipelined connection).",
+        ge=1,
+    )
     postgres_dsn: str = _f(
         "postgresql://ibex@127.0.0.1:5432/ibex", "PostgreSQL with pgvector: the source of truth."
     )

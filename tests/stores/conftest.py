@@ -12,6 +12,7 @@ from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
+from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory
@@ -62,6 +63,7 @@ def make_memory() -> MakeMemory:
 async def redis_cache(redis_url: str) -> AsyncIterator[RedisContextCache]:
     cache = RedisContextCache(
         create_redis_client(redis_url, max_connections=8),
+        PipelinedRedis.from_url(redis_url),
         directive_ttl_seconds=300,
         hot_set_size=5,
         hot_set_ttl_seconds=600,

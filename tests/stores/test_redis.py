@@ -18,6 +18,7 @@ from ibex_context.stores.redis import (
     hot_data_key,
     hot_set_key,
 )
+from ibex_context.stores.redis_wire import PipelinedRedis
 
 from tests.conftest import Tenant
 from tests.stores.helpers import records, unit_vector
@@ -202,6 +203,7 @@ async def test_a_batch_of_patches_travels_as_one_argument_and_each_lands(
     """200 members patched in one script call: the packed form carries every patch."""
     cache = RedisContextCache(
         create_redis_client(redis_url, max_connections=2),
+        PipelinedRedis.from_url(redis_url),
         directive_ttl_seconds=300,
         hot_set_size=200,
         hot_set_ttl_seconds=600,

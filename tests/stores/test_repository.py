@@ -22,6 +22,7 @@ from ibex_context.stores.redis import (
     hot_data_key,
     hot_set_key,
 )
+from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant
@@ -229,6 +230,7 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
     org, agent = tenant.org_id, tenant.agent_id
     cache = RedisContextCache(
         create_redis_client(throwaway_redis.url, max_connections=4),
+        PipelinedRedis.from_url(throwaway_redis.url),
         directive_ttl_seconds=60,
         hot_set_size=5,
         hot_set_ttl_seconds=60,
@@ -264,6 +266,11 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
             return repository.pending_invalidations == 0
 
         assert await _wait_for(drained)
+        # The reads reconnect: the restarted (empty) Redis has no hot set, so the
+        # read schedules its rebuild, after which the memory is read from Redis.
+        assert records(await repository.get_hot_memories(org, agent, 5)) == []
+        assert await repository.schedule_hot_set_rebuild(org, agent)
+        assert [m.id for m in records(await repository.get_hot_memories(org, agent, 5))] == [memory.id]
     finally:
         await repository.aclose()
         await cache.aclose()

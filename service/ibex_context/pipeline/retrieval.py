@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
@@ -141,11 +141,9 @@ class Retriever:
             state,
             SourceName.HOT,
             plan.until_call_ends(),
-            # Shielded: redis-py's connection release is not cancellation-safe (a cancel
-            # landing while it waits for the pool lock or reconnects loses the connection
-            # and, call after call, empties the pool). A hot-set read is one round trip
-            # of microseconds; letting it finish costs nothing.
-            lambda: _shielded(self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit)),
+            # Not shielded: the read's client (stores.redis_wire) is cancellation-safe;
+            # a cancelled read leaves its reply to be read and dropped on its connection.
+            lambda: self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit),
             count=len,
         )
         if not isinstance(hot, _Failed):
@@ -293,19 +291,6 @@ async def _run_source(
 def _chosen_plan(found: Candidates) -> str:
     """The cold source's detail: the plan the store chose, into the metadata and metrics."""
     return plan_detail(found.plan.value) if isinstance(found, ColdMatches) else ""
-
-
-def _shielded(call: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-    """``asyncio.shield`` whose inner task's late failure is consumed, not logged as
-    'exception was never retrieved' (the caller already recorded its timeout)."""
-    task = asyncio.ensure_future(call)
-    task.add_done_callback(_consume_outcome)
-    return asyncio.shield(task)
-
-
-def _consume_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _skip(state: RetrievalState, source: SourceName, why: str) -> None:

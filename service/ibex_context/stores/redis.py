@@ -43,6 +43,7 @@ from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
 from ibex_context.stores.hot_score import frequency_weight
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
+from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis
 
 BUILT_MARKER = "~"
 # The generation counter outlives any hot set by far; it only needs to exist while
@@ -188,7 +189,8 @@ return deleted
 
 
 def create_redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
-    """A client for the request path: one immediate retry, no backoff.
+    """The redis-py client (writes, rebuilds, health, purge; the request path's two
+    reads use ``stores.redis_wire``): one immediate retry, no backoff.
 
     redis-py's default (10 retries with exponential backoff) turns a stopped Redis
     into seconds of waiting per call; a request has milliseconds. The single retry
@@ -259,22 +261,29 @@ def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int | 
 
 class RedisContextCache:
     """Directive and hot-set cache. Raises ``redis.exceptions.RedisError`` on failure;
-    the repository decides what a failure means (miss, or best-effort invalidation)."""
+    the repository decides what a failure means (miss, or best-effort invalidation).
+
+    Two clients of the same Redis: ``reads`` (``stores.redis_wire``) serves the two
+    reads every AssembleContext call makes (directive, hot set), at 30-60 % of
+    redis-py's CPU and safe to cancel; ``client`` (redis-py) does everything else.
+    It owns both: ``aclose()`` closes them."""
 
     def __init__(
         self,
         client: aioredis.Redis,
+        reads: PipelinedRedis,
         *,
         directive_ttl_seconds: int,
         hot_set_size: int,
         hot_set_ttl_seconds: int,
     ) -> None:
         self._client = client
+        self._reads = reads
         self._directive_ttl = directive_ttl_seconds
         self._hot_set_size = hot_set_size
         self._hot_set_ttl = hot_set_ttl_seconds
+        self._read_hot = LuaScript(_READ_HOT)
         # Registered once; redis-py runs them with EVALSHA and loads them on NOSCRIPT.
-        self._read_hot = client.register_script(_READ_HOT)
         self._replace_hot = client.register_script(_REPLACE_HOT)
         self._add_hot = client.register_script(_ADD_HOT)
         self._remove_hot = client.register_script(_REMOVE_HOT)
@@ -287,6 +296,7 @@ class RedisContextCache:
         client = create_redis_client(settings.redis_url, max_connections=settings.redis_max_connections)
         return cls(
             client,
+            PipelinedRedis.from_url(settings.redis_url),
             directive_ttl_seconds=settings.directive_cache_ttl_seconds,
             hot_set_size=settings.hot_set_size,
             hot_set_ttl_seconds=settings.hot_set_ttl_seconds,
@@ -297,13 +307,15 @@ class RedisContextCache:
         return self._hot_set_size
 
     async def aclose(self) -> None:
+        await self._reads.aclose()
         await self._client.aclose()
 
     async def warm_up(self, connections: int = 4) -> None:
         """Loads the scripts (so EVALSHA never meets NOSCRIPT on a request) and opens
-        ``connections`` pooled connections, so the first requests pay no set-up."""
+        the reads' connection and ``connections`` pooled ones, so the first requests pay
+        no set-up."""
+        await self._client.script_load(self._read_hot.source)
         for script in (
-            self._read_hot,
             self._replace_hot,
             self._add_hot,
             self._remove_hot,
@@ -311,17 +323,14 @@ class RedisContextCache:
             self._put_directive,
         ):
             await self._client.script_load(script.script)
-        await asyncio.gather(*(self._client.ping() for _ in range(connections)))
+        await asyncio.gather(self._reads.connect(), *(self._client.ping() for _ in range(connections)))
 
     # ---------------------------------------------------------------- directive
 
     async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState | None:
         """The cached state (content None = cached "no directive"), or None when not cached."""
-        value = await self._client.get(directive_key(org_id, agent_id))
-        if value is None:
-            return None
-        # The client is built without decode_responses: values are bytes.
-        return decode_directive(value if isinstance(value, bytes) else value.encode())
+        value = await self._reads.get(directive_key(org_id, agent_id))
+        return None if value is None else decode_directive(value)
 
     async def put_directive(self, org_id: str, agent_id: str, state: DirectiveState) -> bool:
         """Caches ``state`` unless a newer version is cached; True when written."""
@@ -346,8 +355,14 @@ class RedisContextCache:
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates | None:
         """The best ``limit`` hot memories in one round trip, in rank order; None when the
         hot set is missing."""
-        records = await self._read_hot(keys=self._hot_keys(org_id, agent_id)[:2], args=[limit])
-        return None if records is None else decode_records(records)
+        records = await self._reads.evalsha(
+            self._read_hot, (hot_set_key(org_id, agent_id), hot_data_key(org_id, agent_id)), (limit,)
+        )
+        if records is None:
+            return None
+        if not isinstance(records, list):
+            raise RedisError(f"the hot-set read answered a {type(records).__name__}")
+        return decode_records(records)
 
     async def hot_set_generation(self, org_id: str, agent_id: str) -> int:
         value = await self._client.get(hot_generation_key(org_id, agent_id))
