@@ -360,3 +360,23 @@ def test_what_this_client_cannot_honour_is_refused_at_start_up_without_the_crede
     with pytest.raises(ConfigurationError, match=problem) as refused:
         RedisEndpoint.from_url(url)
     assert "secret" not in str(refused.value)
+
+
+def test_reads_work_on_uvloop_the_services_default_loop(redis_url: str) -> None:
+    # uvloop's transports are not asyncio.Transport instances: the client must not care.
+    import uvloop
+
+    key = f"wire-uvloop-{uuid.uuid4()}"
+
+    async def set_then_read() -> object:
+        admin = aioredis.Redis.from_url(redis_url)
+        wire = PipelinedRedis.from_url(redis_url)
+        try:
+            await admin.set(key, b"on uvloop")
+            return await wire.get(key)
+        finally:
+            await wire.aclose()
+            await admin.delete(key)
+            await admin.aclose()
+
+    assert uvloop.run(set_then_read()) == b"on uvloop"

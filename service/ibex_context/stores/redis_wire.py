@@ -33,6 +33,7 @@ import hashlib
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 import hiredis
@@ -126,8 +127,9 @@ class _Replies(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A cast, not an isinstance check: uvloop's transports (the service's default
+        # loop) implement asyncio.Transport's methods without deriving from it.
+        self._transport = cast(asyncio.Transport, transport)
 
     def request(self, packed: bytes) -> asyncio.Future[object]:
         """Sends one command; the future gets its reply. Cancelling the future only
