@@ -6,6 +6,8 @@ no clock, so these tests call it directly with plain values.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, Source
@@ -81,6 +83,22 @@ def test_injects_the_best_memories_in_rank_order_with_their_costs(registry: Enco
     assert system.index("Be exact.") < system.index("The warehouse opens at six.")
     assert "Miso" not in system
     assert result.messages[1:] == MESSAGES
+
+
+def test_each_memory_carries_the_handle_its_block_has_in_the_text(registry: EncodingRegistry) -> None:
+    candidates = [
+        _memory(registry, 1, "The warehouse opens at six.", 0.9),
+        replace(_memory(registry, 2, "Always lock the dock.", 0.7), category="procedural"),
+        _memory(registry, 3, "Deliveries arrive at the back door.", 0.5),
+    ]
+    result = _run(registry, candidates)
+    # Rank order (factual 0.9, procedural 0.7, factual 0.5); the text groups by category,
+    # procedural first, so the handles follow the text, not the rank.
+    assert [m.memory.id for m in result.memories] == [c.id for c in candidates]
+    assert result.handles == (2, 1, 3)
+    text = result.messages[0].content
+    for memory, handle in zip(result.memories, result.handles, strict=True):
+        assert f'<memory id="{handle}">\n{memory.memory.content}\n</memory>' in text
 
 
 def test_the_injected_count_is_exact(registry: EncodingRegistry) -> None:

@@ -14,12 +14,12 @@ from ibex_context.pipeline.costing import (
     STORED_BLOCK_FORMATS,
     BlockCosts,
     block_count_key,
-    count_injected,
+    count_injection,
     memory_cost,
     section_overhead,
     stored_token_counts,
 )
-from ibex_context.pipeline.formatting import format_context, render_injection
+from ibex_context.pipeline.formatting import lay_out, render_injection
 from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
@@ -136,7 +136,7 @@ def test_section_overhead_can_include_the_new_message_framing(registry: Encoding
     assert framed == bare + 3 + 1
 
 
-# -- count_injected: the exact count, summed from cached chunks ---------------------------
+# -- count_injection: the exact count, summed from cached chunks -------------------------
 
 _PIECES = [*"abcxyz QRS 0123 .,;:!?-'\"<>&`*#\n\t()[]{}/\\\r", "é", "日本", "😀", " the", "</memory>", "```",
            "\u00a0", "'s", "\n\n", " \n", "//", "word word ", "end. "]  # fmt: skip
@@ -153,7 +153,7 @@ _SYSTEM_PROMPTS = [
 
 @pytest.mark.parametrize("encoding_name", ["o200k_base", "cl100k_base"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_count_injected_equals_a_full_recount_of_the_formatted_messages(
+def test_the_count_of_an_injection_equals_a_full_recount_of_the_messages_rendered_from_it(
     registry: EncodingRegistry, encoding_name: str, fmt: Format
 ) -> None:
     encoding = registry.get(encoding_name)
@@ -181,28 +181,17 @@ def test_count_injected_equals_a_full_recount_of_the_formatted_messages(
         messages = (ChatMessage("system", rng.choice(_SYSTEM_PROMPTS)), ChatMessage("user", "Hi"))
         if rng.random() < 0.3:
             messages = messages[1:]
-        formatted = format_context(
-            messages, directive=directive, memories=memories, fmt=fmt, mode=mode, nonce=NONCE
-        )
-        expected = uncached.count_messages(formatted.messages, encoding) - uncached.count_messages(
+        injection = lay_out(messages, directive=directive, memories=memories, fmt=fmt, mode=mode, nonce=NONCE)
+        expected = uncached.count_messages(injection.messages(messages), encoding) - uncached.count_messages(
             messages, encoding
         )
         for _ in range(2):  # uncached, then from the cache
-            got = count_injected(
-                messages,
-                directive=directive,
-                memories=memories,
-                fmt=fmt,
-                mode=mode,
-                nonce=NONCE,
-                encoding=encoding,
-                counter=counter,
-            )
+            got = count_injection(injection, encoding, counter)
             assert got == expected, (trial, mode, directive, [m.memory.content for m in memories])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_count_injected_is_exact_for_realistic_memories_with_stored_counts(
+def test_the_count_is_exact_for_realistic_memories_with_stored_counts(
     registry: EncodingRegistry, fmt: Format
 ) -> None:
     encoding = registry.get("o200k_base")
@@ -220,24 +209,14 @@ def test_count_injected_is_exact_for_realistic_memories_with_stored_counts(
         content = " ".join(chosen) + rng.choice([".", "!", "", "\n"])
         counts = {"o200k_base": encoding.count(content)}
         memories.append(scored(f"m{i}", content, rng.choice(["factual", "procedural"]), token_counts=counts))
-    formatted = format_context(
+    injection = lay_out(
         MESSAGES, directive="Be brief.", memories=memories, fmt=fmt, mode="system_first", nonce=NONCE
     )
-    expected = encoding.count(formatted.injected_text) + 3 + encoding.count("system")
-    got = count_injected(
-        MESSAGES,
-        directive="Be brief.",
-        memories=memories,
-        fmt=fmt,
-        mode="system_first",
-        nonce=NONCE,
-        encoding=encoding,
-        counter=counter,
-    )
-    assert got == expected
+    expected = encoding.count(injection.text()) + 3 + encoding.count("system")
+    assert count_injection(injection, encoding, counter) == expected
 
 
-def test_count_injected_with_a_wrong_stored_count_is_off_by_exactly_that_much(
+def test_a_wrong_stored_count_puts_the_count_off_by_exactly_that_much(
     registry: EncodingRegistry,
 ) -> None:
     # The stored count is trusted (the stores count at write time with the same
@@ -247,27 +226,22 @@ def test_count_injected_with_a_wrong_stored_count_is_off_by_exactly_that_much(
     content = "a plain memory about deploys on Fridays"
     right = scored("m", content, token_counts={"o200k_base": encoding.count(content)})
     wrong = scored("m", content, token_counts={"o200k_base": encoding.count(content) + 7})
-    args = {"directive": None, "fmt": "xml", "mode": "system_first", "nonce": NONCE, "encoding": encoding}
-    exact = count_injected(MESSAGES, memories=[right], counter=counter, **args)  # type: ignore[arg-type]
-    assert count_injected(MESSAGES, memories=[wrong], counter=counter, **args) == exact + 7  # type: ignore[arg-type]
+
+    def count(memory: ScoredMemory) -> int:
+        injection = lay_out(
+            MESSAGES, directive=None, memories=[memory], fmt="xml", mode="system_first", nonce=NONCE
+        )
+        return count_injection(injection, encoding, counter)
+
+    assert count(wrong) == count(right) + 7
 
 
 def test_nothing_to_inject_counts_zero(registry: EncodingRegistry) -> None:
     counter = MessageTokenCounter(registry)
     encoding = registry.get("o200k_base")
-    assert (
-        count_injected(
-            MESSAGES,
-            directive=None,
-            memories=[],
-            fmt="xml",
-            mode="system_first",
-            nonce=NONCE,
-            encoding=encoding,
-            counter=counter,
-        )
-        == 0
-    )
+    injection = lay_out(MESSAGES, directive=None, memories=[], fmt="xml", mode="system_first", nonce=NONCE)
+    assert injection.chunks == () and injection.messages(MESSAGES) == MESSAGES
+    assert count_injection(injection, encoding, counter) == 0
 
 
 # -- block counts stored at write time --------------------------------------------------

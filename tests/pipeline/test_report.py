@@ -92,6 +92,7 @@ def _assembly(**changes: Any) -> Assembly:
         messages=REQUEST.messages,
         directive_injected=True,
         memories=(ScoredMemory(memory, 0.9, 0.9, 0.5, 0.5, 0.8, 0.0, tokens=12),),
+        handles=(1,),
         memories_available=9,
         tokens_injected=95,
         context_window_used=1,

@@ -73,6 +73,10 @@ async def test_stored_memories_are_injected_and_the_relevant_one_scores_highest(
     assert best.relevance > 0.3
     assert md.memories_injected == len(md.memory_ids) == len(md.memories)
     assert set(md.memory_ids) <= set(ids)
+    # Each memory's handle names its block in the injected text.
+    assert sorted(m.handle for m in md.memories) == list(range(1, len(md.memories) + 1))
+    wifi_handle = next(m.handle for m in md.memories if m.id == wifi)
+    assert f'<memory id="{wifi_handle}">\n{TOPICS[0]}\n</memory>' in response.messages[0].content
     # One injected system message first, then the client's message unchanged.
     assert [m.role for m in response.messages] == ["system", "user"]
     assert "tangerine forty two" in response.messages[0].content

@@ -38,8 +38,9 @@ from typing import NamedTuple
 from ibex_context.models import ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
+from ibex_context.pipeline.costing import count_injection
 from ibex_context.pipeline.deadlines import CallDeadlines
-from ibex_context.pipeline.formatting import FormattedContext, format_context
+from ibex_context.pipeline.formatting import lay_out
 from ibex_context.pipeline.report import (
     SOURCES,
     Reason,
@@ -78,6 +79,8 @@ class Assembly(NamedTuple):
     messages: tuple[ChatMessage, ...]
     directive_injected: bool
     memories: tuple[ScoredMemory, ...]
+    # Each memory's handle in the injected text (``formatting.Injection.handles``).
+    handles: tuple[int, ...]
     memories_available: int
     tokens_injected: int
     context_window_used: int
@@ -234,6 +237,7 @@ class Assembler:
             messages=composition.messages,
             directive_injected=composition.directive_injected,
             memories=composition.memories,
+            handles=composition.handles,
             tokens_injected=composition.tokens_injected,
             memory_tokens=composition.memory_tokens,
             was_truncated=composition.was_truncated,
@@ -253,7 +257,8 @@ class Assembler:
         directive = state.directive.content if state.directive else None
         if directive is not None and call.encoding is not None:
             try:
-                formatted = format_context(
+                # Laid out and counted as the compose step lays out and counts it.
+                injection = lay_out(
                     call.request.messages,
                     directive=directive,
                     memories=(),
@@ -261,15 +266,16 @@ class Assembler:
                     mode=call.profile.injection_mode,
                     nonce=self._nonce(call.request),
                 )
-                tokens = self._injection_tokens(formatted, call.encoding, call.messages_tokens)
+                tokens = count_injection(injection, call.encoding, self._counter)
                 if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
                     return self._pass_through(call, sources, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
                 return self._finish(
                     call,
                     sources,
-                    messages=formatted.messages,
-                    directive_injected=formatted.injected,
+                    messages=injection.messages(call.request.messages),
+                    directive_injected=bool(injection.chunks),
                     memories=(),
+                    handles=(),
                     tokens_injected=tokens,
                     memory_tokens=0,
                     was_truncated=False,
@@ -300,6 +306,7 @@ class Assembler:
             messages=call.request.messages,
             directive_injected=False,
             memories=(),
+            handles=(),
             tokens_injected=0,
             memory_tokens=0,
             was_truncated=False,
@@ -317,6 +324,7 @@ class Assembler:
         messages: tuple[ChatMessage, ...],
         directive_injected: bool,
         memories: tuple[ScoredMemory, ...],
+        handles: tuple[int, ...],
         tokens_injected: int,
         memory_tokens: int,
         was_truncated: bool,
@@ -334,6 +342,7 @@ class Assembler:
             messages=tuple(messages),
             directive_injected=directive_injected,
             memories=memories,
+            handles=handles,
             memories_available=memories_available,
             tokens_injected=tokens_injected,
             # Rounded up: above 100 means past the window, never hidden by rounding down.
@@ -349,12 +358,6 @@ class Assembler:
         )
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _injection_tokens(self, formatted: FormattedContext, encoding: Encoding, messages_tokens: int) -> int:
-        """Tokens the injection adds to the prompt, counted exactly on the final messages."""
-        if not formatted.injected:
-            return 0
-        return self._counter.count_messages(formatted.messages, encoding) - messages_tokens
 
     def _nonce(self, request: AssemblyRequest) -> str:
         # Unpredictable without the server secret, identical for identical inputs

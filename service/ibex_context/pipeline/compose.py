@@ -4,9 +4,10 @@ Pure (no I/O, no clock, no report): rank the candidates (``candidates.Candidates
 the stores' columns; ``scoring.rank``: no per-candidate objects), cost the ones the
 packer reaches (``costing.BlockCosts``: a lookup of the block counts stored at write
 time), walk them in rank order into the budget (``packing.pack_ranked``), and only
-then build objects, for the chosen memories: count the injection exactly and render
-it once. The assembler times it and turns the result into the
-response and the report.
+then build objects, for the chosen memories: lay the injection out once
+(``formatting.lay_out``), count it exactly from that layout and render the messages
+from it. The assembler times it and turns the result into the response and the
+report.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.costing import BlockCosts, count_injected, section_overhead
-from ibex_context.pipeline.formatting import format_context
+from ibex_context.pipeline.costing import BlockCosts, count_injection, section_overhead
+from ibex_context.pipeline.formatting import Injection, lay_out
 from ibex_context.pipeline.packing import pack_ranked
 from ibex_context.pipeline.scoring import rank
 from ibex_context.profiles.model import Profile
@@ -50,6 +51,7 @@ class Composition:
     messages: tuple[ChatMessage, ...]
     directive_injected: bool
     memories: tuple[ScoredMemory, ...]  # in rank order, ``tokens`` set to their cost
+    handles: tuple[int, ...]  # each memory's handle in the injected text
     memories_available: int  # candidates above the relevance floor
     tokens_injected: int
     memory_tokens: int
@@ -74,21 +76,13 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
     )
     t1 = time.perf_counter_ns()
 
-    def injection_tokens(memories: Sequence[ScoredMemory]) -> int:
-        # Exactly what format_context(...) adds to count_messages, summed from
-        # cached chunk counts (costing.count_injected).
-        return count_injected(
-            given.messages,
-            directive=given.directive,
-            memories=memories,
-            fmt=fmt,
-            mode=mode,
-            nonce=nonce,
-            encoding=encoding,
-            counter=counter,
+    def injection_of(memories: Sequence[ScoredMemory]) -> Injection:
+        return lay_out(
+            given.messages, directive=given.directive, memories=memories, fmt=fmt, mode=mode, nonce=nonce
         )
 
-    directive_tokens = injection_tokens(())
+    directive_only = injection_of(())
+    directive_tokens = count_injection(directive_only, encoding, counter)
     budget = compute_budget(
         given.budget.model,
         messages_tokens=given.messages_tokens,
@@ -101,7 +95,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         # The directive would push the prompt into the response reserve (or past the
         # window): inject nothing rather than a prompt the model cannot answer.
         return Composition(
-            given.messages, False, (), len(ranking), 0, 0, False, budget, True, (t0, t1, t1, t1)
+            given.messages, False, (), (), len(ranking), 0, 0, False, budget, True, (t0, t1, t1, t1)
         )
 
     candidates = ranking.candidates
@@ -129,28 +123,30 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
     selected = ranking.scored_at(packed.chosen, packed.costs)
     t2 = time.perf_counter_ns()
 
-    injected_tokens = directive_tokens
+    injection, injected_tokens = directive_only, directive_tokens
     was_truncated = packed.was_truncated
     while selected:
-        injected_tokens = injection_tokens(selected)
+        injection = injection_of(selected)
+        injected_tokens = count_injection(injection, encoding, counter)
         # The packer works on per-memory costs; the exact count of the whole injected
-        # text is the one that must fit. Drop the weakest until it does.
+        # text is the one that must fit. Drop the weakest until it does (each drop
+        # moves handles, so the text is laid out again: a rare event).
         if injected_tokens <= directive_tokens + budget.memory_budget:
             break
         selected.pop()
         was_truncated = True
     if not selected:
-        injected_tokens = directive_tokens
-    formatted = format_context(
-        given.messages, directive=given.directive, memories=selected, fmt=fmt, mode=mode, nonce=nonce
-    )
+        injection, injected_tokens = directive_only, directive_tokens
+    messages = injection.messages(given.messages)
     t3 = time.perf_counter_ns()
+    injected = bool(injection.chunks)
     return Composition(
-        messages=formatted.messages,
-        directive_injected=given.directive is not None and formatted.injected,
+        messages=messages,
+        directive_injected=given.directive is not None and injected,
         memories=tuple(selected),
+        handles=tuple(injection.handles[m.memory.id] for m in selected),
         memories_available=len(ranking),
-        tokens_injected=injected_tokens if formatted.injected else 0,
+        tokens_injected=injected_tokens if injected else 0,
         memory_tokens=max(0, injected_tokens - directive_tokens) if selected else 0,
         was_truncated=was_truncated,
         budget=budget,

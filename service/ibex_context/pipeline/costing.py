@@ -6,9 +6,10 @@ where digit runs are pre-tokenized apart), ``section_overhead`` the fixed text
 around the memories (the assembler counts the directive section exactly, as the
 injection of no memory); together an upper bound (see ``JOIN_ALLOWANCE_TOKENS``).
 
-Exact count: ``count_injected`` is what the injection adds to the prompt,
+Exact count: ``count_injection`` is what the injection adds to the prompt,
 exactly (``count_messages`` of the formatted messages minus that of the
-client's). The text is laid out as chunks (``layout``) where every chunk but
+client's). The text is laid out as chunks (``formatting.lay_out``, once per
+call, the same chunks the messages are rendered from) where every chunk but
 the last ends with "\n" and every chunk but the first starts with ``<``, ``#``,
 a backtick, ``{`` or ``R``; with cl100k/o200k no BPE piece spans such a join
 (``Encoding.splits_after_newline``), so the count is the sum of the chunks'
@@ -21,29 +22,29 @@ a few short tokenizer calls, not its whole content.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from ibex_context.candidates import Candidates
-from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
+from ibex_context.models import MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import (
     BLOCK_AS_IS,
     SECTION_SEPARATOR,
+    Injection,
     block_end,
     category_order,
     check_nonce,
     json_text,
-    layout,
     memory_parts,
     notice,
     opening_line,
     record_of,
-    render_injection,
     section_close,
     section_open,
+    xml_opening,
     xml_text,
 )
-from ibex_context.profiles.model import Format, InjectionMode
+from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import TOKENS_PER_MESSAGE, MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding
 
@@ -213,45 +214,23 @@ def _count_block_in_parts(
     return encoding.count(opening + head) + middle + tail_tokens
 
 
-def count_injected(
-    messages: Sequence[ChatMessage],
-    *,
-    directive: str | None,
-    memories: Sequence[ScoredMemory | MemoryRecord],
-    fmt: Format,
-    mode: InjectionMode,
-    nonce: str,
-    encoding: Encoding,
-    counter: MessageTokenCounter,
-) -> int:
-    """Tokens the injection adds to the prompt, exactly:
-    ``counter.count_messages(format_context(messages, ...).messages) - counter.count_messages(messages)``.
+def count_injection(injection: Injection, encoding: Encoding, counter: MessageTokenCounter) -> int:
+    """Tokens ``injection`` adds to the prompt, exactly: ``counter.count_messages`` of
+    ``injection.messages(client)`` minus that of ``client``.
 
     Summed from cached chunk counts (see the module docstring) when the
     encoding allows it; otherwise the rendered text is counted whole.
     """
-    check_nonce(nonce)
-    if mode not in ("system_first", "merge_system"):
-        raise ValueError(f"unknown injection mode {mode!r}")
-    if fmt not in ("xml", "markdown", "json"):
-        raise ValueError(f"unknown format {fmt!r}")
-    records = [record_of(m) for m in memories]
-    if not directive and not records:
+    if not injection.chunks:
         return 0
-    merge_into = (
-        messages[0].content if mode == "merge_system" and messages and messages[0].role == "system" else None
-    )
-    if merge_into is None:
-        framing = TOKENS_PER_MESSAGE + counter.count_text_cached("system", encoding)
-        separator_after = False
-    else:
-        framing = 0
-        separator_after = True
+    merge_into, fmt = injection.merge_into, injection.fmt
+    framing = TOKENS_PER_MESSAGE + counter.count_text_cached("system", encoding) if merge_into is None else 0
     if not encoding.splits_after_newline or (merge_into and not _starts_safely(merge_into)):
-        text = render_injection(directive=directive, memories=records, fmt=fmt, nonce=nonce)
+        text = injection.text()
         if merge_into is None:
             return framing + counter.count_text_cached(text, encoding)
-        return counter.count_text_cached(text + SECTION_SEPARATOR + merge_into, encoding) - (
+        # The text ends with the separator before the client's prompt.
+        return counter.count_text_cached(text + merge_into, encoding) - (
             counter.count_text_cached(merge_into, encoding)
         )
     # The client's own system prompt (merge) starts safely, so it adds its own
@@ -260,7 +239,7 @@ def count_injected(
     # A block whose body was counted at write time costs its opening line (the one
     # part that depends on the handle) plus that count: looked up once per block here.
     stored_key = block_count_key(encoding.name, fmt) if fmt != "json" and encoding.exact else None
-    for chunk in layout(directive, records, fmt, nonce, separator_after=separator_after):
+    for chunk in injection.chunks:
         if isinstance(chunk, str):
             total += counter.count_text_cached(chunk, encoding)
             continue
@@ -288,7 +267,7 @@ def memory_cost(
     ``COSTING_HANDLE``.
 
     With a cl100k/o200k encoding this is the exact count of the block as
-    ``count_injected`` sums it at any handle of 1-999 (``section_overhead`` covers
+    ``count_injection`` sums it at any handle of 1-999 (``section_overhead`` covers
     the newline a section's last block may gain or lose), from the write-time
     ``token_counts`` when escaping left the content unchanged, and cached in
     ``counter``. Otherwise the pieces are counted apart, erring high.
@@ -346,7 +325,7 @@ class BlockCosts:
         stored = encoding.exact and encoding.splits_after_newline and fmt in STORED_BLOCK_FORMATS
         self._key = block_count_key(encoding.name, fmt) if stored else None
         # xml's opening line is the same for every memory (the costing handle).
-        self._xml_opening = encoding.count_short(f'<memory id="{COSTING_HANDLE}">\n')
+        self._xml_opening = encoding.count_short(xml_opening(COSTING_HANDLE))
 
     def __call__(self, memory: ScoredMemory | MemoryRecord) -> int:
         return memory_cost(memory, self._encoding, self._fmt, counter=self._counter)
@@ -381,7 +360,7 @@ def section_overhead(
     Pass the categories of all candidates: the result is then an upper bound for
     whichever of them the packer keeps. ``include_message_framing`` adds the
     chat framing of a new system message (when there is no directive, the
-    memories alone create it). Pieces are counted as ``count_injected`` joins
+    memories alone create it). Pieces are counted as ``count_injection`` joins
     them; ``SEPARATOR_ALLOWANCE_TOKENS`` covers a separator appended to a piece
     counted without it (after the directive, after a markdown/json section's
     last block).

@@ -5,7 +5,7 @@ fixed notice that the memories are data, carrying the request's nonce, then the
 memories grouped by category (procedural, factual, preference, behavioral,
 episodic, then other categories by name), each category in the order given
 (score order). Each memory carries a short per-response handle, 1, 2, 3, ... in
-the order of the text (``injection_order``; the response's metadata maps each
+the order of the text (``Injection.handles``; the response's metadata maps each
 handle to the memory's id), and its content is escaped so it cannot close its
 block or forge another one:
 
@@ -31,15 +31,17 @@ memory block.
 messages are otherwise unchanged and in order. Identical inputs give
 byte-identical output (the nonce is derived from the inputs by the caller).
 
-What the text costs in tokens is ``pipeline.costing``'s: it lays the text out with
-``layout`` (the chunks ``render_injection`` joins) and counts it piece by piece.
+One call lays its injection out once (``lay_out``): the ``Injection`` it returns is
+rendered into the messages (``Injection.messages``), counted by ``pipeline.costing``
+(``count_injection``, piece by piece over the same chunks), and gives the response
+each memory's handle (``Injection.handles``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Final, TypeAlias
@@ -125,17 +127,22 @@ def record_of(memory: ScoredMemory | MemoryRecord) -> MemoryRecord:
 # -- the pieces of the text ------------------------------------------------------------
 
 
+def xml_opening(handle: int) -> str:
+    """The opening line of an xml block (the same for every memory at one handle)."""
+    return f'<memory id="{handle}">\n'
+
+
 def opening_line(record: MemoryRecord, fmt: Format, handle: int) -> str:
     """The opening line of an xml or markdown block (ends with "\\n")."""
     if fmt == "xml":
-        return f'<memory id="{handle}">\n'
+        return xml_opening(handle)
     return f"{_fence_for(record.content)}memory id={handle}\n"
 
 
 def memory_parts(record: MemoryRecord, fmt: Format, handle: int) -> tuple[str, str, str]:
     """(opening, escaped content, closing) of one memory's block."""
     if fmt == "xml":
-        return opening_line(record, fmt, handle), xml_text(record.content), "\n</memory>\n"
+        return xml_opening(handle), xml_text(record.content), "\n</memory>\n"
     if fmt == "markdown":
         fence = _fence_for(record.content)
         return f"{fence}memory id={handle}\n", record.content, f"\n{fence}\n"
@@ -193,23 +200,13 @@ def category_order(categories: Iterable[str]) -> list[str]:
 
 def _by_category(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[tuple[str, list[MemoryRecord]]]:
     """The memories grouped by category, the categories in ``category_order``, each
-    category's memories in the order given: the sections of the text."""
+    category's memories in the order given: the sections of the text. A memory's
+    handle is its place in this order plus one."""
     by_category: dict[str, list[MemoryRecord]] = {}
     for memory in memories:
         record = record_of(memory)
         by_category.setdefault(record.category, []).append(record)
     return [(category, by_category[category]) for category in category_order(by_category)]
-
-
-def injection_order(memories: Sequence[ScoredMemory | MemoryRecord]) -> list[MemoryRecord]:
-    """The memories in the order of the text: by category (``category_order``), each
-    category in the order given. A memory's handle is its position here plus one."""
-    return [record for _, records in _by_category(memories) for record in records]
-
-
-def handles(memories: Sequence[ScoredMemory | MemoryRecord]) -> dict[str, int]:
-    """Each memory's handle in the injected text, by memory id."""
-    return {record.id: n for n, record in enumerate(injection_order(memories), start=1)}
 
 
 def block_end(closing: str, variant: int) -> str:
@@ -228,7 +225,7 @@ def layout(
 
     Every chunk but the last ends with "\n"; every chunk but the first starts
     with a character that is neither whitespace nor "/" (``<``, ``#``, a
-    backtick, ``{``, ``R``): the joins ``count_injected`` relies on.
+    backtick, ``{``, ``R``): the joins ``costing.count_injection`` relies on.
     """
     sections: list[list[Chunk]] = []
     if directive:
@@ -276,16 +273,70 @@ def _chunk_pieces(chunks: Sequence[Chunk], fmt: Format) -> Iterator[str]:
         yield block_end(closing, variant)
 
 
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One call's injected text, laid out once (``lay_out``).
+
+    ``chunks`` are ``layout``'s, with ``SECTION_SEPARATOR`` after the text when it goes
+    before the client's own system prompt, ``merge_into`` (``merge_system``); None:
+    the text is a new system message. ``handles`` maps each memory's id to its handle.
+    No chunks: nothing to inject.
+    """
+
+    fmt: Format
+    chunks: tuple[Chunk, ...]
+    merge_into: str | None
+    handles: Mapping[str, int]
+
+    def text(self) -> str:
+        """The text as it goes into the system message (with the separator before the
+        client's prompt when merging)."""
+        return "".join(_chunk_pieces(self.chunks, self.fmt))
+
+    def messages(self, client: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
+        """``client``'s messages (the ones it was laid out for) with the text injected."""
+        if not self.chunks:
+            return tuple(client)
+        if self.merge_into is not None:
+            return (ChatMessage(role="system", content=self.text() + self.merge_into), *client[1:])
+        return (ChatMessage(role="system", content=self.text()), *client)
+
+
+def lay_out(
+    messages: Sequence[ChatMessage],
+    *,
+    directive: str | None,
+    memories: Sequence[ScoredMemory | MemoryRecord],
+    fmt: Format,
+    mode: InjectionMode,
+    nonce: str,
+) -> Injection:
+    """The injection of ``directive`` and ``memories`` into ``messages``, laid out."""
+    check_nonce(nonce)
+    if fmt not in ("xml", "markdown", "json"):
+        raise ValueError(f"unknown format {fmt!r}")
+    if mode not in ("system_first", "merge_system"):
+        raise ValueError(f"unknown injection mode {mode!r}")
+    records = [record_of(m) for m in memories]
+    merge_into = (
+        messages[0].content if mode == "merge_system" and messages and messages[0].role == "system" else None
+    )
+    chunks = layout(directive, records, fmt, nonce, separator_after=merge_into is not None)
+    return Injection(
+        fmt=fmt,
+        chunks=tuple(chunks),
+        merge_into=merge_into,
+        handles={chunk[0].id: chunk[2] for chunk in chunks if not isinstance(chunk, str)},
+    )
+
+
 def render_injection(
     *, directive: str | None, memories: Sequence[ScoredMemory | MemoryRecord], fmt: Format, nonce: str
 ) -> str:
     """The injected text alone ('' when there is nothing to inject)."""
-    check_nonce(nonce)
-    if fmt not in ("xml", "markdown", "json"):
-        raise ValueError(f"unknown format {fmt!r}")
-    records = [record_of(m) for m in memories]
-    chunks = layout(directive, records, fmt, nonce, separator_after=False)
-    return "".join(_chunk_pieces(chunks, fmt))
+    return lay_out(
+        (), directive=directive, memories=memories, fmt=fmt, mode="system_first", nonce=nonce
+    ).text()
 
 
 def format_context(
@@ -297,14 +348,12 @@ def format_context(
     mode: InjectionMode,
     nonce: str,
 ) -> FormattedContext:
-    text = render_injection(directive=directive, memories=memories, fmt=fmt, nonce=nonce)
-    if not text:
+    """``messages`` with the injection, and the injected text (without the separator
+    before a merged system prompt)."""
+    injection = lay_out(messages, directive=directive, memories=memories, fmt=fmt, mode=mode, nonce=nonce)
+    if not injection.chunks:
         return FormattedContext(messages=tuple(messages), injected_text="", injected=False)
-    if mode == "merge_system" and messages and messages[0].role == "system":
-        merged = ChatMessage(role="system", content=text + SECTION_SEPARATOR + messages[0].content)
-        return FormattedContext(messages=(merged, *messages[1:]), injected_text=text, injected=True)
-    if mode not in ("system_first", "merge_system"):
-        raise ValueError(f"unknown injection mode {mode!r}")
-    return FormattedContext(
-        messages=(ChatMessage(role="system", content=text), *messages), injected_text=text, injected=True
-    )
+    text = injection.text()
+    if injection.merge_into is not None:
+        text = text.removesuffix(SECTION_SEPARATOR)
+    return FormattedContext(messages=injection.messages(messages), injected_text=text, injected=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.pipeline.assembler import Assembly
-from ibex_context.pipeline.formatting import handles
 
 
 def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> pb.AssembleContextResponse:
@@ -40,8 +39,7 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
     t.format_us = stages_us.get("format", 0)
     t.retrieval_us = timings.retrieval_us
     t.total_us = timings.total_us
-    handle_of = handles(assembly.memories)
-    for m in assembly.memories:
+    for m, handle in zip(assembly.memories, assembly.handles, strict=True):
         md.memory_ids.append(m.memory.id)
         md.memories.add(
             id=m.memory.id,
@@ -56,7 +54,7 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
             source=int(m.memory.source),
             semantic=m.semantic,
             lexical=m.lexical,
-            handle=handle_of[m.memory.id],
+            handle=handle,
         )
     for s in assembly.sources:
         md.sources.add(
