@@ -325,13 +325,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--label", default="")
     parser.add_argument("--identity", action="store_true", help="print the output digest instead of timing")
+    parser.add_argument("--workloads", type=int, default=10, help="distinct store answers (seeds)")
+    parser.add_argument("--caches", choices=("new session", "next turn", "both"), default="both")
     args = parser.parse_args(argv)
     registry = EncodingRegistry(Path(tempfile.gettempdir()) / "ibex-bench-tiktoken")
     o200k = registry.get("o200k_base")._tokenizer
     cl100k = registry.get("cl100k_base")._tokenizer
     assert o200k is not None and cl100k is not None
     writes = MemoryWrites(writer=None, embedder=None, encodings=registry)  # type: ignore[arg-type]
-    answers = [_store_answers(make_workload(seed, o200k, cl100k), writes, seed) for seed in range(10)]
+    answers = [
+        _store_answers(make_workload(seed, o200k, cl100k), writes, seed) for seed in range(args.workloads)
+    ]
     if args.identity:
         digest, covered = asyncio.run(_identity(registry, answers, writes))
         print(digest, dict(sorted(covered.items())))
@@ -343,7 +347,7 @@ def main(argv: list[str]) -> int:
         "| injected |",
         "|---|---|---|---|---|---|",
     ]
-    for caches in ("new session", "next turn"):
+    for caches in ("new session", "next turn") if args.caches == "both" else (args.caches,):
         s = asyncio.run(_run(args.calls, caches, registry, answers))
         cells = [f"{pct(s[k], 0.5):.0f} / {pct(s[k], 0.99):.0f}" for k in ("score", "pack", "format")]
         lines.append(
@@ -354,8 +358,8 @@ def main(argv: list[str]) -> int:
         print(lines[-1], flush=True)
     setup = (
         f"{args.label} CPU µs per assembly (thread CPU time of `Assembler.assemble`, retrieval answered at "
-        f"once from memory), {args.calls} calls per row over 10 workloads of 20 hot + 50 vector + "
-        f"{LEXICAL} lexical candidates (50-400-token contents), default profile, gpt-4o; "
+        f"once from memory), {args.calls} calls per row over {args.workloads} workloads of 20 hot + "
+        f"50 vector + {LEXICAL} lexical candidates (50-400-token contents), default profile, gpt-4o; "
         f"Python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
         f"{os.cpu_count()} vCPUs shared, load average {os.getloadavg()[0]:.1f} at the end."
     ).strip()

@@ -172,7 +172,7 @@ async def test_patching_counters_moves_only_the_frequency_term_of_members_alread
         ],
     )
     assert patched == 1
-    weight, _ = frequency_weight()
+    weight = frequency_weight()
     client = aioredis.Redis.from_url(redis_url)
     try:
         assert await client.zscore(hot_set_key(org, agent), record(2).id) == pytest.approx(0.4 + weight)
@@ -213,7 +213,7 @@ async def test_a_batch_of_patches_travels_as_one_argument_and_each_lands(
     counters = [MemoryCounters(org, agent, m.id, n + 1, 1_700_000_000.0 + n) for n, m in enumerate(members)]
     try:
         await cache.replace_hot_set(org, agent, [(m, 0.5) for m in members], 0)
-        assert len(redis_module._patch_args(counters)) == 4
+        assert len(redis_module._patch_args(counters)) == 3  # TTL, weight, the patches
         assert await cache.patch_hot_counters(org, agent, counters) == 200
         hot = {r.id: r for r in records(await cache.get_hot_memories(org, agent, 200))}
     finally:

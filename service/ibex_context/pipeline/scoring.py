@@ -1,15 +1,6 @@
-"""Scores for retrieved memories, vectorised over all candidates (ADR-0008).
-
-Relevance decides; the other signals adjust it:
-
-    score = relevance · (w_rel + w_rec·recency + w_use·usefulness + w_conf·confidence
-                         + w_freq·frequency) / sum(w)
-
-so a memory's score is its relevance scaled by a factor in [w_rel / sum(w), 1]:
-with the default weights a stale, unrated memory keeps 80 % of its relevance.
-No amount of recency, usefulness or injection history lifts an off-topic memory
-above a relevant one by more than that factor (ADR-0002 summed the five, so the
-constant ones squeezed every score into ~0.45-0.65 and relevance drowned).
+"""Scores for retrieved memories, vectorised over all candidates: the request path's
+evaluation of ``ranking`` (the formula, its constants and its rules for unknowns),
+with the part only a query gives, relevance:
 
 * relevance = (1 - lexical_weight) · semantic + lexical_weight · lexical, where
   - semantic: the store's ``similarity`` (vector search) or else the cosine of
@@ -22,12 +13,6 @@ constant ones squeezed every score into ~0.45-0.65 and relevance drowned).
   An unknown semantic half (no query embedding: the hot-only path) counts as
   neutral, ``NEUTRAL_RELEVANCE``, and the floor is not applied to it: the floor
   exists to drop memories known to be off-topic.
-* recency: exp(-ln2 · age_days / half_life(category)) from ``occurred_at``: how
-  old the information is. ``last_injected_at`` is not used; it would keep
-  memories fresh because they were injected. Unknown age: 0.5.
-* usefulness: default 0.5 (moved by feedback); confidence: default 0.8;
-  frequency: min(retrieval_count / 50, 1). The count grows with every injection,
-  so it feeds on itself: its default weight is 0.
 
 Candidates known to be off-topic are dropped: a semantic half below
 ``scoring.relevance_floor`` and no word shared with the query.
@@ -47,20 +32,17 @@ from itertools import repeat
 import numpy as np
 import numpy.typing as npt
 
+from ibex_context import ranking
 from ibex_context.candidates import Candidates
 from ibex_context.models import FloatVector, ScoredMemory
 from ibex_context.profiles.model import UNKNOWN_CATEGORY_HALF_LIFE_DAYS, Scoring
+from ibex_context.ranking import NUMPY
 
 NEUTRAL_RELEVANCE = 0.5
 # The BM25 score at which the lexical half of relevance reaches 0.5. BM25 of a
 # query word that one memory in a hundred holds is ~4-5 per occurrence, so a
 # memory matching two or three of the query's rarer words scores 0.5-0.6.
 LEXICAL_SATURATION = 10.0
-UNKNOWN_RECENCY = 0.5
-DEFAULT_USEFULNESS = 0.5
-DEFAULT_CONFIDENCE = 0.8
-FREQUENCY_CAP = 50
-SECONDS_PER_DAY = 86_400.0
 
 _Array = npt.NDArray[np.float64]
 _LARGEST_FLOAT = float(np.finfo(np.float64).max)
@@ -127,10 +109,6 @@ class Ranking:
     def __len__(self) -> int:
         return len(self.order)
 
-    def scored(self, i: int, tokens: int = 0) -> ScoredMemory:
-        """Candidate ``i`` with its score components (and its cost in ``tokens``)."""
-        return self.scored_at([i], [tokens])[0]
-
     def scored_at(self, rows: Sequence[int], tokens: Sequence[int]) -> list[ScoredMemory]:
         """Candidates ``rows`` with their score components and costs (``tokens[k]`` of
         ``rows[k]``): the objects built for the memories injected, and only for them."""
@@ -196,32 +174,13 @@ def rank(
         dtype=np.float64,
         count=n,
     )
-    created = candidates.occurred_at
-    age_known = np.isfinite(created)
-    # A occurred_at in the future (clock skew) counts as brand new. (An unknown age
-    # goes through as NaN: ``where`` below puts UNKNOWN_RECENCY in its place.)
-    age_days = np.maximum(now - created, 0.0) / SECONDS_PER_DAY
-    recency = np.where(age_known, np.exp(-math.log(2.0) * age_days / half_lives), UNKNOWN_RECENCY)
-    # Usefulness and confidence together: defaults where unknown, then [0, 1].
-    rated = np.stack((candidates.usefulness, candidates.confidence))
-    rated = _clip_unit(np.where(np.isfinite(rated), rated, _RATED_DEFAULTS))
-    usefulness, confidence = rated
-    frequency = _clip_unit(candidates.retrieval_counts / FREQUENCY_CAP)
-
-    w = scoring.weights
-    total_weight = w.relevance + w.recency + w.usefulness + w.confidence + w.frequency
-    # Summed left to right as the formula reads; a term of weight 0 adds 0.0 to a
-    # non-negative sum, which changes nothing, so it is left out.
-    adjustment: _Array | float = w.relevance
-    for term_weight, signal in (
-        (w.recency, recency),
-        (w.usefulness, usefulness),
-        (w.confidence, confidence),
-        (w.frequency, frequency),
-    ):
-        if term_weight:
-            adjustment = adjustment + term_weight * signal
-    composite = relevance * (adjustment / total_weight)
+    recency = ranking.recency(NUMPY, candidates.occurred_at, now, half_lives)
+    # Usefulness and confidence rated in one stacked call.
+    usefulness, confidence = ranking.rated(
+        NUMPY, np.stack((candidates.usefulness, candidates.confidence)), _RATED_DEFAULTS
+    )
+    frequency = ranking.frequency(NUMPY, candidates.retrieval_counts)
+    composite = relevance * ranking.adjustment(scoring.weights, recency, usefulness, confidence, frequency)
 
     # Off-topic means both halves say so: a memory that shares a word with the query
     # is kept whatever its semantic half (the blend halves a semantic match, so a
@@ -238,7 +197,7 @@ def rank(
     return Ranking(candidates, order, components)
 
 
-_RATED_DEFAULTS = np.array([[DEFAULT_USEFULNESS], [DEFAULT_CONFIDENCE]])
+_RATED_DEFAULTS = np.array([[ranking.DEFAULT_USEFULNESS], [ranking.DEFAULT_CONFIDENCE]])
 
 
 def score_candidates(

@@ -41,7 +41,7 @@ from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
-from ibex_context.stores.hot_score import frequency_weight
+from ibex_context.stores.hot_score import frequency_lua, frequency_weight
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis
 
@@ -120,17 +120,17 @@ return removed
 # the hot set (as a record of the current format), set its counters to the values
 # PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.hot_record``)
 # and move its score by the change of the frequency term, the only term the counters
-# feed: score += weight * (min(new/cap, 1) - min(old/cap, 1)). Members that are not
+# feed: score += weight * (frequency(new) - frequency(old)), ``ranking.frequency``
+# generated as Lua (``hot_score.frequency_lua``). Members that are not
 # there are not added (that would make a partial hot set look complete); records of
 # an older format are left as they are (a read rebuilds their set). Bumps the
 # generation when it changed anything, so a rebuild that read PostgreSQL before these
 # counters were committed cannot install its older snapshot over them.
-# ARGV: generation TTL, weight, cap, then the patches packed (``_PATCH``: 36-byte member id,
+# ARGV: generation TTL, weight, then the patches packed (``_PATCH``: 36-byte member id,
 # uint32 retrieval_count, float64 last_injected_at; little-endian), 48 bytes each.
 _PATCH_COUNTERS = f"""
 local weight = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-local packed = ARGV[4]
+local packed = ARGV[3]
 local patched = 0
 for at = 1, #packed, 48 do
   local id = string.sub(packed, at, at + 35)
@@ -139,7 +139,7 @@ for at = 1, #packed, 48 do
   if blob and string.byte(blob, 1) == {FORMAT_VERSION} then
     local _, old_count, old_last = struct.unpack('<BI4d', blob)
     if old_last == old_last and old_last > last then last = old_last end
-    local delta = weight * (math.min(count / cap, 1) - math.min(old_count / cap, 1))
+    local delta = weight * ({frequency_lua("count")} - {frequency_lua("old_count")})
     local counters = struct.pack('<BI4d', {FORMAT_VERSION}, count, last)
     redis.call('HSET', KEYS[2], id, counters .. string.sub(blob, {COUNTERS.size + 1}))
     -- XX: data and member are written and trimmed together; never add a member here.
@@ -246,7 +246,7 @@ _UUID_TEXT_LENGTH = 36
 
 
 def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int | bytes]:
-    weight, cap = frequency_weight()
+    weight = frequency_weight()
     pack = _PATCH.pack
     patches = []
     for item in counters:
@@ -256,7 +256,7 @@ def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int | 
         # Injected memories always have a time; 0 keeps the member's own if ever not.
         at = item.last_injected_at if item.last_injected_at is not None else 0.0
         patches.append(pack(member, item.retrieval_count, at))
-    return [GENERATION_TTL_SECONDS, weight, cap, b"".join(patches)]
+    return [GENERATION_TTL_SECONDS, weight, b"".join(patches)]
 
 
 class RedisContextCache:
