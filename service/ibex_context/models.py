@@ -64,8 +64,9 @@ class Directive:
     token_counts: Mapping[str, int] = field(default_factory=dict)
 
 
-# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
-# field) and ~70 are built on every call; treat instances as values all the same.
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
+# and one is built per injected memory on every call (the candidates themselves travel
+# as columns, ``candidates.Candidates``); treat instances as values all the same.
 @dataclass(slots=True)
 class MemoryRecord:
     """A stored memory as retrieval hands it to scoring.
@@ -93,8 +94,8 @@ class MemoryRecord:
     lexical_score: float | None = None
 
 
-# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
-# field) and one is built per candidate on every call; treat instances as values all the same.
+# Not frozen, like ``MemoryRecord``: one is built per injected memory on every call;
+# treat instances as values all the same.
 @dataclass(slots=True)
 class ScoredMemory:
     """A candidate with its score and every component of it (``pipeline.scoring``)."""

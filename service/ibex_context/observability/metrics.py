@@ -83,13 +83,6 @@ COLD_PLANS: tuple[str, ...] = tuple(plan.value for plan in ColdPlan)
 KNOWN_REASONS: frozenset[str] = frozenset(
     {
         *Reason,
-        "redis_unavailable",
-        "postgres_unavailable",
-        "embedder_unavailable",
-        "constrained_budget",
-        "budget_exhausted",
-        "no_query",
-        "no_profile",
         # Set by the observability layer for calls that ended before the assembly did.
         "cancelled",
     }

@@ -20,36 +20,8 @@ here passed the relevance floor, so a left-out one lost to the budget or to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from ibex_context.models import ScoredMemory
-
-
-@dataclass(frozen=True, slots=True)
-class PackResult:
-    selected: tuple[ScoredMemory, ...]  # in score order, with ``tokens`` set to their cost
-    total_tokens: int
-    total_score: float
-    skipped: int
-    was_truncated: bool
-
-
-def pack_costed(
-    candidates: Sequence[ScoredMemory], costs: Sequence[int], budget_tokens: int, *, max_items: int
-) -> PackResult:
-    """Packs ``candidates`` whose costs are ``costs[i]`` (their ``tokens`` are ignored).
-
-    The selected memories come back with ``tokens`` set to their cost; only
-    those are rebuilt, so the caller need not copy every candidate to cost it.
-    """
-    if len(costs) != len(candidates):
-        raise ValueError("costs and candidates differ in length")
-    for i, cost in enumerate(costs):
-        if cost < 0:
-            raise ValueError(f"memory {candidates[i].memory.id!r} has a negative token cost")
-    return pack_in_rank_order(candidates, lambda i: int(costs[i]), budget_tokens, max_items=max_items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,37 +55,3 @@ def pack_ranked(
             costs.append(cost)
             used += cost
     return Packed(chosen, costs, used, was_truncated=len(chosen) < len(order))
-
-
-def pack_in_rank_order(
-    candidates: Sequence[ScoredMemory], cost_of: Callable[[int], int], budget_tokens: int, *, max_items: int
-) -> PackResult:
-    """``pack_ranked`` over ``candidates`` in score order (ties by id)."""
-    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, candidates[i].memory.id))
-    packed = pack_ranked(order, cost_of, budget_tokens, max_items=max_items)
-    selected = tuple(_with_tokens(candidates[i], c) for i, c in zip(packed.chosen, packed.costs, strict=True))
-    return PackResult(
-        selected=selected,
-        total_tokens=packed.total_tokens,
-        total_score=math.fsum(c.score for c in selected),
-        skipped=len(candidates) - len(selected),
-        was_truncated=packed.was_truncated,
-    )
-
-
-def _with_tokens(candidate: ScoredMemory, tokens: int) -> ScoredMemory:
-    if candidate.tokens == tokens:
-        return candidate
-    # The constructor, not dataclasses.replace: several times cheaper per item.
-    return ScoredMemory(
-        candidate.memory,
-        candidate.score,
-        candidate.relevance,
-        candidate.recency,
-        candidate.usefulness,
-        candidate.confidence,
-        candidate.frequency,
-        tokens,
-        candidate.semantic,
-        candidate.lexical,
-    )
