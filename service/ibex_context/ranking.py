@@ -142,6 +142,13 @@ def frequency_share(weights: ScoringWeights) -> float:
 # -- code generation: the same terms in SQL and Lua -------------------------------------
 
 
+def _operator(op: str, *, reflected: bool = False) -> Callable[[Code, object], Code]:
+    def method(self: Code, other: object) -> Code:
+        return self._binary(op, other, self) if reflected else self._binary(op, self, other)
+
+    return method
+
+
 @dataclass(frozen=True, slots=True)
 class Code:
     """An expression in SQL or Lua, built with Python's operators; ``literal`` writes a
@@ -160,29 +167,24 @@ class Code:
     def _binary(self, op: str, left: object, right: object) -> Code:
         return Code(f"({self._of(left)} {op} {self._of(right)})", self.literal)
 
-    def __add__(self, other: object) -> Code:
-        return self._binary("+", self, other)
+    __add__ = _operator("+")
+    __radd__ = _operator("+", reflected=True)
+    __sub__ = _operator("-")
+    __rsub__ = _operator("-", reflected=True)
+    __mul__ = _operator("*")
+    __rmul__ = _operator("*", reflected=True)
+    __truediv__ = _operator("/")
+    __rtruediv__ = _operator("/", reflected=True)
 
-    def __radd__(self, other: object) -> Code:
-        return self._binary("+", other, self)
 
-    def __sub__(self, other: object) -> Code:
-        return self._binary("-", self, other)
+def _call(name: str, literal: Callable[[float], str]) -> Callable[..., Code]:
+    """A function of the language, ``name(args...)``."""
 
-    def __rsub__(self, other: object) -> Code:
-        return self._binary("-", other, self)
+    def call(*args: Code | float) -> Code:
+        first = next(a for a in args if isinstance(a, Code))
+        return Code(f"{name}({', '.join(first._of(a) for a in args)})", literal)
 
-    def __mul__(self, other: object) -> Code:
-        return self._binary("*", self, other)
-
-    def __rmul__(self, other: object) -> Code:
-        return self._binary("*", other, self)
-
-    def __truediv__(self, other: object) -> Code:
-        return self._binary("/", self, other)
-
-    def __rtruediv__(self, other: object) -> Code:
-        return self._binary("/", other, self)
+    return call
 
 
 def _sql_literal(value: float) -> str:
@@ -195,14 +197,6 @@ def sql(text: str) -> Code:
     return Code(f"({text})::float8", _sql_literal)
 
 
-def _sql_call(name: str) -> Callable[..., Code]:
-    def call(*args: Code | float) -> Code:
-        first = next(a for a in args if isinstance(a, Code))
-        return Code(f"{name}({', '.join(first._of(a) for a in args)})", _sql_literal)
-
-    return call
-
-
 def _sql_where_finite(test: Code, value: Code, default: Code | float) -> Code:
     # abs(NaN) < 'Infinity' is false in PostgreSQL (NaN sorts above every number) and
     # a NULL comparison is not true: both take the default, as infinities do.
@@ -213,9 +207,9 @@ def _sql_where_finite(test: Code, value: Code, default: Code | float) -> Code:
 
 
 SQL: Math = Math(
-    exp=_sql_call("exp"),
-    minimum=_sql_call("least"),
-    maximum=_sql_call("greatest"),
+    exp=_call("exp", _sql_literal),
+    minimum=_call("least", _sql_literal),
+    maximum=_call("greatest", _sql_literal),
     where_finite=_sql_where_finite,
 )
 
@@ -223,14 +217,6 @@ SQL: Math = Math(
 def lua(text: str) -> Code:
     """A Lua number expression."""
     return Code(text, repr)
-
-
-def _lua_call(name: str) -> Callable[..., Code]:
-    def call(*args: Code | float) -> Code:
-        first = next(a for a in args if isinstance(a, Code))
-        return Code(f"{name}({', '.join(first._of(a) for a in args)})", repr)
-
-    return call
 
 
 def _lua_where_finite(test: Code, value: Code, default: Code | float) -> Code:
@@ -242,8 +228,8 @@ def _lua_where_finite(test: Code, value: Code, default: Code | float) -> Code:
 
 
 LUA: Math = Math(
-    exp=_lua_call("math.exp"),
-    minimum=_lua_call("math.min"),
-    maximum=_lua_call("math.max"),
+    exp=_call("math.exp", repr),
+    minimum=_call("math.min", repr),
+    maximum=_call("math.max", repr),
     where_finite=_lua_where_finite,
 )
