@@ -52,7 +52,7 @@ from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
 from ibex_context.models import ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
 from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
-from ibex_context.pipeline.report import SourceResult, SourceStatus  # noqa: E402
+from ibex_context.pipeline.outcome import SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
 from ibex_context.profiles.model import BudgetLimits, Profile  # noqa: E402
 from ibex_context.server.convert import assemble_response  # noqa: E402

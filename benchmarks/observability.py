@@ -48,9 +48,8 @@ from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.report import (
+from ibex_context.pipeline.outcome import (
     STAGES,
-    AssemblyReport,
     Outcome,
     Reason,
     SourceName,
@@ -58,6 +57,7 @@ from ibex_context.pipeline.report import (
     SourceStatus,
     StageSpan,
 )
+from ibex_context.pipeline.report import AssemblyReport
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import (
     CollectorRegistry,

@@ -8,14 +8,8 @@ from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
-from ibex_context.pipeline.report import (
-    AssemblyReport,
-    Outcome,
-    SourceResult,
-    SourceStatus,
-    StageSpan,
-    plan_detail,
-)
+from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus, StageSpan, plan_detail
+from ibex_context.pipeline.report import AssemblyReport
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample
@@ -70,7 +64,7 @@ def test_every_reason_counts_once_and_unknown_reasons_become_other() -> None:
 def test_every_reason_the_assembler_can_give_is_a_known_label() -> None:
     # A reason added to the type and not to KNOWN_REASONS would silently be counted
     # as "other".
-    from ibex_context.pipeline.report import Reason
+    from ibex_context.pipeline.outcome import Reason
 
     assert list(Reason)
     assert [r for r in Reason if normalise_reason(r) != r] == []

@@ -14,7 +14,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy
-from ibex_context.pipeline.report import Reason, SourceName, SourceStatus
+from ibex_context.pipeline.outcome import Reason, SourceName, SourceStatus
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import BudgetLimits, Deadlines, Profile, Scoring, ScoringWeights
 from ibex_context.tokens.counting import MessageTokenCounter

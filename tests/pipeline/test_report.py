@@ -8,8 +8,7 @@ import pytest
 from ibex_context.models import ChatMessage, Degradation, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.assembler import Assembly, AssemblyRequest
 from ibex_context.pipeline.budget import compute_budget
-from ibex_context.pipeline.report import (
-    AssemblyReport,
+from ibex_context.pipeline.outcome import (
     Outcome,
     Reason,
     SourceName,
@@ -17,15 +16,15 @@ from ibex_context.pipeline.report import (
     SourceStatus,
     StageSpan,
     Timings,
-    build_report,
     outcome_of,
 )
+from ibex_context.pipeline.report import AssemblyReport, build_report
 from ibex_context.profiles.model import BudgetLimits
 from ibex_context.tokens.catalogue import resolve_model
 
 
 def test_a_failed_source_gives_its_own_reason_and_an_answered_or_skipped_one_none() -> None:
-    from ibex_context.pipeline.report import Reason, SourceName, SourceStatus
+    from ibex_context.pipeline.outcome import Reason, SourceName, SourceStatus
 
     assert Reason.of_source(SourceName.COLD, SourceStatus.TIMEOUT) is Reason.COLD_TIMEOUT
     assert Reason.of_source(SourceName.LEXICAL, SourceStatus.ERROR) is Reason.LEXICAL_ERROR
@@ -41,7 +40,7 @@ def test_a_failed_source_gives_its_own_reason_and_an_answered_or_skipped_one_non
 
 
 def test_reasons_order_most_severe_first() -> None:
-    from ibex_context.pipeline.report import Reason
+    from ibex_context.pipeline.outcome import Reason
 
     given = [Reason.LEXICAL_TIMEOUT, Reason.HOT_ERROR, Reason.DEADLINE_EXCEEDED, Reason.COLD_ERROR]
     assert Reason.ordered(given) == [

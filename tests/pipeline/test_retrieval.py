@@ -10,7 +10,7 @@ from ibex_context.candidates import Candidates
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
-from ibex_context.pipeline.report import SourceStatus
+from ibex_context.pipeline.outcome import SourceStatus
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 

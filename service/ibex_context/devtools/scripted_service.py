@@ -28,16 +28,8 @@ from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.report import (
-    AssemblyReport,
-    Outcome,
-    Reason,
-    SourceName,
-    SourceResult,
-    SourceStatus,
-    StageSpan,
-    invalid_report,
-)
+from ibex_context.pipeline.outcome import Outcome, Reason, SourceName, SourceResult, SourceStatus, StageSpan
+from ibex_context.pipeline.report import AssemblyReport, invalid_report
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.rpc import CallError, Context, Method, unary
 

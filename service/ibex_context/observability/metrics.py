@@ -25,16 +25,8 @@ from ibex_context.observability.exposition import (
     MetricsServer,
     start_metrics_server,
 )
-from ibex_context.pipeline.report import (
-    SOURCES,
-    STAGES,
-    AssemblyReport,
-    Outcome,
-    Reason,
-    SourceName,
-    SourceStatus,
-    plan_of,
-)
+from ibex_context.pipeline.outcome import SOURCES, STAGES, Outcome, Reason, SourceName, SourceStatus, plan_of
+from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.stores.cold_plan import ColdPlan
 
 __all__ = [

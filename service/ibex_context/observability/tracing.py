@@ -37,7 +37,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ibex_context.observability.metrics import split_method
-from ibex_context.pipeline.report import AssemblyReport, Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus
+from ibex_context.pipeline.report import AssemblyReport
 
 if TYPE_CHECKING:
     from ibex_context.observability.state import CallState

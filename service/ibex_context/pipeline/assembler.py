@@ -41,7 +41,7 @@ from ibex_context.pipeline.compose import ComposeInput, compose
 from ibex_context.pipeline.costing import count_injection
 from ibex_context.pipeline.deadlines import CallDeadlines
 from ibex_context.pipeline.formatting import lay_out
-from ibex_context.pipeline.report import (
+from ibex_context.pipeline.outcome import (
     SOURCES,
     Reason,
     SourceName,

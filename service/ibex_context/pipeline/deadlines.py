@@ -10,7 +10,7 @@ so sources stop themselves exactly when the assembler stops waiting for them.
 Pure arithmetic: the handler asks ``DeadlinePolicy.for_call`` for a call's deadlines,
 the assembler anchors them to its clock with ``CallDeadlines.retrieval``; neither
 computes a deadline of its own. The per-call values are ``NamedTuple``s (immutable and
-cheap to build, see ``pipeline.report``).
+cheap to build, see ``pipeline.outcome``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
-from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
+from ibex_context.pipeline.outcome import SourceName, SourceResult, SourceStatus, plan_detail
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
 from ibex_context.stores.cold_plan import ColdMatches
 

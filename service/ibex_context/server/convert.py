@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.pipeline.assembler import Assembly
+from ibex_context.pipeline.outcome import STAGES
+
+# Each stage's field in the wire's StageTimings: every stage of ``STAGES`` but the send,
+# which is timed after the response is built (it reaches the report, not the wire).
+WIRE_STAGE_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (stage, f"{stage}_us") for stage in STAGES if stage != "serialize"
+)
 
 
 def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> pb.AssembleContextResponse:
@@ -28,15 +35,8 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
     md.request_id = request_id
     t = md.timings
     stages_us = timings.stages_us()
-    t.budget_us = stages_us.get("budget", 0)
-    t.directive_us = stages_us.get("directive", 0)
-    t.hot_us = stages_us.get("hot", 0)
-    t.embed_us = stages_us.get("embed", 0)
-    t.cold_us = stages_us.get("cold", 0)
-    t.lexical_us = stages_us.get("lexical", 0)
-    t.score_us = stages_us.get("score", 0)
-    t.pack_us = stages_us.get("pack", 0)
-    t.format_us = stages_us.get("format", 0)
+    for stage, field in WIRE_STAGE_FIELDS:
+        setattr(t, field, stages_us.get(stage, 0))
     t.retrieval_us = timings.retrieval_us
     t.total_us = timings.total_us
     for m, handle in zip(assembly.memories, assembly.handles, strict=True):

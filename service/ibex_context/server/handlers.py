@@ -18,8 +18,9 @@ from ibex_context.errors import InvalidRequest, StoreError
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.deadlines import DeadlinePolicy
+from ibex_context.pipeline.outcome import Reason, StageSpan
 from ibex_context.pipeline.post_response import InjectionQueue
-from ibex_context.pipeline.report import AssemblyReport, Reason, StageSpan, build_report, invalid_report
+from ibex_context.pipeline.report import AssemblyReport, build_report, invalid_report
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
