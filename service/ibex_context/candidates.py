@@ -95,7 +95,7 @@ class Candidates:
         if not rows:
             return []
         index = np.asarray(rows, dtype=np.intp)
-        # One concatenate of the seven picks (np.stack's Python wrapper costs ~5 µs more).
+        # One concatenate of the seven picks (np.stack adds a Python wrapper's cost).
         numbers = (
             np.concatenate([getattr(self, name)[index] for name in _FLOAT_COLUMNS])
             .reshape(len(_FLOAT_COLUMNS), len(index))
@@ -219,8 +219,8 @@ def concat(parts: Sequence[Candidates]) -> Candidates:
 def _concat(parts: Sequence[Candidates], dim: int, keep: Sequence[int] | None = None) -> Candidates:
     """The parts one after the other (``keep``: only those rows of the result, in that
     order). The float columns travel as one matrix: one ``np.concatenate`` and one
-    take for all seven instead of one each (each numpy call costs ~1-2 µs whatever
-    the size, and a call has ~100 candidates)."""
+    take for all seven instead of one each (a numpy call's fixed cost outweighs its
+    work on a call's ~100 candidates)."""
     matrices: list[VectorMatrix] = []
     rows: list[Rows] = []
     offset = 0

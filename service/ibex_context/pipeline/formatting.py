@@ -84,8 +84,8 @@ def xml_text(text: str) -> str:
     """For element content: without ``<`` no tag can be closed or opened; quotes
     are left alone (escaping them would only cost tokens and readability)."""
     # ``in`` first: str.replace walks (and, past Latin-1, copies) the whole text even
-    # when the character is absent, ~1 µs a call on a 1,400-character memory; ``in``
-    # is a fast search, and most memories hold none of the three.
+    # when the character is absent; ``in`` is a fast search, and most memories hold
+    # none of the three.
     if "&" in text:
         text = text.replace("&", "&amp;")
     if "<" in text:
@@ -107,8 +107,8 @@ def json_text(text: str) -> str:
 
 
 def _fence_for(content: str) -> str:
-    # str.find hops between backticks (a memchr); a regex scan of the whole
-    # content costs ~50x more.
+    # str.find hops between backticks (a memchr), where a regex would scan every
+    # character of the content.
     longest = 0
     at = content.find("`")
     while at >= 0:

@@ -78,7 +78,7 @@ def _lexical(candidates: Candidates) -> _Array:
     """BM25 saturated to [0, 1); 0 where the lexical search did not return the memory."""
     # fmax puts 0.0 where the score is NaN (or negative) and the min keeps an infinite
     # score finite (its share is then 1.0): np.nan_to_num and a clip at 0, value for
-    # value, in ~2 µs instead of ~15 (nan_to_num's Python around its ufuncs).
+    # value, without nan_to_num's Python around its ufuncs.
     bm25 = np.minimum(np.fmax(candidates.lexical_score, 0.0), _LARGEST_FLOAT)
     return bm25 / (bm25 + LEXICAL_SATURATION)
 
@@ -150,8 +150,8 @@ def rank(
     """``lexical_searched``: the lexical search answered for this call, so a memory
     without a ``lexical_score`` is known not to match the query's words.
 
-    Each numpy call costs ~1-3 µs whatever the size of its ~100-element arrays, so
-    the columns are computed with as few calls as the formula allows."""
+    A numpy call's fixed cost outweighs its work on ~100-element arrays, so the
+    columns are computed with as few calls as the formula allows."""
     if not candidates:
         return Ranking(candidates, [], _NO_COMPONENTS)
     n = len(candidates)

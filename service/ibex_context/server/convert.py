@@ -16,7 +16,7 @@ WIRE_STAGE_FIELDS: tuple[tuple[str, str], ...] = tuple(
 def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> pb.AssembleContextResponse:
     """``assembly`` on the wire, for the request ``request_id`` under the profile named ``profile``."""
     # Built in place (add(), CopyFrom-free): constructing upb messages from Python
-    # lists costs ~0.14 ms more per call (benchmarks/results/serialization.md).
+    # lists costs more per call (benchmarks/results/serialization.md).
     budget, timings = assembly.budget, assembly.timings
     response = pb.AssembleContextResponse()
     for message in assembly.messages:
