@@ -14,17 +14,45 @@ calling again resumes (every step is idempotent). A Redis failure fails the call
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
 from ibex_context.errors import StoreUnavailable
-from ibex_context.stores.redis import RedisContextCache
-from ibex_context.stores.tenant_data import TenantData
 
 _T = TypeVar("_T")
+
+
+class AgentRowsPurged(Protocol):
+    """What one pass over an agent's rows in PostgreSQL deleted."""
+
+    @property
+    def memories_deleted(self) -> int: ...
+    @property
+    def directives_deleted(self) -> int: ...
+    @property
+    def complete(self) -> bool: ...
+
+
+class TenantRows(Protocol):
+    """The truth's side of a purge (``stores.tenant_data.TenantData``)."""
+
+    def agents_of_org(self, org_id: str) -> Awaitable[list[str]]: ...
+    def purge_agent(
+        self, org_id: str, agent_id: str, *, out_of_time: Callable[[], bool]
+    ) -> Awaitable[AgentRowsPurged]: ...
+    def count_agent_rows(self, org_id: str, agent_id: str) -> Awaitable[int]: ...
+
+
+class TenantCache(Protocol):
+    """The cache's side of a purge (``stores.redis.RedisContextCache``); like every
+    cache adapter, it raises ``RedisError`` or ``OSError`` when Redis fails."""
+
+    def agents_with_keys(self, org_id: str) -> Awaitable[set[str]]: ...
+    def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> Awaitable[int]: ...
+    def purge_agent(self, org_id: str, agent_id: str) -> Awaitable[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +68,8 @@ class TenantPurge:
     def __init__(
         self,
         *,
-        data: TenantData,
-        cache: RedisContextCache,
+        data: TenantRows,
+        cache: TenantCache,
         call_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
