@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from ibex_context.candidates import Candidates  # noqa: E402
 from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
-from ibex_context.models import ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
-from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest  # noqa: E402
+from ibex_context.models import AssemblyRequest, ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
+from ibex_context.pipeline.assembler import Assembler, AssemblerConfig  # noqa: E402
 from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
 from ibex_context.pipeline.outcome import SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402

@@ -57,6 +57,19 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class AssemblyRequest:
+    """A validated AssembleContext request (``server.validation``): what the pipeline
+    assembles for."""
+
+    org_id: str
+    agent_id: str
+    session_id: str
+    model: str
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Directive:
     content: str
     version: int = 0

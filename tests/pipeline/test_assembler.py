@@ -11,8 +11,16 @@ import asyncio
 import numpy as np
 from ibex_context.candidates import Candidates
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
-from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.models import (
+    AssemblyRequest,
+    ChatMessage,
+    Degradation,
+    Directive,
+    FloatVector,
+    MemoryRecord,
+    Source,
+)
+from ibex_context.pipeline.assembler import Assembler, AssemblerConfig
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy
 from ibex_context.pipeline.outcome import Reason, SourceName, SourceStatus
 from ibex_context.pipeline.retrieval import Retriever

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ibex_context.models import ChatMessage, Degradation, MemoryRecord, ScoredMemory
-from ibex_context.pipeline.assembler import Assembly, AssemblyRequest
+from ibex_context.models import AssemblyRequest, ChatMessage, Degradation, MemoryRecord, ScoredMemory
+from ibex_context.pipeline.assembler import Assembly
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.outcome import (
     Outcome,

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ibex_context.models import ChatMessage, Degradation, ScoredMemory
+from ibex_context.models import AssemblyRequest, ChatMessage, Degradation, ScoredMemory
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
 from ibex_context.pipeline.costing import count_injection
@@ -57,18 +57,6 @@ from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class AssemblyRequest:
-    """A validated AssembleContext request."""
-
-    org_id: str
-    agent_id: str
-    session_id: str
-    model: str
-    request_id: str
-    messages: tuple[ChatMessage, ...]
 
 
 class Assembly(NamedTuple):

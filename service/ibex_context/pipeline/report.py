@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ibex_context.models import Degradation
-from ibex_context.pipeline.assembler import Assembly, AssemblyRequest
+from ibex_context.models import AssemblyRequest, Degradation
+from ibex_context.pipeline.assembler import Assembly
 from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, StageSpan, outcome_of
 
 

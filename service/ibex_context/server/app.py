@@ -25,12 +25,12 @@ from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.memory_api.reads import MemoryReads, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
-from ibex_context.models import ChatMessage
+from ibex_context.models import AssemblyRequest, ChatMessage
 from ibex_context.observability.calls import CallObserver, current_call
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
+from ibex_context.pipeline.assembler import Assembler, AssemblerConfig
 from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
 from ibex_context.pipeline.report import AssemblyReport

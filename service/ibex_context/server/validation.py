@@ -18,8 +18,7 @@ from google.protobuf import json_format
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest
-from ibex_context.models import ROLES, Category, ChatMessage, NewMemory
-from ibex_context.pipeline.assembler import AssemblyRequest
+from ibex_context.models import ROLES, AssemblyRequest, Category, ChatMessage, NewMemory
 
 _MAX_MODEL_CHARS = 200
 _MAX_REQUEST_ID_CHARS = 128
