@@ -426,3 +426,25 @@ async def test_the_bounded_lexical_migration_derives_each_agents_document_freque
 
 def _by_score(ranking: list[tuple[object, float]]) -> list[tuple[float, str]]:
     return sorted((-round(score, 9), str(memory)) for memory, score in ranking)
+
+
+async def test_a_migrations_after_commit_statements_run_outside_its_transaction_once(
+    empty_database_dsn: str, tmp_path: Path
+) -> None:
+    # CREATE INDEX CONCURRENTLY, like VACUUM, fails inside a transaction block.
+    (tmp_path / "0001_table.sql").write_text(
+        "CREATE TABLE ibex_meta (key text PRIMARY KEY, value text);\n"
+        "CREATE TABLE things (x integer);\n"
+        "-- after commit: CREATE INDEX CONCURRENTLY things_x ON things (x)\n"
+    )
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations(tmp_path)
+        assert migrations[0].after_commit == ["CREATE INDEX CONCURRENTLY things_x ON things (x)"]
+        assert await apply_migrations(conn, 384, migrations) == ["0001_table"]
+        assert await conn.fetchval("SELECT to_regclass('things_x') IS NOT NULL")
+        await conn.execute("DROP INDEX things_x")
+        assert await apply_migrations(conn, 384, migrations) == []
+        assert await conn.fetchval("SELECT to_regclass('things_x') IS NULL")
+    finally:
+        await conn.close()

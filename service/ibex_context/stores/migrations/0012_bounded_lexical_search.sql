@@ -21,8 +21,11 @@
 -- * A word held by more than half of the agent's memories and by more than
 --   p_term_postings of them is skipped (inverse document frequency below ln 2).
 --
--- Migrating rewrites memory_terms (a new stored column) and rebuilds its key: ~1 min
--- for 4.7M postings here (100 agents x 1k memories), writes wait meanwhile.
+-- Migrating rewrites memory_terms (a new stored column) and rebuilds its key, writes
+-- wait meanwhile; the rewritten pages are then vacuumed (all-visible again, so the
+-- searches' index-only scans read no heap page):
+-- after commit: VACUUM (ANALYZE) memory_terms
+-- after commit: VACUUM (ANALYZE) memory_lexicon
 
 -- 10000 minus the posting's BM25 term weight (k1 = 1.2, b = 0.75) at a reference
 -- document length of 16 lexemes, scaled to 0..10000: ascending = best first. A function
