@@ -14,8 +14,7 @@ from ibex_context.stores.postgres.codecs import init_connection
 from ibex_context.stores.postgres.graphs import graph_index_name
 
 from tests.conftest import Tenant
-from tests.stores.helpers import EF_SEARCH, MakeMemory, near, unit_vector
-from tests.stores.test_postgres import _tenant_in_the_partition_of
+from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
 
 LIMIT = 20  # past it, an agent gets its own graph
 
@@ -56,7 +55,7 @@ async def test_an_agent_that_grows_past_the_limit_gets_its_own_graph_and_searche
     await asyncio.wait_for(graph_store.promotions_idle(), 60)
     assert await _graph(conn, tenant.org_id, tenant.agent_id) is None  # at the limit: exact scan
     # A neighbour in the same partition whose vectors all lie nearer to the query.
-    neighbour = await _tenant_in_the_partition_of(conn, tenant.org_id, tenant.agent_id)
+    neighbour = await tenant_in_the_partition_of(conn, tenant.org_id, tenant.agent_id)
     await graph_store.upsert_memories(
         *neighbour, [make_memory(f"theirs {i}", embedding=near(query, 0.2, seed=900 + i)) for i in range(15)]
     )
