@@ -25,7 +25,9 @@ from typing import Any
 import asyncpg
 
 from ibex_context.models import FloatVector
-from ibex_context.stores.postgres import _WRITER_LOCK_CLASS, _store_errors, as_uuid
+from ibex_context.stores.postgres.codecs import as_uuid
+from ibex_context.stores.postgres.pool import store_errors
+from ibex_context.stores.postgres.writes import WRITER_LOCK_CLASS
 
 # Rows deleted per transaction by a purge: each batch holds the agent's writer lock
 # for one short transaction, so upserts of that agent interleave instead of waiting
@@ -152,7 +154,7 @@ class TenantData:
 
     # ---------------------------------------------------------------- reads
 
-    @_store_errors
+    @store_errors
     async def get_memories(
         self, org_id: str, agent_id: str, ids: Sequence[str], *, with_embedding: bool = False
     ) -> list[StoredRow]:
@@ -170,7 +172,7 @@ class TenantData:
         by_id = {str(r["id"]): _row(r) for r in rows}
         return [by_id[i] for i in dict.fromkeys(str(t) for t in targets) if i in by_id]
 
-    @_store_errors
+    @store_errors
     async def list_memories(
         self,
         org_id: str,
@@ -213,7 +215,7 @@ class TenantData:
         )
         return [_row(r, r["sort_key"]) for r in rows]
 
-    @_store_errors
+    @store_errors
     async def export_memories(
         self,
         org_id: str,
@@ -240,7 +242,7 @@ class TenantData:
         )
         return [_row(r) for r in rows]
 
-    @_store_errors
+    @store_errors
     async def get_directive(self, org_id: str, agent_id: str) -> DirectiveRow:
         row = await self._pool.fetchrow(
             "SELECT content, version, updated_at FROM directives WHERE org_id = $1 AND agent_id = $2",
@@ -253,7 +255,7 @@ class TenantData:
 
     # ---------------------------------------------------------------- purge
 
-    @_store_errors
+    @store_errors
     async def agents_of_org(self, org_id: str) -> list[str]:
         """Every agent with a row in any of the tenant tables (memories, directives,
         counters, feedback): a purge must reach rows whose memory is already gone."""
@@ -266,7 +268,7 @@ class TenantData:
         )
         return sorted(str(r["agent_id"]) for r in rows)
 
-    @_store_errors
+    @store_errors
     async def purge_agent(
         self, org_id: str, agent_id: str, *, out_of_time: Callable[[], bool]
     ) -> PurgeOutcome:
@@ -283,11 +285,12 @@ class TenantData:
         """
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         memories = directives = 0
+        graph: str | None = None
         while True:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text || $3::uuid::text))",
-                    _WRITER_LOCK_CLASS,
+                    WRITER_LOCK_CLASS,
                     org,
                     agent,
                 )
@@ -322,6 +325,16 @@ class TenantData:
                         "DELETE FROM directives WHERE org_id = $1 AND agent_id = $2", org, agent
                     )
                     directives += int(status.split()[-1])
+                    # The words its memories held (document frequencies left at 0) and its
+                    # own graph's record (migrations 0012, 0013).
+                    await conn.execute(
+                        "DELETE FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2", org, agent
+                    )
+                    graph = await conn.fetchval(
+                        "DELETE FROM agent_graphs WHERE org_id = $1 AND agent_id = $2 RETURNING index_name",
+                        org,
+                        agent,
+                    )
                 else:
                     for table in ("memory_usage", "memory_feedback"):
                         await conn.execute(
@@ -332,12 +345,14 @@ class TenantData:
                             ids,
                         )
             if last:
+                if graph is not None:  # an index is dropped outside a transaction
+                    await self._pool.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {graph}")
                 break
             if out_of_time():
                 return PurgeOutcome(memories, directives, (agent_id,), complete=False)
         return PurgeOutcome(memories, directives, (agent_id,), complete=True)
 
-    @_store_errors
+    @store_errors
     async def count_agent_rows(self, org_id: str, agent_id: str) -> int:
         """Rows of the agent in every tenant table (memories, directive, counters, feedback)."""
         count: int = await self._pool.fetchval(
