@@ -514,6 +514,17 @@ class PostgresMemoryStore:
     async def aclose(self) -> None:
         await self._pool.close()
 
+    async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
+        """A pool on a read replica of this store's database, with this store's session
+        settings (the searches' ``on=``), its connections warmed up as ``warm_up`` does."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search)
+        try:
+            await self._warm_up(pool)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pool.close()
+            raise StoreUnavailable(f"postgres replica: {type(exc).__name__}") from None
+        return pool
+
     @property
     def pool(self) -> asyncpg.Pool:
         """The pool, for the memory API's statements (``stores.tenant_data``)."""
@@ -524,10 +535,13 @@ class PostgresMemoryStore:
         """Runs the read statements once on every idle pooled connection for a tenant that
         does not exist: asyncpg then has them prepared per connection, so the first
         requests pay no parse round trip."""
+        await self._warm_up(self._pool)
+
+    async def _warm_up(self, pool: asyncpg.Pool) -> None:
         nobody = uuid.UUID(int=0)
-        dim = int(await self._pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
+        dim = int(await pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
         probe = np.zeros(dim, dtype=np.float32)
-        connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
+        connections = [await pool.acquire() for _ in range(pool.get_idle_size())]
         try:
             for conn in connections:
                 for statement in _SEARCH_ARRAYS_SQL.values():
@@ -537,19 +551,28 @@ class PostgresMemoryStore:
                 await conn.fetchrow(_DIRECTIVE_SQL, nobody, nobody)
         finally:
             for conn in connections:
-                await self._pool.release(conn)
+                await pool.release(conn)
 
     # ---------------------------------------------------------------- reads
 
     @_store_errors
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        on: asyncpg.Pool | None = None,
+    ) -> Candidates:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
         their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
-        agent's size (``stores.cold_plan``)."""
+        agent's size (``stores.cold_plan``). ``on``: a read replica's pool
+        (``stores.read_routing``), made by ``create_pool``; default the primary."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
-        async with self._pool.acquire() as conn:
+        async with (on or self._pool).acquire() as conn:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(size, self._exact_max_memories)
             statement = _SEARCH_ARRAYS_SQL[plan]
@@ -580,12 +603,14 @@ class PostgresMemoryStore:
         return size
 
     @_store_errors
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
+    ) -> Candidates:
         """The ``limit`` memories best matching ``query``'s words by BM25, best first,
-        with ``lexical_score`` (the BM25 score) and their vectors."""
+        with ``lexical_score`` (the BM25 score) and their vectors. ``on``: as ``search``."""
         if limit <= 0 or not query.strip():
             return Candidates.empty()
-        row = await self._pool.fetchrow(
+        row = await (on or self._pool).fetchrow(
             _LEXICAL_ARRAYS_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
         )
         if row is None or row[0] is None:  # no rows: every aggregate is NULL
