@@ -36,7 +36,7 @@ import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.stores.postgres import _init_connection
+from ibex_context.stores.postgres.codecs import init_connection
 
 from benchmarks.cold_plans import LIMIT, recall
 from loadtest import corpus
@@ -63,7 +63,7 @@ def _kmeans(vectors: np.ndarray, lists: int, rounds: int = 8) -> tuple[np.ndarra
 async def _agent(dsn: str) -> tuple[np.ndarray, list[str]]:
     conn = await asyncpg.connect(dsn)
     try:
-        await _init_connection(conn)
+        await init_connection(conn)
         agent = await conn.fetchrow(
             "SELECT org_id, agent_id FROM memory_stats ORDER BY memories DESC, 1, 2 LIMIT 1"
         )

@@ -12,7 +12,7 @@ connection:
   version, kept here for the comparison);
 * **row columns**: the same rows zipped into ``Candidates`` columns;
 * **arrays**: the service's form: PostgreSQL aggregates the rows into one row of
-  arrays (``stores.postgres._as_arrays``), which asyncpg decodes in C into lists.
+  arrays (``stores.postgres.rows.as_arrays``), which asyncpg decodes in C into lists.
 
 Reported: client thread CPU per search with the fetch (median and p90 of ``--rounds``),
 and the decoding alone (best of 7 runs of 200 on one answer). Server CPU is not in it.
@@ -43,6 +43,8 @@ from ibex_context.embedding.hashing import HashingEmbedder  # noqa: E402
 from ibex_context.models import MemoryRecord, Source  # noqa: E402
 from ibex_context.stores import postgres as pg  # noqa: E402
 from ibex_context.stores.cold_plan import ColdPlan  # noqa: E402
+from ibex_context.stores.postgres import rows as pg_rows  # noqa: E402
+from ibex_context.stores.postgres import searches  # noqa: E402
 
 from loadtest.datastores import stores  # noqa: E402
 
@@ -141,7 +143,7 @@ def _row_columns(
 ) -> tuple[list[tuple[Any, ...]], Candidates]:
     """Rows zipped into columns, then as the arrays' columns are."""
     columns = [list(c) for c in zip(*rows, strict=True)]
-    return pg._candidate_columns(columns, decode)  # type: ignore[arg-type]
+    return pg_rows.candidate_columns(columns, decode)  # type: ignore[arg-type]
 
 
 def _vector_found(more: Sequence[Any], found: Candidates) -> Candidates:
@@ -168,23 +170,24 @@ async def _measure(dsn: str, agents: list[dict[str, Any]], rounds: int) -> dict[
         work.append(
             (pg.as_uuid(agent["org_id"], "org"), pg.as_uuid(agent["agent_id"], "agent"), question, vector)
         )
-    vector_arrays = pg._SEARCH_ARRAYS_SQL[ColdPlan.EXACT]
+    vector_arrays = searches.SEARCH_ARRAYS_SQL[ColdPlan.EXACT]
+    lexical_arrays = searches.LEXICAL_ARRAYS_SQL
     vector_rows = pg.SEARCH_SQL[ColdPlan.EXACT]
     forms: Mapping[str, Callable[[Any, tuple[Any, ...]], Any]] = {
         "vector: records": lambda conn, w: conn.fetch(RECORDS_VECTOR_SQL, w[0], w[1], w[3], LIMIT),
         "vector: row columns": lambda conn, w: conn.fetch(vector_rows, w[0], w[1], w[3], LIMIT),
         "vector: arrays": lambda conn, w: conn.fetchrow(vector_arrays, w[0], w[1], w[3], LIMIT),
         "lexical: records": lambda conn, w: conn.fetch(RECORDS_LEXICAL_SQL, w[0], w[1], w[2], LIMIT),
-        "lexical: row columns": lambda conn, w: conn.fetch(pg._LEXICAL_SQL, w[0], w[1], w[2], LIMIT),
-        "lexical: arrays": lambda conn, w: conn.fetchrow(pg._LEXICAL_ARRAYS_SQL, w[0], w[1], w[2], LIMIT),
+        "lexical: row columns": lambda conn, w: conn.fetch(searches.LEXICAL_SQL, w[0], w[1], w[2], LIMIT),
+        "lexical: arrays": lambda conn, w: conn.fetchrow(lexical_arrays, w[0], w[1], w[2], LIMIT),
     }
     decoders: Mapping[str, Callable[[Any], Any]] = {
         "vector: records": lambda rows: _records_vector(rows, records_decode),
         "vector: row columns": lambda rows: _vector_found(*_row_columns(rows, decode)),
-        "vector: arrays": lambda row: _vector_found(*pg._candidate_columns(row, decode)),
+        "vector: arrays": lambda row: _vector_found(*pg_rows.candidate_columns(row, decode)),
         "lexical: records": lambda rows: _records_lexical(rows, records_decode),
         "lexical: row columns": lambda rows: _lexical_found(*_row_columns(rows, decode)),
-        "lexical: arrays": lambda row: _lexical_found(*pg._candidate_columns(row, decode)),
+        "lexical: arrays": lambda row: _lexical_found(*pg_rows.candidate_columns(row, decode)),
     }
     with_fetch: dict[str, list[float]] = {name: [] for name in forms}
     answers: dict[str, Any] = {}

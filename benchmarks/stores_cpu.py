@@ -204,16 +204,16 @@ def instrument_asyncpg(meter: StatementMeter) -> None:
 
 
 def statement_classifier() -> Callable[[str], str]:
-    from ibex_context.stores import postgres as pg
     from ibex_context.stores.cold_plan import ColdPlan
+    from ibex_context.stores.postgres import reads, searches
 
     known = {
-        pg._SEARCH_ARRAYS_SQL[ColdPlan.EXACT]: "vector search (exact plan)",
-        pg._SEARCH_ARRAYS_SQL[ColdPlan.HNSW]: "vector search (HNSW plan)",
-        pg._LEXICAL_ARRAYS_SQL: "lexical search (BM25)",
-        pg._AGENT_SIZE_SQL: "agent size (memory_stats)",
-        pg._DIRECTIVE_SQL: "directive read (cache fill)",
-        pg._HOT_SET_SQL: "hot-set rebuild read",
+        searches.SEARCH_ARRAYS_SQL[ColdPlan.EXACT]: "vector search (exact plan)",
+        searches.SEARCH_ARRAYS_SQL[ColdPlan.HNSW]: "vector search (HNSW plan)",
+        searches.LEXICAL_ARRAYS_SQL: "lexical search (BM25)",
+        searches.AGENT_SIZE_SQL: "agent size (memory_stats)",
+        reads.DIRECTIVE_SQL: "directive read (cache fill)",
+        reads.HOT_SET_SQL: "hot-set rebuild read",
     }
 
     def classify(query: str) -> str:

@@ -2,7 +2,8 @@
 work, then everything derived from them built set-wise.
 
 The service's write path keeps a memory's postings (``memory_terms``) and its
-agent's ``memory_stats`` with statement-level triggers (migration 0005). Through
+agent's ``memory_stats`` and ``memory_lexicon`` with statement-level triggers
+(migrations 0005, 0012). Through
 COPY they cost ~8 CPU-seconds per 20k memories here, most of it inserting ~47
 postings per memory one by one into the postings' primary-key index. A seed into
 emptied tables instead COPYs with the triggers off (``session_replication_role =
@@ -30,6 +31,11 @@ POSTINGS_SQL = """
     SELECT m.org_id, m.agent_id, t.lexeme, m.id,
            least(greatest(cardinality(t.positions), 1), 32767), least(length(m.lexemes), 32767)
     FROM memories AS m CROSS JOIN LATERAL unnest(m.lexemes) AS t
+"""
+# Each agent's document frequency per lexeme (migration 0012), from the postings.
+LEXICON_SQL = """
+    INSERT INTO memory_lexicon (org_id, agent_id, lexeme, df)
+    SELECT org_id, agent_id, lexeme, count(*) FROM memory_terms GROUP BY org_id, agent_id, lexeme
 """
 STATS_SQL = """
     INSERT INTO memory_stats (org_id, agent_id, memories, lexemes)
@@ -93,14 +99,15 @@ async def triggers_on(conn: asyncpg.Connection) -> None:
 
 
 async def build_postings_and_stats(conn: asyncpg.Connection, *, maintenance_work_mem: str) -> int:
-    """Fills the emptied ``memory_terms`` and ``memory_stats`` from every stored memory,
-    in one transaction; returns the postings' count."""
+    """Fills the emptied ``memory_terms``, ``memory_lexicon`` and ``memory_stats`` from
+    every stored memory, in one transaction; returns the postings' count."""
     async with conn.transaction():
         indexes = await index_definitions(conn, "memory_terms")
         for index in indexes:
             await conn.execute(index.drop_sql())
         status = await conn.execute(POSTINGS_SQL)
         await conn.execute(STATS_SQL)
+        await conn.execute(LEXICON_SQL)
         # A sorted build, with a parallel worker on the second core.
         await conn.execute(f"SET LOCAL maintenance_work_mem = '{maintenance_work_mem}'")
         await conn.execute("SET LOCAL max_parallel_maintenance_workers = 1")

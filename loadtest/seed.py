@@ -556,7 +556,8 @@ async def seed(
     try:
         if reset:
             await conn.execute(
-                "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats"
+                "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats,"
+                " memory_lexicon"
             )
             # Emptied tables: the postings and stats are derived once after the COPY
             # (loadtest.bulkload), not by the triggers statement by statement.

@@ -118,7 +118,11 @@ async def test_the_partitioning_migration_keeps_every_memory_and_what_is_derived
             " created_at, lexemes::text FROM memories ORDER BY org_id, agent_id, id"
         )
         derived = (
-            "SELECT (SELECT array_agg(t ORDER BY t::text) FROM memory_terms AS t),"
+            # The postings' own columns: 0012 adds a derived one.
+            "SELECT (SELECT array_agg(p ORDER BY p) FROM ("
+            " SELECT (t.org_id, t.agent_id, t.lexeme, t.memory_id, t.tf, t.dl)::text AS p"
+            " FROM memory_terms AS t)"
+            " AS postings),"
             " (SELECT array_agg(s ORDER BY s::text) FROM memory_stats AS s)"
         )
         exact = (
@@ -352,5 +356,95 @@ async def test_the_narrow_exact_ranking_returns_what_the_wide_one_did(empty_data
             r["id"] for r in await conn.fetch("SELECT id FROM memories WHERE agent_id = $1", tenants[0][1])
         }
         assert {row[0] for rows in narrow[:12] for row in rows} <= own
+    finally:
+        await conn.close()
+
+
+async def test_the_bounded_lexical_migration_derives_each_agents_document_frequencies(
+    empty_database_dsn: str,
+) -> None:
+    """A database at 0011 with data (written, rewritten and deleted by SQL), migrated:
+    every agent's lexicon equals its postings' counts, the postings carry their order, the
+    search ranks as before, and later writes keep the lexicon."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version < 12])
+        tenants = [(uuid.uuid4(), uuid.uuid4()), (uuid.uuid4(), uuid.uuid4())]
+        words = ["harbour", "lighthouse", "river", "camp", "telescope", "garden"]
+        await conn.executemany(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', '[1,0,0,0,0,0,0,0]')",
+            [
+                (org, agent, " ".join(words[: 1 + (n % len(words))]) + f" note{n}", f"{org}{n}".encode())
+                for org, agent in tenants
+                for n in range(20)
+            ],
+        )
+        await conn.execute(
+            "UPDATE memories SET content = 'a garden by the river' WHERE content LIKE '% note3'"
+        )
+        await conn.execute("DELETE FROM memories WHERE content LIKE '% note4'")
+        query = "river garden telescope harbour"
+        ranking = "SELECT memory_id, bm25 FROM ibex_bm25($1, $2, $3, 50) ORDER BY bm25 DESC, memory_id"
+        before = [[tuple(r) for r in await conn.fetch(ranking, *tenant, query)] for tenant in tenants]
+
+        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 12]
+
+        lexicon = "SELECT org_id, agent_id, lexeme, df FROM memory_lexicon WHERE df > 0 ORDER BY 1, 2, 3"
+        counted = (
+            "SELECT org_id, agent_id, lexeme, count(*) FROM memory_terms GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+        )
+        assert [tuple(r) for r in await conn.fetch(lexicon)] == [tuple(r) for r in await conn.fetch(counted)]
+        assert await conn.fetchval("SELECT count(*) FROM memory_lexicon") == await conn.fetchval(
+            "SELECT count(*) FROM (SELECT DISTINCT org_id, agent_id, lexeme FROM memory_terms) AS d"
+        )
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM memory_terms WHERE impact_order <> ibex_posting_order(tf, dl)"
+            )
+            == 0
+        )
+        after = [[tuple(r) for r in await conn.fetch(ranking, *tenant, query)] for tenant in tenants]
+        # The same memories and scores (the sums' order may differ in the last bit: ties
+        # compared to 1e-9).
+        assert [_by_score(r) for r in after] == [_by_score(r) for r in before]
+
+        org, agent = tenants[0]
+        await conn.execute(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), 'a zebra by the river', 'z', 'factual',"
+            " '[0,0,0,0,0,0,0,1]')",
+            org,
+            agent,
+        )
+        await conn.execute("DELETE FROM memories WHERE org_id = $1 AND content LIKE '% note5'", org)
+        assert [tuple(r) for r in await conn.fetch(lexicon)] == [tuple(r) for r in await conn.fetch(counted)]
+    finally:
+        await conn.close()
+
+
+def _by_score(ranking: list[tuple[object, float]]) -> list[tuple[float, str]]:
+    return sorted((-round(score, 9), str(memory)) for memory, score in ranking)
+
+
+async def test_a_migrations_after_commit_statements_run_outside_its_transaction_once(
+    empty_database_dsn: str, tmp_path: Path
+) -> None:
+    # CREATE INDEX CONCURRENTLY, like VACUUM, fails inside a transaction block.
+    (tmp_path / "0001_table.sql").write_text(
+        "CREATE TABLE ibex_meta (key text PRIMARY KEY, value text);\n"
+        "CREATE TABLE things (x integer);\n"
+        "-- after commit: CREATE INDEX CONCURRENTLY things_x ON things (x)\n"
+    )
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations(tmp_path)
+        assert migrations[0].after_commit == ["CREATE INDEX CONCURRENTLY things_x ON things (x)"]
+        assert await apply_migrations(conn, 384, migrations) == ["0001_table"]
+        assert await conn.fetchval("SELECT to_regclass('things_x') IS NOT NULL")
+        await conn.execute("DROP INDEX things_x")
+        assert await apply_migrations(conn, 384, migrations) == []
+        assert await conn.fetchval("SELECT to_regclass('things_x') IS NULL")
     finally:
         await conn.close()

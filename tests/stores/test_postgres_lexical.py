@@ -130,33 +130,120 @@ async def test_postings_follow_new_content_feedback_and_deletes(
     assert records(await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "river", 5)) == []
 
 
-async def test_a_word_more_memories_hold_than_the_bound_is_left_out_of_the_ranking(
+async def _ranked(dsn: str, tenant: Tenant, query: str, term_postings: int) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT memory_id FROM ibex_bm25($1, $2, $3, 10, $4)",
+            tenant.org_id,
+            tenant.agent_id,
+            query,
+            term_postings,
+        )
+    finally:
+        await conn.close()
+    return [str(r["memory_id"]) for r in rows]
+
+
+async def test_each_word_reads_at_most_its_best_postings_by_weight(
     pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
-    # Migration 0009: a word held by more than p_max_df of the agent's memories costs
-    # more to read than it tells; the search stays bounded by the rarer words.
+    # Migration 0012: a word's postings are read best first (shorter memories weigh more
+    # at tf = 1), at most p_term_postings of them.
+    memories = [make_memory("harbour " + " ".join(f"filler{j}" for j in range(i))) for i in range(6)]
+    others = [make_memory(f"an unrelated memory {i}") for i in range(7)]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*memories, *others])
+    assert await _ranked(postgres_dsn, tenant, "harbour", 3) == [m.id for m in memories[:3]]
+    assert await _ranked(postgres_dsn, tenant, "harbour", 10) == [m.id for m in memories]
+
+
+async def test_a_word_held_by_most_memories_and_past_the_bound_is_left_out(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
     common = [make_memory(f"Caroline said something ordinary number {i}") for i in range(6)]
     rare = make_memory("Caroline looked through the telescope")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*common, rare])
+    # "caroline" is in 7 of 7 memories: read under a bound of 7, left out under 6 (its
+    # inverse document frequency is below ln 2).
+    assert set(await _ranked(postgres_dsn, tenant, "Caroline telescope", 7)) == {
+        m.id for m in [*common, rare]
+    }
+    assert await _ranked(postgres_dsn, tenant, "Caroline telescope", 6) == [rare.id]
+    # The store's default bound is above any small agent: every match is ranked.
+    found = records(await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 10))
+    assert len(found) == 7 and found[0].id == rare.id
+
+
+async def _lexicon(dsn: str, tenant: Tenant) -> tuple[dict[str, int], dict[str, int]]:
+    """The agent's document frequencies as kept (memory_lexicon, zeros left out) and as
+    counted from its postings."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        kept = await conn.fetch(
+            "SELECT lexeme, df FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2 AND df > 0",
+            tenant.org_id,
+            tenant.agent_id,
+        )
+        counted = await conn.fetch(
+            "SELECT lexeme, count(*) AS df FROM memory_terms WHERE org_id = $1 AND agent_id = $2"
+            " GROUP BY lexeme",
+            tenant.org_id,
+            tenant.agent_id,
+        )
+    finally:
+        await conn.close()
+    return {r["lexeme"]: r["df"] for r in kept}, {r["lexeme"]: r["df"] for r in counted}
+
+
+async def test_document_frequencies_follow_inserts_updates_feedback_and_deletes(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    first, second = make_memory("river camp river"), make_memory("river lodge")
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first, second])
+    kept, counted = await _lexicon(postgres_dsn, tenant)
+    assert kept == counted == {"river": 2, "camp": 1, "lodg": 1}
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("desert camp", id=first.id)])
+    await pg_store.record_feedback(tenant.org_id, tenant.agent_id, None, [(second.id, "positive")])
+    kept, counted = await _lexicon(postgres_dsn, tenant)
+    assert kept == counted == {"river": 1, "camp": 1, "lodg": 1, "desert": 1}
+    await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [first.id, second.id])
+    assert await _lexicon(postgres_dsn, tenant) == ({}, {})
+
+
+async def test_a_fresh_agents_search_reads_only_its_query_words_best_postings(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """Issue 26: with no statistics for freshly written postings, 0009's generic plan read
+    every posting of the agent. The per-word probes read at most the bound per word,
+    whatever the statistics say (index entries counted by PostgreSQL's own statistics)."""
+    # 100 of 251 memories hold "harbour", one "lighthouse"; ~2,500 postings in all.
+    memories = [
+        make_memory(("harbour " if i < 100 else "") + " ".join(f"w{i}x{j}" for j in range(9)))
+        for i in range(250)
+    ]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*memories, make_memory("a lighthouse")])
     conn = await asyncpg.connect(postgres_dsn)
     try:
 
-        async def ranked(max_df: int) -> list[str]:
-            rows = await conn.fetch(
-                "SELECT memory_id FROM ibex_bm25($1, $2, 'Caroline telescope', 10, $3)",
-                tenant.org_id,
-                tenant.agent_id,
-                max_df,
+        async def entries_read() -> int:
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(
+                await conn.fetchval(
+                    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'memory_terms_pkey'"
+                )
             )
-            return [str(r["memory_id"]) for r in rows]
 
-        # "caroline" is in 7 memories: counted under a bound of 7, left out under 6.
-        assert set(await ranked(7)) == {m.id for m in [*common, rare]}
-        assert await ranked(6) == [rare.id]
-        # The default bound (2,000) is above any small agent: the store's search is unchanged.
-        found = records(
-            await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 10)
+        before = await entries_read()
+        rows = await conn.fetch(
+            "SELECT memory_id FROM ibex_bm25($1, $2, 'harbour lighthouse', 50, 20)",
+            tenant.org_id,
+            tenant.agent_id,
         )
-        assert len(found) == 7 and found[0].id == rare.id
+        read = await entries_read() - before
     finally:
         await conn.close()
+    # 20 "harbour" postings and the one "lighthouse" posting are read (a range scan may
+    # look at one entry past its end).
+    assert len(rows) == 21
+    assert read <= 2 * (20 + 1 + 1)

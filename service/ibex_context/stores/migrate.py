@@ -5,6 +5,11 @@ lock, and is recorded in ``schema_migrations``; a migrator that finds it already
 recorded skips it. Several replicas starting at once are therefore safe: one
 applies, the others wait on the lock and then see it done.
 
+A line ``-- after commit: <statement>`` runs that statement once the migration has
+committed, outside any transaction (``VACUUM`` cannot run inside one): e.g. a migration
+that rewrites a table marks its pages all-visible again, or index-only scans would read
+the heap until autovacuum next came by. Only the migrator that applied it runs it.
+
 ``{embedding_dim}`` in the SQL is replaced by the embedder's dimension. The value
 is recorded in ``ibex_meta`` by the first migration and checked on every start:
 vectors of another dimension cannot be compared with the stored ones.
@@ -24,6 +29,7 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # An arbitrary constant shared by every migrator of this schema ("ibex" in ASCII).
 ADVISORY_LOCK_KEY = 0x69626578
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_AFTER_COMMIT = re.compile(r"^-- after commit: (.+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +37,11 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def after_commit(self) -> list[str]:
+        """The statements to run once this migration has committed (in file order)."""
+        return _AFTER_COMMIT.findall(self.sql)
 
 
 def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
@@ -101,6 +112,9 @@ async def apply_migrations(
                 migration.name,
             )
             applied.append(migration.name)
+        if applied and applied[-1] == migration.name:
+            for statement in migration.after_commit:
+                await conn.execute(statement)
     await check_embedding_dim(conn, embedding_dim)
     return applied
 

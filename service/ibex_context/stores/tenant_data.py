@@ -25,7 +25,9 @@ from typing import Any
 import asyncpg
 
 from ibex_context.models import FloatVector
-from ibex_context.stores.postgres import _WRITER_LOCK_CLASS, _store_errors, as_uuid
+from ibex_context.stores.postgres.codecs import as_uuid
+from ibex_context.stores.postgres.pool import store_errors
+from ibex_context.stores.postgres.writes import WRITER_LOCK_CLASS
 
 # Rows deleted per transaction by a purge: each batch holds the agent's writer lock
 # for one short transaction, so upserts of that agent interleave instead of waiting
@@ -152,7 +154,7 @@ class TenantData:
 
     # ---------------------------------------------------------------- reads
 
-    @_store_errors
+    @store_errors
     async def get_memories(
         self, org_id: str, agent_id: str, ids: Sequence[str], *, with_embedding: bool = False
     ) -> list[StoredRow]:
@@ -170,7 +172,7 @@ class TenantData:
         by_id = {str(r["id"]): _row(r) for r in rows}
         return [by_id[i] for i in dict.fromkeys(str(t) for t in targets) if i in by_id]
 
-    @_store_errors
+    @store_errors
     async def list_memories(
         self,
         org_id: str,
@@ -213,7 +215,7 @@ class TenantData:
         )
         return [_row(r, r["sort_key"]) for r in rows]
 
-    @_store_errors
+    @store_errors
     async def export_memories(
         self,
         org_id: str,
@@ -240,7 +242,7 @@ class TenantData:
         )
         return [_row(r) for r in rows]
 
-    @_store_errors
+    @store_errors
     async def get_directive(self, org_id: str, agent_id: str) -> DirectiveRow:
         row = await self._pool.fetchrow(
             "SELECT content, version, updated_at FROM directives WHERE org_id = $1 AND agent_id = $2",
@@ -253,7 +255,7 @@ class TenantData:
 
     # ---------------------------------------------------------------- purge
 
-    @_store_errors
+    @store_errors
     async def agents_of_org(self, org_id: str) -> list[str]:
         """Every agent with a row in any of the tenant tables (memories, directives,
         counters, feedback): a purge must reach rows whose memory is already gone."""
@@ -266,7 +268,7 @@ class TenantData:
         )
         return sorted(str(r["agent_id"]) for r in rows)
 
-    @_store_errors
+    @store_errors
     async def purge_agent(
         self, org_id: str, agent_id: str, *, out_of_time: Callable[[], bool]
     ) -> PurgeOutcome:
@@ -287,7 +289,7 @@ class TenantData:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text || $3::uuid::text))",
-                    _WRITER_LOCK_CLASS,
+                    WRITER_LOCK_CLASS,
                     org,
                     agent,
                 )
@@ -337,7 +339,7 @@ class TenantData:
                 return PurgeOutcome(memories, directives, (agent_id,), complete=False)
         return PurgeOutcome(memories, directives, (agent_id,), complete=True)
 
-    @_store_errors
+    @store_errors
     async def count_agent_rows(self, org_id: str, agent_id: str) -> int:
         """Rows of the agent in every tenant table (memories, directive, counters, feedback)."""
         count: int = await self._pool.fetchval(

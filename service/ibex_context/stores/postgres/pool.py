@@ -1,0 +1,107 @@
+"""The asyncpg pool the stores' statements run on, and how driver errors leave them.
+
+Connections are set up once (``codecs.init_connection``) with session settings:
+
+* ``hnsw.ef_search``: HNSW returns at most ef_search rows, so a smaller value
+  silently truncates the top K. A search asking for more, or of a large agent
+  (``stores.cold_plan.GraphSearchWidth``), sets its own with ``SET LOCAL`` for that
+  one transaction.
+* ``hnsw.iterative_scan = relaxed_order``: with the tenant filter applied after the
+  index scan, the scan continues until LIMIT rows pass the filter. Rows may come
+  back slightly out of order; the vector search re-sorts them by distance.
+* ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
+  switch to a generic plan after five runs. The two searches do not depend on it:
+  they are SQL functions whose settings fix their plans (migrations 0008, 0009).
+  Other statements keep custom plans unless they set their own for a transaction
+  (``counters``).
+* ``statement_timeout``: a server-side backstop. The request deadline is enforced
+  by cancelling the awaiting task, which makes asyncpg send a cancel request, so
+  the query stops on the server too (tested).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Concatenate, ParamSpec, TypeVar
+
+import asyncpg
+
+from ibex_context.errors import StoreError, StoreUnavailable
+from ibex_context.stores.postgres.codecs import init_connection
+
+_Self = TypeVar("_Self")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def store_errors(
+    method: Callable[Concatenate[_Self, _P], Awaitable[_R]],
+) -> Callable[Concatenate[_Self, _P], Awaitable[_R]]:
+    """Turns driver errors into StoreError / StoreUnavailable without their messages.
+
+    asyncpg messages can quote query arguments (memory content); these errors reach
+    logs, so only the error class and SQLSTATE are kept, and the chain is cut.
+    Cancellation passes through untouched.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: _Self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(self, *args, **kwargs)
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+            raise StoreUnavailable(f"postgres: {type(exc).__name__}") from None
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"postgres: {type(exc).__name__} (SQLSTATE {exc.sqlstate})") from None
+
+    return wrapper
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset on release, after asyncpg's own rollback of an open transaction.
+
+    asyncpg's default reset sends ``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL`` on every release: one more round trip per query on the hot path.
+    The stores leave no session state behind: settings are per connection (set at
+    connect) or ``SET LOCAL``, advisory locks are transaction-scoped, and they open
+    no cursors outside transactions and listen to nothing.
+    """
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int,
+    max_size: int,
+    ef_search: int,
+    statement_timeout_ms: int = 30_000,
+    server_settings: Mapping[str, str] | None = None,
+) -> asyncpg.Pool:
+    """An asyncpg pool whose connections are ready for the stores' statements.
+
+    ``server_settings`` adds or overrides session settings (e.g. ``work_mem``).
+    """
+    try:
+        pool: asyncpg.Pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(min_size, max_size),
+            max_size=max_size,
+            init=init_connection,
+            reset=_keep_session,
+            server_settings={
+                "application_name": "ibex-context",
+                "hnsw.ef_search": str(ef_search),
+                "hnsw.iterative_scan": "relaxed_order",
+                # Every statement is one tenant's: parallel workers only compete with the
+                # other calls for the stores' cores (the first 50 RPS run after the
+                # partitioned layout spent 0.8 backends on parallel workers of the exact
+                # scan and answered 2 % of calls in full).
+                "max_parallel_workers_per_gather": "0",
+                "plan_cache_mode": "force_custom_plan",
+                "statement_timeout": str(statement_timeout_ms),
+                **(server_settings or {}),
+            },
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL: {type(exc).__name__}") from exc
+    return pool

@@ -1,0 +1,175 @@
+"""The request path's two searches of an agent's cold memories: by meaning (vector) and
+by words (BM25), each one statement whose rows come back as arrays (``rows.as_arrays``).
+
+``MemorySearches`` reads through the pool it is given: the seam where searches may go
+to another server than the writes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+
+import asyncpg
+import numpy as np
+
+from ibex_context.candidates import Candidates
+from ibex_context.models import FloatVector
+from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
+from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
+from ibex_context.stores.postgres.pool import store_errors
+from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, as_arrays, candidate_columns
+
+
+# The nearest rows come from the plan's function (migration 0008: ``ibex_cold_exact``
+# or ``ibex_cold_hnsw``, each with its plan fixed by its settings; ``stores.cold_plan``
+# chooses), then each of those K rows looks up its counters by primary key. The
+# lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
+# join it could plan as a hash join over the agent's whole usage table (a generic
+# plan did, for the 100k-memory agent: 22 ms).
+def _search_sql(plan: ColdPlan) -> str:
+    return f"""
+    SELECT {CANDIDATE_COLUMNS}, m.distance
+    FROM ibex_cold_{plan.value}($1, $2, $3, $4) AS m
+    LEFT JOIN LATERAL (
+        SELECT retrieval_count, last_injected_at FROM memory_usage
+        WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
+        LIMIT 1
+    ) AS u ON true
+"""
+
+
+# Public: benchmarks/cold_plans.py times exactly these statements (the rows; the store
+# asks for them as arrays, ``SEARCH_ARRAYS_SQL``).
+SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPlan}
+SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
+    plan: as_arrays(sql, ("distance",)) for plan, sql in SEARCH_SQL.items()
+}
+# Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
+DEFAULT_EXACT_MAX_MEMORIES = 5_000
+AGENT_SIZE_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
+
+
+# The lexical search: ``ibex_bm25`` (migrations 0005, 0009) ranks the agent's memories
+# that hold any of the query's lexemes by BM25 from the agent's postings
+# (``memory_terms``), then the winners' rows are read by primary key, one LATERAL
+# look-up each (the planner cannot estimate the function; it had joined winners by
+# scanning the agent's rows once per winner). Rows come with their embedding, in
+# pgvector's binary form (``vector_send``): one buffer for all of them becomes the
+# vector matrix (``decode_vectors``); scoring computes their semantic relevance from
+# it as for hot memories.
+LEXICAL_SQL = f"""
+    SELECT {CANDIDATE_COLUMNS}, top.bm25, vector_send(m.embedding) AS embedding
+    FROM ibex_bm25($1, $2, $3, $4) AS top
+    CROSS JOIN LATERAL (
+        SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts, embedding
+        FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = top.memory_id
+        LIMIT 1
+    ) AS m
+    LEFT JOIN LATERAL (
+        SELECT retrieval_count, last_injected_at FROM memory_usage
+        WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
+        LIMIT 1
+    ) AS u ON true
+    ORDER BY top.bm25 DESC, m.id
+"""
+LEXICAL_ARRAYS_SQL = as_arrays(LEXICAL_SQL, ("bm25", "embedding"))
+
+
+class MemorySearches:
+    """The vector and the lexical search of one agent's memories (``ColdMemorySearch``).
+
+    ``ef_search`` must equal the pool's session setting (``pool.create_pool``);
+    searches with a larger limit, or of a large agent, raise it per transaction.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        ef_search: int,
+        exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
+        agent_sizes: AgentSizes | None = None,
+        graph_width: GraphSearchWidth | None = None,
+        token_counts: TokenCountsDecoder | None = None,
+    ) -> None:
+        self._pool = pool
+        self._ef_search = ef_search
+        # Without one, every agent's graph search keeps the session's ef_search.
+        self._graph_width = graph_width or GraphSearchWidth(ef_search, ef_search, 0)
+        self._exact_max_memories = exact_max_memories
+        self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
+        self._token_counts = token_counts or TokenCountsDecoder()
+
+    async def warm_up(self, conn: asyncpg.Connection, probe: FloatVector) -> None:
+        """Prepares the searches' statements on ``conn`` (a tenant that does not exist)."""
+        nobody = uuid.UUID(int=0)
+        for statement in SEARCH_ARRAYS_SQL.values():
+            await conn.fetch(statement, nobody, nobody, probe, 1)
+        await conn.fetchval(AGENT_SIZE_SQL, nobody, nobody)
+        await conn.fetch(LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
+
+    @store_errors
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        on: asyncpg.Pool | None = None,
+    ) -> Candidates:
+        """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
+        their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
+        agent's size (``stores.cold_plan``). ``on``: a read replica's pool with the
+        same session settings (``stores.read_routing``); default this store's pool."""
+        if limit <= 0:
+            return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        async with (on or self._pool).acquire() as conn:
+            size = await self._agent_size(conn, org, agent)
+            plan = choose_plan(size, self._exact_max_memories)
+            statement = SEARCH_ARRAYS_SQL[plan]
+            ef_search = self._graph_width.for_agent(size, limit)
+            if plan is ColdPlan.HNSW and ef_search != self._ef_search:
+                # A large agent, or more rows than the session's ef_search: for this search only.
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
+                    row = await conn.fetchrow(statement, org, agent, embedding, limit)
+            else:
+                row = await conn.fetchrow(statement, org, agent, embedding, limit)
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
+            return ColdMatches.of(Candidates.empty(), plan)
+        (distances,), found = candidate_columns(row, self._token_counts)
+        similarity = found.similarity = 1.0 - np.array(distances, dtype=np.float64)
+        if (np.diff(similarity) > 0).any():
+            # relaxed_order iterative scans may return rows slightly out of order.
+            found = found.take(np.argsort(-similarity, kind="stable"))
+        return ColdMatches.of(found, plan)
+
+    async def _agent_size(self, conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> int:
+        """The agent's memory count (``memory_stats``), cached for a while."""
+        key = (org, agent)
+        size = self._agent_sizes.get(key)
+        if size is None:
+            size = int(await conn.fetchval(AGENT_SIZE_SQL, org, agent) or 0)
+            self._agent_sizes.put(key, size)
+        return size
+
+    @store_errors
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
+    ) -> Candidates:
+        """The ``limit`` memories best matching ``query``'s words by BM25, best first,
+        with ``lexical_score`` (the BM25 score) and their vectors. ``on``: as ``search``."""
+        if limit <= 0 or not query.strip():
+            return Candidates.empty()
+        row = await (on or self._pool).fetchrow(
+            LEXICAL_ARRAYS_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
+        )
+        if row is None or row[0] is None:  # no rows: every aggregate is NULL
+            return Candidates.empty()
+        (bm25, embeddings), found = candidate_columns(row, self._token_counts)
+        found.lexical_score = np.array(bm25, dtype=np.float64)
+        found.vectors, found.vector_rows = decode_vectors(embeddings)
+        return found

@@ -1,0 +1,207 @@
+"""PostgreSQL + pgvector: the source of truth for memories, directives and feedback.
+
+``PostgresMemoryStore`` is the one object the service holds: it composes the stages,
+each a narrow class over the pool it is given (``searches``, ``reads``, ``writes``,
+``feedback``, ``counters``), and implements ``ColdMemorySearch``, ``MemoryWriter``,
+``InjectionRecorder`` and ``HealthProbe``. Every statement is scoped by ``org_id``
+AND ``agent_id``. Pool set-up and session settings: ``pool``; wire formats: ``codecs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+import numpy as np
+
+from ibex_context.candidates import Candidates
+from ibex_context.errors import StoreUnavailable
+from ibex_context.models import Directive, FloatVector, MemoryRecord
+from ibex_context.settings import Settings
+from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
+from ibex_context.stores.postgres.codecs import TokenCountsDecoder
+from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
+from ibex_context.stores.postgres.feedback import FeedbackLog
+from ibex_context.stores.postgres.pool import create_pool, store_errors
+from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
+from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
+from ibex_context.stores.postgres.writes import MemoryWrites
+
+
+class PostgresMemoryStore:
+    """Memories, directives, feedback and injection counters in PostgreSQL.
+
+    Injection counters live in ``memory_usage`` (migration 0003), LEFT JOINed by every
+    memory read; recording injections never rewrites a ``memories`` row.
+    ``ef_search`` must equal the pool's session setting (see ``create_pool``).
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        ef_search: int,
+        exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
+        agent_sizes: AgentSizes | None = None,
+        graph_width: GraphSearchWidth | None = None,
+    ) -> None:
+        self._pool = pool
+        self._ef_search = ef_search
+        token_counts = TokenCountsDecoder()
+        self.searches = MemorySearches(
+            pool,
+            ef_search=ef_search,
+            exact_max_memories=exact_max_memories,
+            agent_sizes=agent_sizes,
+            graph_width=graph_width,
+            token_counts=token_counts,
+        )
+        self.reads = MemoryReads(pool, token_counts=token_counts)
+        self.writes = MemoryWrites(pool)
+        self.feedback = FeedbackLog(pool)
+        self.counters = InjectionCounters(pool)
+
+    @classmethod
+    async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
+        ef_search = min(1000, max(settings.hnsw_ef_search, settings.cold_limit))
+        pool = await create_pool(
+            settings.postgres_dsn,
+            min_size=settings.postgres_pool_min,
+            max_size=settings.postgres_pool_max,
+            ef_search=ef_search,
+        )
+        return cls(
+            pool,
+            ef_search=ef_search,
+            exact_max_memories=settings.cold_exact_max_memories,
+            graph_width=GraphSearchWidth(
+                ef_search=settings.hnsw_ef_search,
+                large_agent_ef_search=settings.hnsw_ef_search_large_agents,
+                large_agent_memories=settings.cold_large_agent_memories,
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool, for the memory API's statements (``stores.tenant_data``)."""
+        return self._pool
+
+    @store_errors
+    async def warm_up(self) -> None:
+        """Runs the read statements once on every idle pooled connection for a tenant that
+        does not exist: asyncpg then has them prepared per connection, so the first
+        requests pay no parse round trip."""
+        await self._warm_up(self._pool)
+
+    async def _warm_up(self, pool: asyncpg.Pool) -> None:
+        dim = int(await pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
+        probe = np.zeros(dim, dtype=np.float32)
+        connections = [await pool.acquire() for _ in range(pool.get_idle_size())]
+        try:
+            for conn in connections:
+                await self.searches.warm_up(conn, probe)
+                await self.reads.warm_up(conn)
+        finally:
+            for conn in connections:
+                await pool.release(conn)
+
+    async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
+        """A pool on a read replica of this store's database with this store's session
+        settings (the searches' ``on=``), warmed up as ``warm_up`` does."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search)
+        try:
+            await self._warm_up(pool)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pool.close()
+            raise StoreUnavailable(f"postgres replica: {type(exc).__name__}") from None
+        return pool
+
+    # ---------------------------------------------------------------- reads
+
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        on: asyncpg.Pool | None = None,
+    ) -> Candidates:
+        """``on``: a pool from ``open_read_pool``; default the primary's."""
+        return await self.searches.search(org_id, agent_id, embedding, limit, on=on)
+
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
+    ) -> Candidates:
+        return await self.searches.search_lexical(org_id, agent_id, query, limit, on=on)
+
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
+        return (await self.reads.get_directive_state(org_id, agent_id)).to_directive()
+
+    async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState:
+        return await self.reads.get_directive_state(org_id, agent_id)
+
+    async def fetch_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> list[MemoryRecord]:
+        return await self.reads.fetch_memories(org_id, agent_id, ids)
+
+    async def top_memories_for_hot_set(self, org_id: str, agent_id: str, limit: int) -> list[MemoryRecord]:
+        return await self.reads.top_memories_for_hot_set(org_id, agent_id, limit)
+
+    async def count_memories(self, org_id: str, agent_id: str) -> int:
+        return await self.reads.count_memories(org_id, agent_id)
+
+    # ---------------------------------------------------------------- writes
+
+    async def upsert_memories(
+        self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
+    ) -> list[UpsertResult]:
+        return await self.writes.upsert_memories(org_id, agent_id, memories)
+
+    async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
+        return await self.writes.delete_memories(org_id, agent_id, ids)
+
+    async def set_directive(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> int:
+        """Stores the directive; returns its version (unchanged when the content is identical)."""
+        return (await self.set_directive_state(org_id, agent_id, content, token_counts)).version
+
+    async def set_directive_state(
+        self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
+    ) -> DirectiveState:
+        state = await self.writes.set_directive_state(org_id, agent_id, content, token_counts)
+        if state is None:  # identical to what is stored
+            return await self.get_directive_state(org_id, agent_id)
+        return state
+
+    async def clear_directive(self, org_id: str, agent_id: str) -> bool:
+        """Removes the directive; False when there was none."""
+        return await self.writes.clear_directive_version(org_id, agent_id) is not None
+
+    async def clear_directive_version(self, org_id: str, agent_id: str) -> int | None:
+        return await self.writes.clear_directive_version(org_id, agent_id)
+
+    async def record_feedback(
+        self, org_id: str, agent_id: str, session_id: str | None, feedback: Sequence[tuple[str, str]]
+    ) -> list[FeedbackUpdate]:
+        return await self.feedback.record_feedback(org_id, agent_id, session_id, feedback)
+
+    async def record_injections(self, injections: Sequence[Injection]) -> None:
+        await self.counters.record(injections)
+
+    async def record_injection_counters(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+        return await self.counters.record(injections)
+
+    # ---------------------------------------------------------------- health
+
+    async def check_health(self) -> StoreHealth:
+        extra = {"pool_size": str(self._pool.get_size()), "pool_idle": str(self._pool.get_idle_size())}
+        try:
+            await self._pool.fetchval("SELECT 1", timeout=2.0)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            return StoreHealth(ok=False, detail=f"postgres: {type(exc).__name__}", extra=extra)
+        return StoreHealth(ok=True, detail="postgres: ok", extra=extra)
