@@ -166,6 +166,41 @@ async def test_a_memory_upserted_is_injected_on_the_next_call_while_the_replica_
         await standby.close()
 
 
+async def test_a_purged_agent_is_not_served_from_a_replica_that_has_not_replayed_the_purge(
+    service: ContextService,
+    stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],
+    postgres_replica: PostgresReplica,
+    tenant: Tenant,
+) -> None:
+    assembly, memories = stubs
+    memory_id = await _upsert(memories, tenant, "Gina's bank account number is 12345678")
+    question = request(tenant.org_id, tenant.agent_id, user("what is Gina's bank account number?"))
+    async with asyncio.timeout(WAIT_SECONDS):  # until the replica serves the agent
+        while True:
+            before = await _reads(service, "replica", "replica")
+            await assembly.AssembleContext(question)
+            if await _reads(service, "replica", "replica") == before + 2:
+                break
+            await asyncio.sleep(0.05)
+    standby = await asyncpg.connect(postgres_replica.dsn)
+    try:
+        await standby.execute("SELECT pg_wal_replay_pause()")
+        purged = await memories.PurgeAgent(
+            pb.PurgeAgentRequest(org_id=tenant.org_id, agent_id=tenant.agent_id)
+        )
+        assert purged.complete
+        md = (await _assemble_full(assembly, question)).metadata
+        assert memory_id not in md.memory_ids
+        assert md.memories_injected == 0
+        # The replica still holds the memory: only the purge's mark kept the searches off it.
+        assert (
+            await standby.fetchval("SELECT count(*) FROM memories WHERE id = $1", uuid.UUID(memory_id)) == 1
+        )
+    finally:
+        await standby.execute("SELECT pg_wal_replay_resume()")
+        await standby.close()
+
+
 async def test_a_stopped_replica_leaves_calls_full_from_the_primary_and_health_says_so(
     service: ContextService,
     stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],

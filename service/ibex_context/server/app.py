@@ -213,7 +213,12 @@ class ContextService:
                 embedder=query_embedder,
                 export_limit=RowRateLimit(s.export_rows_per_second),
             ),
-            purge=TenantPurge(data=tenant_data, cache=redis, call_seconds=s.purge_call_seconds),
+            purge=TenantPurge(
+                data=tenant_data,
+                cache=redis,
+                call_seconds=s.purge_call_seconds,
+                purged=read_routing.note_write if read_routing is not None else None,
+            ),
             limits=limits,
             inflight=self.inflight,
         )
