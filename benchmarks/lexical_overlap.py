@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import statistics
 import sys
 import tempfile
@@ -110,9 +111,43 @@ def _summary(overlaps: Sequence[float]) -> str:
     return f"{statistics.fmean(ordered):.4f} | {p5:.3f} | {ordered[0]:.3f} | {full:.1%}"
 
 
+Asks = dict[str, list[tuple[uuid.UUID, uuid.UUID, str]]]
+
+
+async def _compare(conn: asyncpg.Connection, asks: Asks, bounds: Sequence[int]) -> list[str]:
+    """Each group's questions, exact then under each bound, back to back: the table's rows."""
+    rows: list[str] = []
+    for group, questions in asks.items():
+        overlaps: dict[int, list[float]] = {b: [] for b in bounds}
+        exact_ms: list[float] = []
+        bounded_ms: dict[int, list[float]] = {b: [] for b in bounds}
+        for org, agent, question in questions:
+            t0 = time.perf_counter()
+            exact = [r[0] for r in await conn.fetch(EXACT_SQL, org, agent, question, TOP)]
+            exact_ms.append((time.perf_counter() - t0) * 1e3)
+            for bound in bounds:
+                t0 = time.perf_counter()
+                found = {r[0] for r in await conn.fetch(BOUNDED_SQL, org, agent, question, TOP, bound)}
+                bounded_ms[bound].append((time.perf_counter() - t0) * 1e3)
+                if exact:
+                    overlaps[bound].append(sum(1 for m in exact if m in found) / len(exact))
+        for bound in bounds:
+            rows.append(
+                f"| {group} | {bound} | {len(overlaps[bound])} | {_summary(overlaps[bound])} |"
+                f" {statistics.median(bounded_ms[bound]):.2f} | {statistics.median(exact_ms):.2f} |"
+            )
+    return rows
+
+
+_TABLE_HEAD = [
+    "| agents | per-word bound | questions | overlap mean | p5 | min | share with all 50"
+    " | bounded ms (median) | exact ms (median) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+
+
 async def measure(data: Path, bounds: Sequence[int]) -> str:
     conversations: list[Conversation] = load_conversations(data)
-    lines: list[str] = []
     with (
         tempfile.TemporaryDirectory(prefix="ibex-lexical-overlap-") as work,
         embedded_stores(Path(work)) as stores,
@@ -130,62 +165,69 @@ async def measure(data: Path, bounds: Sequence[int]) -> str:
         conn = await asyncpg.connect(stores.postgres.dsn)
         try:
             await conn.execute("VACUUM ANALYZE memory_terms")
-            questions = {c.sample_id: [q.text for q in c.questions] for c in conversations}
-            questions["all"] = [q.text for c in conversations for q in c.questions]
-            results: dict[tuple[str, int], list[float]] = {}
-            exact_ms: dict[str, list[float]] = {}
-            bounded_ms: dict[tuple[str, int], list[float]] = {}
-            for group in ("conversations", "all"):
-                names = [c.sample_id for c in conversations] if group == "conversations" else ["all"]
-                for name in names:
-                    org, agent = agents[name]
-                    for question in questions[name]:
-                        t0 = time.perf_counter()
-                        exact = [r[0] for r in await conn.fetch(EXACT_SQL, org, agent, question, TOP)]
-                        exact_ms.setdefault(group, []).append((time.perf_counter() - t0) * 1e3)
-                        for bound in bounds:
-                            t0 = time.perf_counter()
-                            rows = await conn.fetch(BOUNDED_SQL, org, agent, question, TOP, bound)
-                            bounded_ms.setdefault((group, bound), []).append((time.perf_counter() - t0) * 1e3)
-                            if not exact:
-                                continue
-                            found = {r[0] for r in rows}
-                            results.setdefault((group, bound), []).append(
-                                sum(1 for m in exact if m in found) / len(exact)
-                            )
+            asks: Asks = {
+                "conversations": [(*agents[c.sample_id], q.text) for c in conversations for q in c.questions],
+                "all": [(*agents["all"], q.text) for c in conversations for q in c.questions],
+            }
+            rows = await _compare(conn, asks, bounds)
         finally:
             await conn.close()
             await store.aclose()
     conv_sizes = [sizes[c.sample_id] for c in conversations]
-    lines.append(f"# Bounded lexical search vs exact BM25, top {TOP} ({dt.date.today().isoformat()})")
-    lines.append("")
-    lines.append(
-        f"Command: `python -m benchmarks.lexical_overlap --term-postings {','.join(map(str, bounds))}`"
-    )
-    lines.append("")
-    lines.append(
+    lines = [
+        f"# Bounded lexical search vs exact BM25, top {TOP} ({dt.date.today().isoformat()})",
+        "",
+        f"Command: `python -m benchmarks.lexical_overlap --term-postings {','.join(map(str, bounds))}`",
+        "",
         f"Data: {data.name}, {len(conversations)} conversations as agents of"
         f" {min(conv_sizes)}-{max(conv_sizes)}"
         f" memories, and all of them as one agent of {sizes['all']} memories; every question of each"
         " (categories 1-4) asked of its agent, and every question asked of the large agent."
         " PostgreSQL (embedded) after VACUUM ANALYZE; wall times are one query at a time on a shared"
-        " 2-core machine, for orientation only."
-    )
-    lines.append("")
-    lines.append(
-        "| agents | per-word bound | questions | overlap mean | p5 | min | share with all 50"
-        " | bounded ms (median) | exact ms (median) |"
-    )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for group in ("conversations", "all"):
-        for bound in bounds:
-            overlaps = results.get((group, bound), [])
-            lines.append(
-                f"| {group} | {bound} | {len(overlaps)} | {_summary(overlaps)} |"
-                f" {statistics.median(bounded_ms[(group, bound)]):.2f}"
-                f" | {statistics.median(exact_ms[group]):.2f} |"
-            )
+        " 2-core machine, for orientation only.",
+        "",
+        *_TABLE_HEAD,
+        *rows,
+    ]
     return "\n".join(lines) + "\n"
+
+
+async def measure_data_set(data_dir: Path, bounds: Sequence[int], agents_wanted: int) -> str:
+    """A load-test data set (``loadtest/run`` seeds it): its agents' own questions."""
+    from ibex_context.devtools.embedded import start_postgres
+
+    plan = json.loads((data_dir / "agents.json").read_text())
+    chosen = plan["agents"][:agents_wanted]
+    postgres = start_postgres(data_dir)
+    try:
+        conn = await asyncpg.connect(postgres.dsn)
+        try:
+            asks: Asks = {
+                f"{len(chosen)} agents of {data_dir.name}": [
+                    (uuid.UUID(a["org_id"]), uuid.UUID(a["agent_id"]), q)
+                    for a in chosen
+                    for q in a["queries"]
+                ]
+            }
+            rows = await _compare(conn, asks, bounds)
+        finally:
+            await conn.close()
+    finally:
+        postgres.stop()
+    sizes = sorted({int(a["memories"]) for a in chosen})
+    return (
+        "\n".join(
+            [
+                f"Data set {data_dir.name}: the first {len(chosen)} agents ({sizes} memories),"
+                " the load test's questions (a span of one of the agent's memories; a template vocabulary:"
+                " a question's words are held by many of the agent's memories).",
+                "",
+                *_TABLE_HEAD,
+                *rows,
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -197,9 +239,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--term-postings", default="100,200,500", help="per-word bounds, comma-separated")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="a load-test data set instead of LoCoMo (its PostgreSQL is started)",
+    )
+    parser.add_argument("--agents", type=int, default=20, help="with --data-dir: how many of its agents")
     args = parser.parse_args(argv)
     bounds = [int(b) for b in args.term_postings.split(",")]
-    text = asyncio.run(measure(args.data or default_data_path(), bounds))
+    if args.data_dir is not None:
+        text = asyncio.run(measure_data_set(args.data_dir, bounds, args.agents))
+    else:
+        text = asyncio.run(measure(args.data or default_data_path(), bounds))
     if args.out is not None:
         args.out.write_text(text)
     print(text, end="")

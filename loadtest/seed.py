@@ -67,6 +67,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ibex_context.memory_api.writes import STORED_ENCODINGS
+from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 
 from loadtest import bulkload, corpus, pgcopy
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
@@ -391,6 +392,7 @@ class SeedReport:
     tokens_min: int = 0
     tokens_max: int = 0
     triggers_off: bool = False
+    agent_graphs: int = 0
     phases: list[PhaseCost] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -409,6 +411,8 @@ class SeedReport:
             f"  total {self.total_seconds:.1f} s",
             f"  heap {self.heap_mb:.0f} MB, HNSW index {self.index_mb:.0f} MB",
         ]
+        if self.agent_graphs:
+            lines.append(f"  {self.agent_graphs} agents' own graphs")
         return lines
 
 
@@ -621,6 +625,9 @@ async def seed(
                 report.postings, _ = await asyncio.gather(postings, graphs)
         with clock.phase("VACUUM postings"):
             await _vacuum_postings(conn)
+        if max(plan.memories, plan.large_memories) > DEFAULT_EXACT_MAX_MEMORIES:
+            with clock.phase("agents' own graphs"):
+                report.agent_graphs = await _agent_graphs(dsn)
         # Partitioned (0008): the sizes are the partitions' sums.
         report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
         report.index_mb = (await conn.fetchval(_PARTS_SIZE_SQL, GRAPH_INDEX, "pg_relation_size")) / 1e6
@@ -640,6 +647,20 @@ async def seed(
     report.total_seconds = time.perf_counter() - started
     write_agents_file(agents_file, plan, loaded.entries)
     return report
+
+
+async def _agent_graphs(dsn: str) -> int:
+    """Builds a graph of its own for every agent past the exact scan's limit, as a running
+    service does when its writes take an agent past it (migration 0013): a bulk load
+    writes no memory through the service."""
+    from ibex_context.stores.postgres import create_pool
+    from ibex_context.stores.postgres.graphs import AgentGraphs
+
+    pool = await create_pool(dsn, min_size=1, max_size=1, ef_search=64)
+    try:
+        return await AgentGraphs(pool, min_memories=DEFAULT_EXACT_MAX_MEMORIES).promote_grown()
+    finally:
+        await pool.close()
 
 
 async def _count_postings(conn: asyncpg.Connection) -> int:

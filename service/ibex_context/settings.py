@@ -129,8 +129,14 @@ class Settings(BaseSettings):
     cold_exact_max_memories: int = _f(
         5_000,
         "Agents with at most this many memories are searched exactly, larger ones through their"
-        " partition's HNSW graph (ADR-0009: where the exact scan's cost reaches the graph's).",
+        " own HNSW graph, built when they grow past it (cold_agent_graphs; the partition's graph"
+        " until it is ready; ADR-0009: where the exact scan's cost reaches the graph's).",
         ge=0,
+    )
+    cold_agent_graphs: bool = _f(
+        True,
+        "Build each agent past cold_exact_max_memories a graph of its own (a partial HNSW index,"
+        " built concurrently): its searches then walk only its own vectors (migration 0013).",
     )
     max_memory_chars: int = _f(8192, "Most characters in one memory.", ge=1)
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)

@@ -14,6 +14,22 @@ def test_agents_up_to_the_limit_are_searched_exactly_and_larger_ones_through_the
     assert choose_plan(1, 0) is ColdPlan.HNSW
 
 
+def test_an_agent_with_a_graph_of_its_own_is_searched_through_it_whatever_its_size() -> None:
+    assert choose_plan(5_001, 5_000, own_graph=True) is ColdPlan.AGENT
+    assert choose_plan(10, 5_000, own_graph=True) is ColdPlan.AGENT
+
+
+def test_whether_an_agent_has_its_own_graph_is_cached_with_its_size() -> None:
+    now = [100.0]
+    sizes = AgentSizes(ttl=60, clock=lambda: now[0])
+    sizes.put(("org", "big"), 9_000, own_graph=True)
+    sizes.put(("org", "small"), 10)
+    assert sizes.has_own_graph(("org", "big")) and not sizes.has_own_graph(("org", "small"))
+    assert not sizes.has_own_graph(("org", "unknown"))
+    now[0] += 60
+    assert not sizes.has_own_graph(("org", "big"))  # expired: read again with the size
+
+
 def test_agents_above_the_large_size_get_the_wider_graph_search() -> None:
     width = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
     assert width.for_agent(10_000, 50) == 200

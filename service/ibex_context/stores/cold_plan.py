@@ -30,10 +30,15 @@ class ColdPlan(enum.StrEnum):
 
     EXACT = "exact"
     HNSW = "hnsw"
+    # The agent's own graph (migration 0013, ``stores.postgres.graphs``).
+    AGENT = "agent"
 
 
-def choose_plan(memories: int, exact_max_memories: int) -> ColdPlan:
-    """Exact up to ``exact_max_memories`` memories, the partition's HNSW graph beyond."""
+def choose_plan(memories: int, exact_max_memories: int, *, own_graph: bool = False) -> ColdPlan:
+    """The agent's own graph once it has one; else exact up to ``exact_max_memories``
+    memories and the partition's HNSW graph beyond (while its own is being built)."""
+    if own_graph:
+        return ColdPlan.AGENT
     return ColdPlan.EXACT if memories <= exact_max_memories else ColdPlan.HNSW
 
 
@@ -85,6 +90,7 @@ _CANDIDATE_FIELDS = tuple(f.name for f in fields(Candidates))
 @dataclass(slots=True)
 class _Entry:
     memories: int
+    own_graph: bool
     expires_at: float
 
 
@@ -113,8 +119,13 @@ class AgentSizes:
         self._entries.move_to_end(key)
         return entry.memories
 
-    def put(self, key: tuple[object, object], memories: int) -> None:
-        self._entries[key] = _Entry(memories, self._clock() + self._ttl)
+    def has_own_graph(self, key: tuple[object, object]) -> bool:
+        """Whether the agent had a graph of its own when its count was read (False when not cached)."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.own_graph and entry.expires_at > self._clock()
+
+    def put(self, key: tuple[object, object], memories: int, *, own_graph: bool = False) -> None:
+        self._entries[key] = _Entry(memories, own_graph, self._clock() + self._ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)

@@ -285,6 +285,7 @@ class TenantData:
         """
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         memories = directives = 0
+        graph: str | None = None
         while True:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
@@ -324,6 +325,16 @@ class TenantData:
                         "DELETE FROM directives WHERE org_id = $1 AND agent_id = $2", org, agent
                     )
                     directives += int(status.split()[-1])
+                    # The words its memories held (document frequencies left at 0) and its
+                    # own graph's record (migrations 0012, 0013).
+                    await conn.execute(
+                        "DELETE FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2", org, agent
+                    )
+                    graph = await conn.fetchval(
+                        "DELETE FROM agent_graphs WHERE org_id = $1 AND agent_id = $2 RETURNING index_name",
+                        org,
+                        agent,
+                    )
                 else:
                     for table in ("memory_usage", "memory_feedback"):
                         await conn.execute(
@@ -334,6 +345,8 @@ class TenantData:
                             ids,
                         )
             if last:
+                if graph is not None:  # an index is dropped outside a transaction
+                    await self._pool.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {graph}")
                 break
             if out_of_time():
                 return PurgeOutcome(memories, directives, (agent_id,), complete=False)

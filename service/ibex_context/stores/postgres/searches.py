@@ -17,13 +17,15 @@ from ibex_context.candidates import Candidates
 from ibex_context.models import FloatVector
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
+from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL
 from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, as_arrays, candidate_columns
 
 
-# The nearest rows come from the plan's function (migration 0008: ``ibex_cold_exact``
-# or ``ibex_cold_hnsw``, each with its plan fixed by its settings; ``stores.cold_plan``
-# chooses), then each of those K rows looks up its counters by primary key. The
+# The nearest rows come from the plan's function (``ibex_cold_exact`` or
+# ``ibex_cold_hnsw``, migration 0008, each with its plan fixed by its settings;
+# ``ibex_cold_agent``, 0013, the agent's own graph; ``stores.cold_plan`` chooses),
+# then each of those K rows looks up its counters by primary key. The
 # lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
 # join it could plan as a hash join over the agent's whole usage table (a generic
 # plan did, for the 100k-memory agent: 22 ms).
@@ -47,7 +49,8 @@ SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
 }
 # Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
-AGENT_SIZE_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
+# The agent's memory count and whether it has a graph of its own.
+AGENT_SIZE_SQL = AGENT_STATE_SQL
 
 
 # The lexical search: ``ibex_bm25`` (migrations 0005, 0009) ranks the agent's memories
@@ -106,7 +109,7 @@ class MemorySearches:
         nobody = uuid.UUID(int=0)
         for statement in SEARCH_ARRAYS_SQL.values():
             await conn.fetch(statement, nobody, nobody, probe, 1)
-        await conn.fetchval(AGENT_SIZE_SQL, nobody, nobody)
+        await conn.fetchrow(AGENT_SIZE_SQL, nobody, nobody)
         await conn.fetch(LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
 
     @store_errors
@@ -128,10 +131,12 @@ class MemorySearches:
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with (on or self._pool).acquire() as conn:
             size = await self._agent_size(conn, org, agent)
-            plan = choose_plan(size, self._exact_max_memories)
+            plan = choose_plan(
+                size, self._exact_max_memories, own_graph=self._agent_sizes.has_own_graph((org, agent))
+            )
             statement = SEARCH_ARRAYS_SQL[plan]
             ef_search = self._graph_width.for_agent(size, limit)
-            if plan is ColdPlan.HNSW and ef_search != self._ef_search:
+            if plan is not ColdPlan.EXACT and ef_search != self._ef_search:
                 # A large agent, or more rows than the session's ef_search: for this search only.
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
@@ -148,12 +153,14 @@ class MemorySearches:
         return ColdMatches.of(found, plan)
 
     async def _agent_size(self, conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> int:
-        """The agent's memory count (``memory_stats``), cached for a while."""
+        """The agent's memory count (``memory_stats``), cached for a while with whether it
+        has a graph of its own."""
         key = (org, agent)
         size = self._agent_sizes.get(key)
         if size is None:
-            size = int(await conn.fetchval(AGENT_SIZE_SQL, org, agent) or 0)
-            self._agent_sizes.put(key, size)
+            row = await conn.fetchrow(AGENT_SIZE_SQL, org, agent)
+            size = int(row[0]) if row is not None else 0
+            self._agent_sizes.put(key, size, own_graph=row is not None and bool(row[1]))
         return size
 
     @store_errors

@@ -9,6 +9,9 @@ AND ``agent_id``. Pool set-up and session settings: ``pool``; wire formats: ``co
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
 from collections.abc import Mapping, Sequence
 
 import asyncpg
@@ -23,10 +26,13 @@ from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
+from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
 from ibex_context.stores.postgres.pool import create_pool, store_errors
 from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
+
+log = logging.getLogger(__name__)
 
 
 class PostgresMemoryStore:
@@ -45,9 +51,11 @@ class PostgresMemoryStore:
         exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
         agent_sizes: AgentSizes | None = None,
         graph_width: GraphSearchWidth | None = None,
+        agent_graphs: bool = False,
     ) -> None:
         self._pool = pool
         self._ef_search = ef_search
+        self._agent_graphs = agent_graphs
         token_counts = TokenCountsDecoder()
         self.searches = MemorySearches(
             pool,
@@ -61,6 +69,10 @@ class PostgresMemoryStore:
         self.writes = MemoryWrites(pool)
         self.feedback = FeedbackLog(pool)
         self.counters = InjectionCounters(pool)
+        # An agent past the exact scan's limit gets a graph of its own (when
+        # ``agent_graphs``: started by its writes; ``graphs.promote_grown`` otherwise).
+        self.graphs = AgentGraphs(pool, min_memories=exact_max_memories)
+        self._promotions: dict[tuple[str, str], asyncio.Task[bool]] = {}
 
     @classmethod
     async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
@@ -75,6 +87,7 @@ class PostgresMemoryStore:
             pool,
             ef_search=ef_search,
             exact_max_memories=settings.cold_exact_max_memories,
+            agent_graphs=settings.cold_agent_graphs,
             graph_width=GraphSearchWidth(
                 ef_search=settings.hnsw_ef_search,
                 large_agent_ef_search=settings.hnsw_ef_search_large_agents,
@@ -83,6 +96,9 @@ class PostgresMemoryStore:
         )
 
     async def aclose(self) -> None:
+        for task in self._promotions.values():
+            task.cancel()
+        await asyncio.gather(*self._promotions.values(), return_exceptions=True)
         await self._pool.close()
 
     @property
@@ -159,7 +175,34 @@ class PostgresMemoryStore:
     async def upsert_memories(
         self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
     ) -> list[UpsertResult]:
-        return await self.writes.upsert_memories(org_id, agent_id, memories)
+        results = await self.writes.upsert_memories(org_id, agent_id, memories)
+        if self._agent_graphs and any(r.outcome == "created" for r in results):
+            await self._promote_if_grown(org_id, agent_id)
+        return results
+
+    @store_errors
+    async def _promote_if_grown(self, org_id: str, agent_id: str) -> None:
+        """Starts building the agent's own graph in the background once it is past the
+        limit (one build per agent at a time; ``graphs.AgentGraphs`` records it)."""
+        key = (org_id, agent_id)
+        if key in self._promotions:
+            return
+        row = await self._pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
+        if row is None or row[0] <= self.graphs.min_memories or row[1]:
+            return
+        task: asyncio.Task[bool] = asyncio.ensure_future(self.graphs.promote(org_id, agent_id))
+        self._promotions[key] = task
+        task.add_done_callback(lambda done: self._promotion_done(key, done))
+
+    def _promotion_done(self, key: tuple[str, str], task: asyncio.Task[bool]) -> None:
+        self._promotions.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            # No tenant ids in logs: the error class only (store_errors keeps no message).
+            log.warning("an agent's own graph could not be built: %s", type(task.exception()).__name__)
+
+    async def promotions_idle(self) -> None:
+        """Waits for the graph builds this store started (tests, shutdown)."""
+        await asyncio.gather(*self._promotions.values(), return_exceptions=True)
 
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         return await self.writes.delete_memories(org_id, agent_id, ids)

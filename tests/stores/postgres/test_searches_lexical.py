@@ -157,19 +157,20 @@ async def test_each_word_reads_at_most_its_best_postings_by_weight(
     assert await _ranked(postgres_dsn, tenant, "harbour", 10) == [m.id for m in memories]
 
 
-async def test_a_word_held_by_most_memories_and_past_the_bound_is_left_out(
+async def test_a_word_held_by_most_memories_is_read_to_the_bound_not_left_out(
     pg_store: PostgresMemoryStore, postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
     common = [make_memory(f"Caroline said something ordinary number {i}") for i in range(6)]
     rare = make_memory("Caroline looked through the telescope")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [*common, rare])
-    # "caroline" is in 7 of 7 memories: read under a bound of 7, left out under 6 (its
-    # inverse document frequency is below ln 2).
+    # "caroline" is in all 7 memories: under a bound of 3 its 3 best postings are read (the
+    # shortest memories: the rare one and two others), under 7 all of them.
+    ranked = await _ranked(postgres_dsn, tenant, "Caroline telescope", 3)
+    assert len(ranked) == 3 and ranked[0] == rare.id
     assert set(await _ranked(postgres_dsn, tenant, "Caroline telescope", 7)) == {
         m.id for m in [*common, rare]
     }
-    assert await _ranked(postgres_dsn, tenant, "Caroline telescope", 6) == [rare.id]
-    # The store's default bound is above any small agent: every match is ranked.
+    # The store's default bound (200) is above any small agent: every match is ranked.
     found = records(await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 10))
     assert len(found) == 7 and found[0].id == rare.id
 

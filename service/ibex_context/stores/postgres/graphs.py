@@ -1,0 +1,108 @@
+"""Large agents' own graphs: a partial HNSW index per agent on its partition (migration 0013).
+
+An agent past the exact scan's limit (``cold_exact_max_memories``) is promoted: its
+graph is built with ``CREATE INDEX CONCURRENTLY`` (writes and searches go on) and
+recorded ready in ``agent_graphs``; its searches then walk only its own vectors
+(``ibex_cold_agent``). Until then it keeps the partition's graph. The store starts a
+promotion in the background when a write leaves the agent past the limit
+(``PostgresMemoryStore.upsert_memories``); ``promote_grown`` promotes every such agent,
+e.g. after a bulk load.
+
+A build that dies (process killed, connection lost) leaves its claim unready and
+possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
+leftover index dropped before building again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import timedelta
+
+import asyncpg
+
+from ibex_context.stores.postgres.codecs import as_uuid
+from ibex_context.stores.postgres.pool import store_errors
+
+# The partitions' graphs' parameters (migration 0010).
+GRAPH_OPTIONS = "m = 32, ef_construction = 128"
+
+_CLAIM_SQL = """
+    INSERT INTO agent_graphs AS g (org_id, agent_id, index_name) VALUES ($1, $2, $3)
+    ON CONFLICT (org_id, agent_id) DO UPDATE SET requested_at = now()
+        WHERE NOT g.ready AND g.requested_at < now() - $4::interval
+    RETURNING true
+"""
+_PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
+_GROWN_SQL = """
+    SELECT s.org_id::text, s.agent_id::text FROM memory_stats AS s
+    WHERE s.memories > $1
+      AND NOT EXISTS (SELECT 1 FROM agent_graphs AS g WHERE g.org_id = s.org_id AND g.agent_id = s.agent_id)
+    ORDER BY s.memories DESC
+"""
+AGENT_STATE_SQL = """
+    SELECT s.memories,
+           coalesce((SELECT g.ready FROM agent_graphs AS g WHERE g.org_id = $1 AND g.agent_id = $2), false)
+    FROM memory_stats AS s WHERE s.org_id = $1 AND s.agent_id = $2
+"""
+
+
+def graph_index_name(org: uuid.UUID, agent: uuid.UUID) -> str:
+    """The agent's index name: a hash of the tenant, never its ids."""
+    return "memories_agent_" + hashlib.sha256(org.bytes + agent.bytes).hexdigest()[:16]
+
+
+class AgentGraphs:
+    """Builds and records large agents' own graphs, through the primary's pool."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, *, min_memories: int, stale_after: timedelta = timedelta(hours=1)
+    ) -> None:
+        self._pool = pool
+        self.min_memories = min_memories
+        self._stale_after = stale_after
+
+    @store_errors
+    async def promote(self, org_id: str, agent_id: str) -> bool:
+        """Builds the agent's own graph; False when it has one, another process is
+        building it, or it has no memories."""
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        name = graph_index_name(org, agent)
+        async with self._pool.acquire() as conn:
+            if not await conn.fetchval(_CLAIM_SQL, org, agent, name, self._stale_after):
+                return False
+            built = False
+            try:
+                partition = await conn.fetchval(_PARTITION_SQL, org, agent)
+                if partition is not None:
+                    # A build takes seconds to minutes: past the pool's statement timeout.
+                    await conn.execute("SET statement_timeout = 0")
+                    try:
+                        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                        await conn.execute(
+                            f"CREATE INDEX CONCURRENTLY {name} ON {partition}"
+                            f" USING hnsw (embedding vector_cosine_ops) WITH ({GRAPH_OPTIONS})"
+                            f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
+                        )
+                    finally:
+                        await conn.execute("RESET statement_timeout")
+                    await conn.execute(
+                        "UPDATE agent_graphs SET ready = true WHERE org_id = $1 AND agent_id = $2", org, agent
+                    )
+                    built = True
+            finally:
+                if not built:
+                    await conn.execute(
+                        "DELETE FROM agent_graphs WHERE org_id = $1 AND agent_id = $2", org, agent
+                    )
+        return built
+
+    @store_errors
+    async def grown(self) -> list[tuple[str, str]]:
+        """The (org_id, agent_id) of agents past the limit without a graph, largest first."""
+        rows = await self._pool.fetch(_GROWN_SQL, self.min_memories)
+        return [(r[0], r[1]) for r in rows]
+
+    async def promote_grown(self) -> int:
+        """Promotes every agent past the limit, one after another; returns how many were built."""
+        return sum([await self.promote(org, agent) for org, agent in await self.grown()])

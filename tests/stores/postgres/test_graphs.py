@@ -1,0 +1,140 @@
+"""Large agents' own graphs (migration 0013, ``stores.postgres.graphs``), on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+import pytest
+from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
+from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres.codecs import init_connection
+from ibex_context.stores.postgres.graphs import graph_index_name
+
+from tests.conftest import Tenant
+from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
+
+LIMIT = 20  # past it, an agent gets its own graph
+
+
+@pytest.fixture
+async def graph_store(postgres_dsn: str) -> AsyncIterator[PostgresMemoryStore]:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=3, ef_search=EF_SEARCH)
+    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT, agent_graphs=True)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def conn(postgres_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    connection = await asyncpg.connect(postgres_dsn)
+    await init_connection(connection)  # vectors as numpy arrays
+    yield connection
+    await connection.close()
+
+
+async def _graph(conn: asyncpg.Connection, org_id: str, agent_id: str) -> asyncpg.Record | None:
+    """The agent's record in agent_graphs with its index's validity and definition."""
+    return await conn.fetchrow(
+        "SELECT g.ready, i.indisvalid AS valid, pg_get_indexdef(i.indexrelid) AS definition"
+        " FROM agent_graphs AS g LEFT JOIN pg_class AS c ON c.relname = g.index_name"
+        " LEFT JOIN pg_index AS i ON i.indexrelid = c.oid WHERE g.org_id = $1 AND g.agent_id = $2",
+        uuid.UUID(org_id),
+        uuid.UUID(agent_id),
+    )
+
+
+async def test_an_agent_that_grows_past_the_limit_gets_its_own_graph_and_searches_it_alone(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    query = unit_vector(3)
+    mine = [make_memory(f"mine {i}", embedding=near(query, 1.0, seed=i)) for i in range(LIMIT + 10)]
+    await graph_store.upsert_memories(tenant.org_id, tenant.agent_id, mine[:LIMIT])
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    assert await _graph(conn, tenant.org_id, tenant.agent_id) is None  # at the limit: exact scan
+    # A neighbour in the same partition whose vectors all lie nearer to the query.
+    neighbour = await tenant_in_the_partition_of(conn, tenant.org_id, tenant.agent_id)
+    await graph_store.upsert_memories(
+        *neighbour, [make_memory(f"theirs {i}", embedding=near(query, 0.2, seed=900 + i)) for i in range(15)]
+    )
+    await graph_store.upsert_memories(tenant.org_id, tenant.agent_id, mine[LIMIT:])
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+
+    graph = await _graph(conn, tenant.org_id, tenant.agent_id)
+    assert graph is not None and graph["ready"] and graph["valid"]
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    assert graph_index_name(org, agent) in graph["definition"]
+    assert f"'{tenant.agent_id}'::uuid" in graph["definition"]  # its predicate is the tenant
+    found = await graph_store.search(tenant.org_id, tenant.agent_id, query, 10)
+    exact = await conn.fetch("SELECT id::text FROM ibex_cold_exact($1, $2, $3, 10)", org, agent, query)
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT
+    assert found.ids == [r["id"] for r in exact] and all(c.startswith("mine") for c in found.contents)
+    # The plan walks the agent's own index, not the partition's graph.
+    async with conn.transaction():
+        for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):
+            await conn.execute(f"SET LOCAL {setting} = off")
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN SELECT id FROM memories"
+                f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
+                " ORDER BY embedding <=> $1 LIMIT 10",
+                query,
+            )
+        )
+    assert graph_index_name(org, agent) in plan
+
+
+async def test_a_promotion_is_claimed_once_and_a_stale_claim_is_taken_over(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    await PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH).upsert_memories(
+        tenant.org_id, tenant.agent_id, [make_memory(f"m {i}", embedding=unit_vector(i)) for i in range(5)]
+    )
+    # Another process's build, started a minute ago: not ours to take.
+    await conn.execute(
+        "INSERT INTO agent_graphs (org_id, agent_id, index_name, requested_at)"
+        " VALUES ($1, $2, $3, now() - interval '1 minute')",
+        org,
+        agent,
+        graph_index_name(org, agent),
+    )
+    assert not await graph_store.graphs.promote(tenant.org_id, tenant.agent_id)
+    # Two hours old and still not ready: that build died. It is taken over and finished.
+    await conn.execute(
+        "UPDATE agent_graphs SET requested_at = now() - interval '2 hours'"
+        " WHERE org_id = $1 AND agent_id = $2",
+        org,
+        agent,
+    )
+    assert await graph_store.graphs.promote(tenant.org_id, tenant.agent_id)
+    graph = await _graph(conn, tenant.org_id, tenant.agent_id)
+    assert graph is not None and graph["ready"] and graph["valid"]
+    assert not await graph_store.graphs.promote(tenant.org_id, tenant.agent_id)  # built already
+
+
+async def test_agents_written_before_are_promoted_largest_first_and_empty_ones_never(
+    graph_store: PostgresMemoryStore,
+    conn: asyncpg.Connection,
+    new_tenant: Callable[[], Tenant],
+    make_memory: MakeMemory,
+) -> None:
+    """A populated database (agents grown while nothing promoted them): ``promote_grown``
+    builds a graph for each agent past the limit."""
+    plain = PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH)
+    tenants = [new_tenant() for _ in range(3)]
+    for n, size in enumerate((LIMIT + 5, LIMIT + 9, LIMIT)):
+        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
+        await plain.upsert_memories(tenants[n].org_id, tenants[n].agent_id, memories)
+    grown = await graph_store.graphs.grown()
+    mine = [(t.org_id, t.agent_id) for t in tenants]
+    assert [g for g in grown if g in mine] == [mine[1], mine[0]]
+    for org_id, agent_id in grown:
+        if (org_id, agent_id) in mine:
+            assert await graph_store.graphs.promote(org_id, agent_id)
+    assert [(await _graph(conn, *t)) is not None for t in mine] == [True, True, False]
+    assert not await graph_store.graphs.promote(str(uuid.uuid4()), str(uuid.uuid4()))  # no memories
+    assert await conn.fetchval("SELECT count(*) FROM agent_graphs WHERE NOT ready") == 0
