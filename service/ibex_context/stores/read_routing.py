@@ -278,7 +278,8 @@ class ReadRouting:
         try:
             text = await replica.watcher.position("SELECT pg_last_wal_replay_lsn()::text", timeout)
             if replica.pool is None and text is not None:
-                replica.pool = await asyncio.wait_for(self._connect(replica.dsn), timeout)
+                # Opening and warming a pool takes longer than a poll's statement.
+                replica.pool = await asyncio.wait_for(self._connect(replica.dsn), max(10.0, timeout))
         except (*_DRIVER_ERRORS, StoreError) as exc:
             if replica.up:
                 _log.warning("%s stopped answering: %s", replica.name, type(exc).__name__)
