@@ -9,7 +9,7 @@ def table() -> str:
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default
-        shown = "(empty)" if default in ("", None) else f"`{default}`"
+        shown = "(empty)" if default in ("", None, ()) else f"`{default}`"
         rows.append(f"| `IBEX_{name.upper()}` | {shown} | {field.description or ''} |")
     return "\n".join(rows)
 

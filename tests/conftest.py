@@ -12,6 +12,7 @@ restarted at will (``.stop()`` / ``.start()`` on the same port). Stopping the sh
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from ibex_context.devtools.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
+from ibex_context.devtools.replica import PostgresReplica, start_replica
 from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.server.heap import freeze_startup_heap
 from ibex_context.stores.migrate import migrate
@@ -99,6 +101,19 @@ async def postgres_dsn(postgres_server: PostgresProcess) -> AsyncIterator[str]:
     """DSN of the session's PostgreSQL, migrated with ``TEST_EMBEDDING_DIM`` (384)."""
     await migrate(postgres_server.dsn, TEST_EMBEDDING_DIM)
     yield postgres_server.dsn
+
+
+@pytest.fixture(scope="session")
+async def postgres_replica(
+    postgres_server: PostgresProcess, postgres_dsn: str
+) -> AsyncIterator[PostgresReplica]:
+    """A streaming hot standby of the session's PostgreSQL (made after its migration).
+
+    A test that stops it (``.stop()``) or pauses its replay (``pg_wal_replay_pause()``)
+    must undo that before it returns."""
+    replica = await asyncio.to_thread(start_replica, postgres_server)
+    yield replica
+    await asyncio.to_thread(replica.remove)
 
 
 @pytest.fixture

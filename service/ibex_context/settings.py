@@ -76,6 +76,25 @@ class Settings(BaseSettings):
     )
     postgres_pool_min: int = _f(2, "PostgreSQL pool: connections kept open.", ge=0)
     postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections.", ge=1)
+    postgres_read_dsns: tuple[str, ...] = _f(
+        (),
+        "Streaming read replicas of IBEX_POSTGRES_DSN, as a JSON list of DSNs: the request path's"
+        " vector and lexical searches go to one that has replayed the agent's last write (else"
+        " the primary); everything else stays on the primary. Each gets a pool of"
+        " IBEX_POSTGRES_POOL_MIN..MAX. Empty: every read on the primary.",
+    )
+    postgres_replica_max_lag_seconds: float = _f(
+        5.0,
+        "A replica further behind the primary than this takes no reads until it catches up"
+        " (an agent's own writes are never read from a replica behind them, whatever the lag).",
+        gt=0,
+    )
+    postgres_replica_poll_seconds: float = _f(
+        0.2,
+        "How often each process asks the primary for its WAL position and the replicas for"
+        " theirs: after a write the agent's searches stay on the primary for about this long.",
+        gt=0,
+    )
     directive_cache_ttl_seconds: int = _f(300, "TTL of a cached directive in Redis.", ge=1)
     hot_set_size: int = _f(50, "Memories kept in an agent's hot set.", ge=1, le=1000)
     hot_set_ttl_seconds: int = _f(3600, "TTL of a hot set (rebuilt from PostgreSQL when gone).", ge=1)

@@ -297,6 +297,28 @@ def test_default_install_reads_external_store_urls_from_the_existing_secret(
     }
 
 
+def test_read_replicas_come_from_an_optional_secret_key_and_their_bounds_from_values(
+    render: Callable[..., Rendered], tmp_path: Path
+) -> None:
+    env = env_of(server_container(render()))
+    assert env["IBEX_POSTGRES_READ_DSNS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ibex-context-stores",
+        "key": "postgres-read-dsns",
+        "optional": True,
+    }
+    assert env["IBEX_POSTGRES_REPLICA_MAX_LAG_SECONDS"]["value"] == "5"
+    values = tmp_path / "replicas.yaml"
+    values.write_text("config:\n  readReplicas:\n    maxLagSeconds: 1.5\n    pollSeconds: 0.1\n")
+    env = env_of(server_container(render([values])))
+    assert env["IBEX_POSTGRES_REPLICA_MAX_LAG_SECONDS"]["value"] == "1.5"
+    assert env["IBEX_POSTGRES_REPLICA_POLL_SECONDS"]["value"] == "0.1"
+    settings = Settings(
+        postgres_replica_max_lag_seconds=env["IBEX_POSTGRES_REPLICA_MAX_LAG_SECONDS"]["value"],
+        postgres_replica_poll_seconds=env["IBEX_POSTGRES_REPLICA_POLL_SECONDS"]["value"],
+    )
+    assert (settings.postgres_replica_max_lag_seconds, settings.postgres_replica_poll_seconds) == (1.5, 0.1)
+
+
 def test_in_chart_stores_are_wired_to_their_services_automatically(render: Callable[..., Rendered]) -> None:
     import base64
 

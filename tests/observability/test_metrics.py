@@ -10,6 +10,7 @@ from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
 from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus, StageSpan, plan_detail
 from ibex_context.pipeline.report import AssemblyReport
+from ibex_context.stores.read_routing import ReplicaStatus
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample
@@ -109,7 +110,7 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
         for (name, labels), value in values(metrics).items()
         if name == "ibex_context_cold_search_plans_total"
     }
-    assert plans == {"exact": 1, "hnsw": 2, OTHER: 1}
+    assert plans == {"exact": 1, "hnsw": 2, "agent": 0, OTHER: 1}  # every plan a series from the start
 
 
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
@@ -175,8 +176,37 @@ def test_no_label_can_carry_an_id() -> None:
         "code",
         "generation",
         "plan",
+        "target",
+        "replica",
         "le",
     }
+
+
+def test_read_replicas_lag_and_routing_are_read_at_scrape_time_named_by_position() -> None:
+    metrics = Metrics(CollectorRegistry())
+    # Every route is a series from the start (0, not absent, on a dashboard).
+    assert (
+        values(metrics)[
+            (
+                "ibex_context_postgres_reads_total",
+                frozenset({("target", "primary"), ("reason", "behind_write")}),
+            )
+        ]
+        == 0
+    )
+    statuses = [ReplicaStatus("replica-0", up=True, lag_seconds=0.25, lag_bytes=4096, replayed_lsn=1)]
+    metrics.track_replicas(lambda: statuses, ["replica-0"])
+    metrics.record_postgres_read("replica", "replica")
+    read = values(metrics)
+    assert read[("ibex_context_postgres_replica_lag_seconds", frozenset({("replica", "replica-0")}))] == 0.25
+    assert read[("ibex_context_postgres_replica_lag_bytes", frozenset({("replica", "replica-0")}))] == 4096
+    assert read[("ibex_context_postgres_replica_up", frozenset({("replica", "replica-0")}))] == 1
+    assert (
+        read[("ibex_context_postgres_reads_total", frozenset({("target", "replica"), ("reason", "replica")}))]
+        == 1
+    )
+    statuses[0] = ReplicaStatus("replica-0", up=False, lag_seconds=9.0, lag_bytes=0, replayed_lsn=1)
+    assert values(metrics)[("ibex_context_postgres_replica_up", frozenset({("replica", "replica-0")}))] == 0
 
 
 def test_post_response_queue_depth_is_read_at_scrape_time() -> None:

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from ibex_context.errors import ConfigurationError, StoreUnavailable
 
@@ -280,6 +281,22 @@ class PostgresProcess:
     def pid(self) -> int | None:
         pid: int | None = self._server.get_pid()
         return pid
+
+    @property
+    def bin_path(self) -> Path:
+        """Where the server's programs are (``pg_ctl``, ``pg_basebackup``, ...)."""
+        return Path(self._server.bin_path)
+
+    @property
+    def system_user(self) -> str | None:
+        """The user postgres runs as when we are root; None: as ourselves."""
+        user: str | None = self._server.system_user
+        return user
+
+    @property
+    def socket_dir(self) -> Path:
+        """The directory of the server's Unix socket (the DSN's ``host``)."""
+        return Path(parse_qs(urlsplit(self.dsn).query)["host"][0])
 
     def stop(self) -> None:
         if self._watchdog is None:

@@ -72,11 +72,15 @@ class TenantPurge:
         cache: TenantCache,
         call_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        purged: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._data = data
         self._cache = cache
         self._call_seconds = call_seconds
         self._clock = clock
+        # Told of each agent purged: read replicas must not serve what the primary
+        # deleted (``ReadRouting.note_write``).
+        self._purged = purged
 
     async def purge_agent(self, org_id: str, agent_id: str) -> PurgeReport:
         return await self._purge(org_id, [agent_id], self._clock() + self._call_seconds)
@@ -107,6 +111,8 @@ class TenantPurge:
             # Also after an incomplete PostgreSQL step: the cache must not keep serving
             # what is already deleted there.
             keys += await self._redis(self._cache.purge_agent(org_id, agent_id))
+            if self._purged is not None:
+                await self._purged(org_id, agent_id)
             # Counted last: a write that committed before this count was either deleted
             # or is found here (the caller retries); one after it is a new memory.
             if not outcome.complete or await self._data.count_agent_rows(org_id, agent_id):

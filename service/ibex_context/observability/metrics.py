@@ -13,7 +13,7 @@ which is not a label and creates no series.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from grpclib.const import Status
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -28,6 +28,7 @@ from ibex_context.observability.exposition import (
 from ibex_context.pipeline.outcome import SOURCES, STAGES, Outcome, Reason, SourceName, SourceStatus, plan_of
 from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.stores.cold_plan import ColdPlan
+from ibex_context.stores.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
 
 __all__ = [
     "ASSEMBLY_BUCKETS",
@@ -254,6 +255,32 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=registry,
         )
+        self.postgres_reads = Counter(
+            "ibex_context_postgres_reads",
+            "Searches by the PostgreSQL that answered (target: primary, replica) and why "
+            "(reason: replica; no_replica, behind_write, mark_unknown, replica_failed: the primary's).",
+            ["target", "reason"],
+            registry=registry,
+        )
+        self.replica_lag = Gauge(
+            "ibex_context_postgres_replica_lag_seconds",
+            "How long ago the primary was at the WAL position the read replica has replayed "
+            "(as of the last poll); a replica past IBEX_POSTGRES_REPLICA_MAX_LAG_SECONDS takes no reads.",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_lag_bytes = Gauge(
+            "ibex_context_postgres_replica_lag_bytes",
+            "WAL bytes the read replica had still to replay at the last poll.",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_up = Gauge(
+            "ibex_context_postgres_replica_up",
+            "1 while the read replica takes reads (answered its last poll, within the lag bound).",
+            ["replica"],
+            registry=registry,
+        )
         self.gc_frozen_objects = Gauge(
             "ibex_context_gc_frozen_objects",
             "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
@@ -275,6 +302,11 @@ class Metrics:
             self.profile_reloads.labels(outcome)
         self._by_generation = [self.gc_pause.labels(g) for g in GC_GENERATIONS]
         self._by_plan = {p: self.cold_plans.labels(p) for p in (*COLD_PLANS, OTHER)}
+        self._postgres_reads = {
+            (target, reason): self.postgres_reads.labels(target, reason)
+            for reason in ROUTE_REASONS
+            for target in ("replica" if reason == REPLICA else "primary",)
+        }
         self._rpc_counters: dict[tuple[str, Status], Counter] = {}
         self._rpc_histograms: dict[str, Histogram] = {}
 
@@ -355,6 +387,21 @@ class Metrics:
 
     def post_response_failed(self, count: int = 1) -> None:
         self.post_response_failures.inc(count)
+
+    # --- read replicas ------------------------------------------------------------------
+    def record_postgres_read(self, target: str, reason: str) -> None:
+        self._postgres_reads[(target, reason)].inc()
+
+    def track_replicas(self, statuses: Callable[[], Sequence[ReplicaStatus]], names: Sequence[str]) -> None:
+        """Read each replica's state at scrape time (no update on the request path)."""
+
+        def field(name: str, read: Callable[[ReplicaStatus], float]) -> Callable[[], float]:
+            return lambda: next((read(s) for s in statuses() if s.name == name), float("nan"))
+
+        for name in names:
+            self.replica_lag.labels(name).set_function(field(name, lambda s: s.lag_seconds))
+            self.replica_lag_bytes.labels(name).set_function(field(name, lambda s: s.lag_bytes))
+            self.replica_up.labels(name).set_function(field(name, lambda s: 1.0 if s.up else 0.0))
 
     # --- profiles -----------------------------------------------------------------------
     def record_store_up(self, store: str, up: bool) -> None:

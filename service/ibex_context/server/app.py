@@ -51,6 +51,7 @@ from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
 from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import RedisContextCache
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.stores.tenant_data import TenantData
@@ -124,7 +125,12 @@ class ContextService:
         self._closers.append(postgres.aclose)
         redis = RedisContextCache.from_settings(s)
         self._closers.append(redis.aclose)
-        repository = ContextRepository(postgres, redis)
+        read_routing = build_read_routing(s, postgres, self.metrics.record_postgres_read)
+        if read_routing is not None:
+            read_routing.start()
+            self._closers.append(read_routing.aclose)
+            self.metrics.track_replicas(read_routing.statuses, [r.name for r in read_routing.statuses()])
+        repository = ContextRepository(postgres, redis, read_routing=read_routing)
         self._closers.append(repository.aclose)
         # Prepared statements and Lua scripts on every pooled connection; a store that
         # is down now is reported by health, not fatal.
@@ -207,12 +213,20 @@ class ContextService:
                 embedder=query_embedder,
                 export_limit=RowRateLimit(s.export_rows_per_second),
             ),
-            purge=TenantPurge(data=tenant_data, cache=redis, call_seconds=s.purge_call_seconds),
+            purge=TenantPurge(
+                data=tenant_data,
+                cache=redis,
+                call_seconds=s.purge_call_seconds,
+                purged=read_routing.note_write if read_routing is not None else None,
+            ),
             limits=limits,
             inflight=self.inflight,
         )
         await _warm_up(assembler, deadlines)
-        self.health = ServiceHealth([postgres, redis], store_up=self.metrics.record_store_up)
+        self.health = ServiceHealth(
+            [postgres, redis, *([read_routing] if read_routing is not None else [])],
+            store_up=self.metrics.record_store_up,
+        )
         served = [*assembly.methods(), *memory.methods()]
         methods = [*served, *self.health.methods(service_names(served))]
         methods += reflection_methods(service_names(methods))

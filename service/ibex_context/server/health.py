@@ -51,8 +51,11 @@ NOT_SERVING: ServingStatus = HealthCheckResponse.NOT_SERVING
 
 
 def store_name(probe: HealthProbe) -> str:
-    """``PostgresMemoryStore`` -> ``postgres``; ``RedisContextCache`` -> ``redis``."""
+    """``PostgresMemoryStore`` -> ``postgres``; ``RedisContextCache`` -> ``redis``;
+    ``ReadRouting`` -> ``postgres_replicas``."""
     name = type(probe).__name__.lower()
+    if name == "readrouting":
+        return "postgres_replicas"
     for known in ("postgres", "redis"):
         if known in name:
             return known

@@ -17,6 +17,9 @@ Consistency model (details and reasons: docs/adr/0003-stores.md):
   with no memories (each unknown (org, agent) pair cost two keys for up to an hour,
   so a caller cycling random ids filled Redis). Such agents cost one PostgreSQL
   primary-key read and one background hot-set query per call instead.
+* Searches may go to a read replica (``stores.read_routing``): only one that has
+  replayed the agent's last write, so a write is visible to the reads that follow
+  there too; a replica's failure repeats the search on the primary.
 * A Redis failure on the read path: the directive is read from PostgreSQL (still
   served); the hot set raises ``StoreUnavailable`` so the assembly reports the hot
   source as failed (the request itself never fails; the pipeline degrades).
@@ -39,6 +42,7 @@ from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
+from ibex_context.stores.read_routing import ReadRouting
 from ibex_context.stores.redis import RedisContextCache
 
 _log = logging.getLogger(__name__)
@@ -62,8 +66,11 @@ class ContextRepository:
         *,
         clock: Callable[[], float] = time.time,
         invalidation_retry_seconds: float = 1.0,
+        read_routing: ReadRouting | None = None,
     ) -> None:
         self._postgres = postgres
+        # None: every read on the primary.
+        self._routing = read_routing
         self._cache = cache
         self._clock = clock
         self._retry_interval = invalidation_retry_seconds
@@ -115,10 +122,28 @@ class ContextRepository:
         return records
 
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
-        return await self._postgres.search(org_id, agent_id, embedding, limit)
+        if self._routing is None:
+            return await self._postgres.search(org_id, agent_id, embedding, limit)
+        pool, replica = await self._routing.pool_for(org_id, agent_id)
+        if replica is None:
+            return await self._postgres.search(org_id, agent_id, embedding, limit)
+        try:
+            return await self._postgres.search(org_id, agent_id, embedding, limit, on=pool)
+        except StoreError:  # the replica failed (StoreUnavailable is one): the primary answers
+            self._routing.replica_failed(replica)
+            return await self._postgres.search(org_id, agent_id, embedding, limit)
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
-        return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+        if self._routing is None:
+            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+        pool, replica = await self._routing.pool_for(org_id, agent_id)
+        if replica is None:
+            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+        try:
+            return await self._postgres.search_lexical(org_id, agent_id, query, limit, on=pool)
+        except StoreError:
+            self._routing.replica_failed(replica)
+            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
 
     # ================================================================ hot set rebuild
 
@@ -175,12 +200,16 @@ class ContextRepository:
         self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
     ) -> list[UpsertResult]:
         results = await self._postgres.upsert_memories(org_id, agent_id, memories)
+        if self._routing is not None:  # before returning: the next call must see the write
+            await self._routing.note_write(org_id, agent_id)
         changed = list(dict.fromkeys(r.id for r in results if r.outcome != "unchanged"))
         await self._refresh_hot_members(org_id, agent_id, changed)
         return results
 
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         deleted = await self._postgres.delete_memories(org_id, agent_id, ids)
+        if self._routing is not None:
+            await self._routing.note_write(org_id, agent_id)
         try:
             removed = await self._cache.remove_hot_memories(org_id, agent_id, ids)
         except _CACHE_ERRORS as exc:

@@ -113,14 +113,23 @@ class MemorySearches:
         await conn.fetch(LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
 
     @store_errors
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        on: asyncpg.Pool | None = None,
+    ) -> Candidates:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
         their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
-        agent's size (``stores.cold_plan``)."""
+        agent's size (``stores.cold_plan``). ``on``: a read replica's pool with the
+        same session settings (``stores.read_routing``); default this store's pool."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
-        async with self._pool.acquire() as conn:
+        async with (on or self._pool).acquire() as conn:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(
                 size, self._exact_max_memories, own_graph=self._agent_sizes.has_own_graph((org, agent))
@@ -155,12 +164,14 @@ class MemorySearches:
         return size
 
     @store_errors
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
+    ) -> Candidates:
         """The ``limit`` memories best matching ``query``'s words by BM25, best first,
-        with ``lexical_score`` (the BM25 score) and their vectors."""
+        with ``lexical_score`` (the BM25 score) and their vectors. ``on``: as ``search``."""
         if limit <= 0 or not query.strip():
             return Candidates.empty()
-        row = await self._pool.fetchrow(
+        row = await (on or self._pool).fetchrow(
             LEXICAL_ARRAYS_SQL, as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id"), query, limit
         )
         if row is None or row[0] is None:  # no rows: every aggregate is NULL

@@ -18,6 +18,7 @@ import asyncpg
 import numpy as np
 
 from ibex_context.candidates import Candidates
+from ibex_context.errors import StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
@@ -53,6 +54,7 @@ class PostgresMemoryStore:
         agent_graphs: bool = False,
     ) -> None:
         self._pool = pool
+        self._ef_search = ef_search
         self._agent_graphs = agent_graphs
         token_counts = TokenCountsDecoder()
         self.searches = MemorySearches(
@@ -109,24 +111,49 @@ class PostgresMemoryStore:
         """Runs the read statements once on every idle pooled connection for a tenant that
         does not exist: asyncpg then has them prepared per connection, so the first
         requests pay no parse round trip."""
-        dim = int(await self._pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
+        await self._warm_up(self._pool)
+
+    async def _warm_up(self, pool: asyncpg.Pool) -> None:
+        dim = int(await pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
         probe = np.zeros(dim, dtype=np.float32)
-        connections = [await self._pool.acquire() for _ in range(self._pool.get_idle_size())]
+        connections = [await pool.acquire() for _ in range(pool.get_idle_size())]
         try:
             for conn in connections:
                 await self.searches.warm_up(conn, probe)
                 await self.reads.warm_up(conn)
         finally:
             for conn in connections:
-                await self._pool.release(conn)
+                await pool.release(conn)
+
+    async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
+        """A pool on a read replica of this store's database with this store's session
+        settings (the searches' ``on=``), warmed up as ``warm_up`` does."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search)
+        try:
+            await self._warm_up(pool)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pool.close()
+            raise StoreUnavailable(f"postgres replica: {type(exc).__name__}") from None
+        return pool
 
     # ---------------------------------------------------------------- reads
 
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
-        return await self.searches.search(org_id, agent_id, embedding, limit)
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        on: asyncpg.Pool | None = None,
+    ) -> Candidates:
+        """``on``: a pool from ``open_read_pool``; default the primary's."""
+        return await self.searches.search(org_id, agent_id, embedding, limit, on=on)
 
-    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
-        return await self.searches.search_lexical(org_id, agent_id, query, limit)
+    async def search_lexical(
+        self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
+    ) -> Candidates:
+        return await self.searches.search_lexical(org_id, agent_id, query, limit, on=on)
 
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
         return (await self.reads.get_directive_state(org_id, agent_id)).to_directive()
