@@ -1,9 +1,10 @@
 """One small interface for every embedder.
 
-Implementations: ``embedding.hashing`` (deterministic, lexical, for tests and load
-tests), ``embedding.minilm`` (all-MiniLM-L6-v2 run offline with numpy, off the
-event loop) and ``embedding.openai`` (an OpenAI-compatible ``/v1/embeddings``
-endpoint). ``embedding.cache`` wraps any of them with an LRU for queries.
+Implementations: ``embedding.minilm`` (all-MiniLM-L6-v2 on ONNX Runtime, offline,
+off the event loop: the semantic one), ``embedding.openai`` (an OpenAI-compatible
+``/v1/embeddings`` endpoint) and ``embedding.hashing`` (deterministic and lexical: a
+toy for tests and for isolating costs, no meaning). ``embedding.cache`` wraps any of
+them with an LRU for queries.
 """
 
 from __future__ import annotations
