@@ -10,7 +10,8 @@ them with an LRU for queries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
 
 from ibex_context.models import FloatVector
 
@@ -29,3 +30,12 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ThreadedEmbedder(Embedder, Protocol):
+    """An embedder whose work runs in its own threads: ``submit`` hands it over at once
+    (the caller's event loop need not turn first) and never raises for the texts; the
+    future's error is an ``EmbeddingError``."""
+
+    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,15 +124,21 @@ class MiniLMEmbedder:
                 vectors[i] = np.ascontiguousarray(vector, dtype=np.float32)
         return [v for v in vectors if v is not None]
 
-    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
-        if not texts:
-            return []
-        loop = asyncio.get_running_loop()
+    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+        """Hands ``texts`` to a worker thread now (``ThreadedEmbedder``)."""
+        return self._executor.submit(self._embed_or_error, list(texts))
+
+    def _embed_or_error(self, texts: list[str]) -> list[FloatVector]:
         try:
-            return await loop.run_in_executor(self._executor, self.embed_sync, list(texts))
+            return self.embed_sync(texts)
         except (ValueError, RuntimeError, MemoryError) as exc:
             # onnxruntime's own failures derive from RuntimeError.
             raise EmbeddingError(f"minilm: {type(exc).__name__}") from exc
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        if not texts:
+            return []
+        return await asyncio.wrap_future(self.submit(texts))
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
