@@ -229,6 +229,8 @@ class Retriever:
         pending = state.pending_embedding
         if pending is None:
             return await self._embedder.embed([query])
+        if pending.done():  # a cache hit: no shield, no turn of the loop
+            return [pending.result()]
         # Shielded: other calls of the same query may share it.
         return [await asyncio.shield(pending)]
 
