@@ -118,6 +118,7 @@ ENV PATH=/opt/ibex/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     IBEX_TIKTOKEN_CACHE_DIR=/opt/ibex/tiktoken \
     IBEX_EMBEDDER_GRAPH_DIR=/opt/ibex/onnx \
+    ORT_DISABLE_TELEMETRY=1 \
     IBEX_DATA_DIR=/tmp/ibex \
     IBEX_LOG_FORMAT=json
 

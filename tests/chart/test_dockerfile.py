@@ -215,6 +215,7 @@ def test_the_minilm_embedder_is_in_the_default_image_and_left_out_only_by_the_bu
     )
     runtime_env = " ".join(i.args for i in in_stage("runtime", "ENV"))
     assert "IBEX_EMBEDDER_GRAPH_DIR=/opt/ibex/onnx" in runtime_env
+    assert "ORT_DISABLE_TELEMETRY=1" in runtime_env  # onnxruntime records telemetry otherwise
     # Declared after the wheelhouse and our wheel, so both variants share those layers.
     position = {id(i): n for n, i in enumerate(INSTRUCTIONS)}
     arg = next(i for i in INSTRUCTIONS if i.keyword == "ARG" and i.args.startswith("WITH_MINILM="))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -103,3 +106,26 @@ def test_a_directory_without_weights_is_a_configuration_error(tmp_path: Path) ->
 def test_fewer_than_one_worker_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="embedding_workers"):
         MiniLMEmbedder(session=None, tokenizer=load_tokenizer(default_model_dir()), workers=0)
+
+
+def test_onnxruntime_writes_no_telemetry(tmp_path: Path) -> None:
+    """onnxruntime's PyPI build keeps telemetry events under $HOME/.cache for upload unless told not to:
+    a process opening our session, running it and failing a run leaves nothing in its home."""
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env["HOME"] = str(tmp_path)
+    script = (
+        "import numpy as np\n"
+        "from ibex_context.embedding.minilm import MiniLMEmbedder\n"
+        "e = MiniLMEmbedder.load()\n"
+        "assert len(e.embed_sync(['a service dog'])[0]) == 384\n"
+        "ids = np.array([[101, 7592, 102]], dtype=np.int64)\n"
+        "try:\n"
+        "    e._session.run(None, {'input_ids': ids, 'attention_mask': ids[:, :2]})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "Fail", done.stdout + done.stderr
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == []

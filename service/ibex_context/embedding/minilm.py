@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,8 +57,17 @@ def length_batches(lengths: Sequence[int], max_batch: int) -> list[list[int]]:
 
 def open_session(graph: Path) -> Any:
     """An onnxruntime session on ``graph``: one intra-op and one inter-op thread, every
-    graph optimisation, sequential execution. Safe to run from several threads at once."""
+    graph optimisation, sequential execution. Safe to run from several threads at once.
+
+    onnxruntime's PyPI build (1.32) records telemetry events (process info, session
+    errors with their messages) in ``$HOME/.cache/Microsoft/DeveloperTools`` for upload;
+    ``ORT_DISABLE_TELEMETRY=1``, read when it loads, turns all of it off (nothing is
+    written), so it is set before the import unless the operator set it already.
+    """
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import onnxruntime
+
+    onnxruntime.disable_telemetry_events()  # also when it was imported before we set the variable
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
