@@ -3,8 +3,14 @@
 """One load-test run on this machine: stores, service, seed, locust, metrics, report.
 
     loadtest/run --scenario smoke
-    loadtest/run --scenario baseline --rps 200 --duration 60
+    loadtest/run --scenario baseline --rps 50 --duration 60
+    loadtest/run --scenario agent-loop --rps 150               # agent loops: a question, 0-8 tool calls
     loadtest/run --scenario baseline --rps 600 --profile        # + py-spy profile of the server
+    loadtest/run --scenario baseline --embedder hashing         # TOY embedder: isolates the rest's cost
+
+The service embeds queries with the real embedder (all-MiniLM-L6-v2, ``--embedder minilm``)
+unless told otherwise, and the stored vectors come from the same embedder. ``hashing`` is a
+toy (its vectors carry words, not meaning) for isolating what the rest of the call costs.
 
 Steps: start Redis and PostgreSQL+pgvector (``ibex_context.devtools.embedded``) in a data dir,
 migrate and seed (``loadtest.seed``; a data dir seeded with the same parameters is
@@ -29,6 +35,11 @@ from pathlib import Path
 
 from loadtest.machine import ROOT
 
+# The service's embedders a run can use. minilm is the real one; hashing is a toy that
+# isolates the rest of the call's cost (its vectors carry words, not meaning).
+EMBEDDERS = ("minilm", "hashing")
+TOY_EMBEDDERS = frozenset({"hashing"})
+
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
@@ -42,6 +53,8 @@ class Scenario:
     large_memories: int = 0
     vectors: str = "embedder"
     description: str = ""
+    # The request mix (locust's --scenario-weights); "" is the locustfile's default mix.
+    scenario_weights: str = ""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -50,6 +63,18 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("smoke", 5, 200, 40, 30, 4, description="CI smoke: small data, low rate"),
         Scenario("baseline", 100, 1000, 200, 60, 30, description="100 agents x 1k memories at 200 RPS"),
         Scenario("step", 100, 1000, 400, 45, 30, description="one step of the max-RPS search"),
+        # The baseline's data, every call part of an agent loop's turn: the user's question,
+        # then 0-8 tool calls with the same last user message (loadtest/workload.py).
+        Scenario(
+            "agent-loop",
+            100,
+            1000,
+            150,
+            60,
+            30,
+            description="baseline data, agent loops: a question then 0-8 tool calls",
+            scenario_weights="agent_loop=1",
+        ),
         Scenario(
             "large-agent",
             1,
@@ -140,13 +165,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--large-memories", type=int)
     p.add_argument("--vectors", choices=("embedder", "random"))
     p.add_argument(
-        "--embedder", choices=("hashing", "minilm"), default="hashing", help="the service's embedder"
+        "--embedder",
+        choices=EMBEDDERS,
+        default="minilm",
+        help="the service's embedder: minilm (default) is the real one (all-MiniLM-L6-v2) users run;"
+        " hashing is a TOY for isolating costs (lexical only: no user who wants meaning runs it)",
     )
     p.add_argument(
         "--seed-embedder",
-        choices=("hashing", "minilm"),
-        default="hashing",
-        help="embedder of the stored vectors (with --vectors embedder)",
+        choices=EMBEDDERS,
+        default=None,
+        help="embedder of the stored vectors (with --vectors embedder; default: --embedder's, so the"
+        " stored vectors and the query's live in the same space)",
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeding processes")
     p.add_argument("--seed-only", action="store_true", help="start the stores, seed, stop")
@@ -160,7 +190,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--workers", type=int, default=1, help="server processes (SO_REUSEPORT)")
     p.add_argument("--rps-per-user", type=float, default=10.0)
-    p.add_argument("--scenario-weights", default="")
+    p.add_argument(
+        "--scenario-weights",
+        default=None,
+        help="request mix, e.g. new_session=5,agent_loop=1 (default: the scenario's; see loadtest/workload.py)",
+    )
     p.add_argument("--server-cpus", default="0")
     p.add_argument(
         "--pg-shared-buffers",
@@ -203,9 +237,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "large_agents",
         "large_memories",
         "vectors",
+        "scenario_weights",
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
+    if args.seed_embedder is None:
+        args.seed_embedder = args.embedder
     if args.stores_cpus is None:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from loadtest.machine import stolen_seconds
-from loadtest.options import SCENARIOS, parse_args
+from loadtest.options import SCENARIOS, dataset_key, parse_args
 
 
 def test_the_stores_share_the_load_generators_cpus_unless_told_otherwise() -> None:
@@ -26,3 +28,34 @@ def test_stolen_cpu_time_is_read_per_cpu() -> None:
     stolen = stolen_seconds()
     assert "0" in stolen and len(stolen) <= (os.cpu_count() or 1)
     assert all(seconds >= 0 for seconds in stolen.values())
+
+
+def test_the_real_embedder_is_the_default_and_the_stored_vectors_follow_the_services() -> None:
+    args = parse_args(["--scenario", "baseline"])
+    assert (args.embedder, args.seed_embedder) == ("minilm", "minilm")
+    toy = parse_args(["--scenario", "baseline", "--embedder", "hashing"])
+    assert (toy.embedder, toy.seed_embedder) == ("hashing", "hashing")
+    mixed = parse_args(["--embedder", "minilm", "--seed-embedder", "hashing"])
+    assert (mixed.embedder, mixed.seed_embedder) == ("minilm", "hashing")
+
+
+def test_the_data_seeded_for_one_embedder_is_not_reused_for_another() -> None:
+    assert dataset_key(parse_args(["--scenario", "baseline"])) != dataset_key(
+        parse_args(["--scenario", "baseline", "--embedder", "hashing"])
+    )
+
+
+def test_the_agent_loop_scenario_sends_agent_loops_on_the_baselines_data() -> None:
+    args = parse_args(["--scenario", "agent-loop"])
+    assert args.scenario_weights == "agent_loop=1"
+    assert dataset_key(args) == dataset_key(parse_args(["--scenario", "baseline"]))
+    assert parse_args(
+        ["--scenario", "agent-loop", "--scenario-weights", "new_session=1"]
+    ).scenario_weights == ("new_session=1")
+    assert parse_args(["--scenario", "baseline"]).scenario_weights == ""
+
+
+def test_the_help_text_labels_the_hashing_embedder_a_toy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "TOY for isolating costs" in " ".join(capsys.readouterr().out.split())
