@@ -39,6 +39,9 @@ from loadtest.machine import ROOT
 # isolates the rest of the call's cost (its vectors carry words, not meaning).
 EMBEDDERS = ("minilm", "hashing")
 TOY_EMBEDDERS = frozenset({"hashing"})
+# Above this many memories, --seed-embedder auto stores the hashing toy's vectors: MiniLM
+# took 187 ms of CPU per seeded memory (50-400 tokens) with numpy here (2026-11-28).
+MINILM_SEED_MAX = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +176,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--seed-embedder",
-        choices=EMBEDDERS,
-        default=None,
-        help="embedder of the stored vectors (with --vectors embedder; default: --embedder's, so the"
-        " stored vectors and the query's live in the same space)",
+        choices=("auto", *EMBEDDERS),
+        default="auto",
+        help="embedder of the stored vectors (with --vectors embedder). auto: --embedder's, so the stored"
+        f" vectors and the query's live in the same space, up to {MINILM_SEED_MAX:,} memories; above, the"
+        " hashing toy's (MiniLM costs ~0.2 s of CPU per seeded memory here: hours for 100k; a call's cost"
+        " does not depend on the stored vectors), said so in the report. minilm: MiniLM whatever the size",
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeding processes")
     p.add_argument("--seed-only", action="store_true", help="start the stores, seed, stop")
@@ -241,8 +246,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
-    if args.seed_embedder is None:
-        args.seed_embedder = args.embedder
+    args.seed_embedder, args.seed_embedder_why = seed_embedder(args)
     if args.stores_cpus is None:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":
@@ -250,6 +254,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.label = args.label or args.scenario
     args.argv = raw
     return args
+
+
+def seed_embedder(args: argparse.Namespace) -> tuple[str, str]:
+    """The stored vectors' embedder for ``--seed-embedder`` and why (for the report)."""
+    if args.seed_embedder != "auto":
+        return args.seed_embedder, "--seed-embedder"
+    total = args.agents * args.memories + args.large_agents * args.large_memories
+    if args.embedder in TOY_EMBEDDERS or total <= MINILM_SEED_MAX:
+        return args.embedder, "the service's embedder (--seed-embedder auto)"
+    return "hashing", (
+        f"the hashing TOY's, not {args.embedder}'s (--seed-embedder auto: {total:,} memories is over"
+        f" {MINILM_SEED_MAX:,}, and MiniLM takes ~0.2 s of CPU per seeded memory here; the call's cost"
+        " does not depend on the stored vectors, what it retrieves does: quality is measured by"
+        " benchmarks.quality)"
+    )
 
 
 def dataset_key(args: argparse.Namespace) -> str:

@@ -131,7 +131,12 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}).",
         f"- Data: {args.agents} agents x {args.memories:,} memories"
         + (f" + {args.large_agents} agents x {args.large_memories:,}" if args.large_agents else "")
-        + f", vectors from `{args.vectors if args.vectors == 'random' else args.seed_embedder}`, seed {args.seed}. "
+        + (
+            ", random unit vectors"
+            if args.vectors == "random"
+            else f", vectors from `{args.seed_embedder}`: {args.seed_embedder_why}"
+        )
+        + f", seed {args.seed}. "
         "Seeding output:",
         "",
         "```",
@@ -172,8 +177,11 @@ def _cache_line(result: RunResult) -> str:
     rate = result.embedding_cache_hit_rate
     if rate is None:
         return "no lookups reported (a server without the cache counter, or no call embedded a query)"
-    hits, misses = int(result.embedding_cache.get("hit", 0)), int(result.embedding_cache.get("miss", 0))
-    return f"**hit rate {100 * rate:.1f} %** ({hits:,} hits, {misses:,} misses)"
+    counts = {k: int(result.embedding_cache.get(k, 0)) for k in ("hit", "shared", "miss")}
+    return (
+        f"**hit rate {100 * rate:.1f} %** (served without embedding again: {counts['hit']:,} found cached"
+        f" + {counts['shared']:,} joined an embedding in flight; {counts['miss']:,} embedded)"
+    )
 
 
 def _questions(args: argparse.Namespace) -> str:

@@ -181,7 +181,6 @@ def test_no_label_can_carry_an_id() -> None:
         "code",
         "generation",
         "plan",
-        "result",
         "le",
     }
 
@@ -193,17 +192,6 @@ def test_post_response_queue_depth_is_read_at_scrape_time() -> None:
     assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 3
     queue.clear()
     assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 0
-
-
-def test_query_embedding_cache_lookups_are_read_from_the_cache_at_scrape_time() -> None:
-    metrics = Metrics(CollectorRegistry())
-    counts = [4, 1]
-    metrics.track_query_embedding_cache(lambda: (counts[0], counts[1]))
-    hit = ("ibex_context_query_embedding_cache_lookups_total", frozenset({("result", "hit")}))
-    miss = ("ibex_context_query_embedding_cache_lookups_total", frozenset({("result", "miss")}))
-    assert (values(metrics)[hit], values(metrics)[miss]) == (4, 1)
-    counts[:] = [12, 3]
-    assert (values(metrics)[hit], values(metrics)[miss]) == (12, 3)
 
 
 def test_profile_reloads_count_by_outcome_and_stamp_the_last_success() -> None:

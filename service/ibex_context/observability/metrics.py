@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable
 
 from grpclib.const import Status
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (
@@ -397,34 +395,9 @@ class Metrics:
     def record_longest_iteration(self, seconds: float) -> None:
         self.event_loop_longest_iteration.observe(seconds)
 
-    def track_query_embedding_cache(self, counts: Callable[[], tuple[int, int]]) -> None:
-        """Read the query-embedding cache's (hits, misses) at scrape time (nothing on the
-        request path): an agent loop's tool calls repeat their turn's question, and the
-        hit rate says whether the cache serves them."""
-        self.registry.register(_QueryEmbeddingCacheCollector(counts))
-
     # --- introspection for tests and the dashboard check ---------------------------------
     def metric_names(self) -> Iterable[str]:
         """Every sample name this registry exposes (``_bucket``, ``_total`` ... included)."""
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name
-
-
-class _QueryEmbeddingCacheCollector(Collector):
-    """``ibex_context_query_embedding_cache_lookups_total{result="hit"|"miss"}``."""
-
-    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterable[Metric]:
-        hits, misses = self._counts()
-        family = CounterMetricFamily(
-            "ibex_context_query_embedding_cache_lookups",
-            "Query embeddings looked up in the cache: found (or being computed for another call)"
-            " or computed.",
-            labels=["result"],
-        )
-        family.add_metric(["hit"], hits)
-        family.add_metric(["miss"], misses)
-        yield family

@@ -119,7 +119,6 @@ class ContextService:
         self._closers.append(embedder.aclose)
         await _check_database_dim(s.postgres_dsn, s.embedding_dim)
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
-        self.metrics.track_query_embedding_cache(lambda: (query_embedder.hits, query_embedder.misses))
 
         postgres = await PostgresMemoryStore.from_settings(s)
         self._closers.append(postgres.aclose)
