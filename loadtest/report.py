@@ -155,6 +155,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"would in a service that has been running) + {args.duration:g} s measured, gRPC deadline 45 ms per "
         f"call, {_questions(args)}, scenario weights `{args.scenario_weights or DEFAULT_WEIGHTS}`.",
         f"- Locust command: `{result.setup['locust_cmd']}`",
+        *_service_code_lines(),
         *_export_lines(result.setup.get("export")),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         f"- Total wall time of the run including start-up and seeding: {result.setup['elapsed_total_s']:.0f} s.",
@@ -192,6 +193,14 @@ def _questions(args: argparse.Namespace) -> str:
             " question (the cache's hits)"
         )
     return "every question unique (no embedding-cache hits)"
+
+
+def _service_code_lines() -> list[str]:
+    """A before/after comparison runs another tree's service from the same tooling: say which."""
+    path = os.environ.get("PYTHONPATH")
+    if not path:
+        return []
+    return [f"- Service code: `ibex_context` imported from `PYTHONPATH={path}` (not this commit's)."]
 
 
 def _export_lines(export: object) -> list[str]:
