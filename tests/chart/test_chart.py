@@ -134,6 +134,14 @@ def test_invalid_setting_values_are_rejected_naming_the_field(helm: str) -> None
     assert "embedder" in result.stderr
 
 
+def test_the_default_embedder_is_the_semantic_one(render: Callable[..., Rendered]) -> None:
+    spec = render().one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for c in containers(spec) for e in c.get("env", [])}
+    assert env["IBEX_EMBEDDER"] == "minilm"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["config"]["properties"]["embedder"]["enum"] == ["minilm", "openai", "hashing"]
+
+
 def test_external_stores_without_a_secret_name_fail_with_a_clear_message(helm: str) -> None:
     result = run_helm(helm, *template_args(sets=["secrets.existingSecret="]))
     assert result.returncode != 0

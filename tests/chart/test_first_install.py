@@ -356,6 +356,7 @@ def test_with_the_operator_the_deployment_starts_at_min_replicas_not_one(
     assert r.one("ContextProfile", "default")["spec"]["autoscaling"]["minReplicas"] == 3
 
 
-def test_the_notes_say_the_minilm_embedder_needs_the_minilm_image(helm: str) -> None:
-    assert "--build-arg WITH_MINILM=true" in notes(helm, "config.embedder=minilm")
-    assert "WITH_MINILM" not in notes(helm)
+def test_the_notes_say_where_the_minilm_weights_are_and_what_hashing_is(helm: str) -> None:
+    assert "--build-arg WITH_MINILM=false has none" in notes(helm)  # minilm is the default
+    assert "lexical toy" in notes(helm, "config.embedder=hashing")
+    assert "WITH_MINILM" not in notes(helm, "config.embedder=openai")

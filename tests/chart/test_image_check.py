@@ -51,7 +51,7 @@ def test_the_image_check_builds_every_target_the_way_the_issue_requires() -> Non
     assert "debootstrap --variant=minbase" in text
     assert "bah from scratch" in text
     builds = re.findall(r"^build (\w+)(.*)$", text, re.MULTILINE)
-    assert {name for name, _ in builds} == {"service", "loadtest", "minilm"}
+    assert {name for name, _ in builds} == {"service", "loadtest", "slim"}
     assert "--isolation chroot" in text
     assert "--secret id=pip.conf" in text and "--secret id=pip-ca" in text
     assert "--runtime runc --cgroup-manager cgroupfs" in text

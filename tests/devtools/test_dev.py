@@ -44,6 +44,8 @@ def test_dev_once_answers_the_paraphrased_demo_question_with_the_right_memory(tm
     assert line is not None and float(line.group(1)) > 0.25 and float(line.group(2)) == 0.0
     assert ACME_SUPPORT.directive in system
     assert "directive_injected=True" in out
+    # The call shown is one every source answered in time (the demo waits for a warm query path).
+    assert "level=FULL " in out and "fallback_reason=" not in out
     # The other tenant shares the agent id and nothing else.
     assert all(content not in out for _, content in GLOBEX_TUTOR.memories)
 

@@ -1,14 +1,16 @@
-"""CachedEmbedder: an LRU by (model, sha256(text)) that coalesces concurrent misses."""
+"""CachedEmbedder: an LRU by (model, sha256(normalised text)) that coalesces concurrent misses."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ibex_context.embedding.cache import CachedEmbedder
+from ibex_context.embedding.cache import CachedEmbedder, normalise_query
 from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.errors import EmbeddingError
 from ibex_context.models import FloatVector
 
 
@@ -91,3 +93,71 @@ async def test_entries_are_per_model_and_read_only() -> None:
     assert len(a.calls) == len(b.calls) == 1
     with pytest.raises(ValueError):
         from_a[0] = 1.0
+
+
+class ThreadedCountingEmbedder(CountingEmbedder):
+    """A real (hashing) embedder run in a worker thread, like minilm: ``submit`` hands it over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submitted: list[list[str]] = []
+        self._executor = ThreadPoolExecutor(max_workers=1)
+
+    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+        self.submitted.append(list(texts))
+        return self._executor.submit(lambda: [self._inner.embed_one(t) for t in texts])
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+async def test_texts_differing_only_in_whitespace_share_one_embedding() -> None:
+    inner = CountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=10)
+    [a] = await cache.embed(["  what did I say\nabout   my dog? "])
+    [b] = await cache.embed(["what did I say about my dog?"])
+    assert inner.calls == [["what did I say about my dog?"]]  # the normalised text is embedded
+    np.testing.assert_array_equal(a, b)
+    assert normalise_query(" a\t b \n") == "a b"
+
+
+async def test_an_agent_loop_embeds_its_turns_query_once() -> None:
+    """A user turn, then tool calls re-sending the same last user message: one embedding."""
+    inner = CountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=100)
+    tool_calls = [0, 3, 8, 1]
+    for turn, calls in enumerate(tool_calls):
+        for _ in range(1 + calls):
+            await cache.begin(f"turn {turn}: find the invoice and file it")
+    assert len(inner.calls) == len(tool_calls)
+    assert cache.counts() == (sum(tool_calls), 0, len(tool_calls))
+
+
+async def test_begin_hands_a_threaded_embedder_its_work_before_the_loop_turns() -> None:
+    inner = ThreadedCountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=10)
+    try:
+        pending = cache.begin("the query")
+        assert inner.submitted == [["the query"]]  # no await in between
+        joined = cache.begin("the query")
+        assert joined is pending and cache.counts() == (0, 1, 1)
+        vector = await asyncio.shield(pending)
+        [again] = await cache.embed(["the query"])
+        assert again is vector and cache.counts() == (1, 1, 1)
+    finally:
+        await cache.aclose()
+
+
+async def test_a_failed_embedding_reaches_its_waiters_and_is_not_cached() -> None:
+    class Failing(CountingEmbedder):
+        async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+            self.calls.append(list(texts))
+            raise EmbeddingError("down")
+
+    inner = Failing()
+    cache = CachedEmbedder(inner, max_entries=10)
+    with pytest.raises(EmbeddingError):
+        await cache.embed(["q"])
+    with pytest.raises(EmbeddingError):
+        await asyncio.shield(cache.begin("q"))
+    assert len(inner.calls) == 2 and len(cache) == 0

@@ -286,3 +286,20 @@ def test_gc_pauses_are_recorded_by_generation_and_unknown_generations_ignored() 
     assert v[("ibex_context_gc_pause_seconds_bucket", frozenset({("generation", "2"), ("le", "0.045")}))] == 0
     assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "0")}))] == 1
     assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "1")}))] == 0
+
+
+def test_query_embedding_cache_lookups_are_read_from_the_cache_at_scrape_time() -> None:
+    metrics = Metrics(CollectorRegistry())
+    counts = [3, 1, 2]
+    metrics.track_query_embedding_cache(lambda: (counts[0], counts[1], counts[2]))
+    name = "ibex_context_query_embedding_lookups_total"
+    assert {
+        result: values(metrics)[(name, frozenset({("result", result)}))]
+        for result in ("hit", "shared", "miss")
+    } == {
+        "hit": 3,
+        "shared": 1,
+        "miss": 2,
+    }
+    counts[0] += 5
+    assert values(metrics)[(name, frozenset({("result", "hit")}))] == 8

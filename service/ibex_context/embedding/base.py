@@ -1,15 +1,17 @@
 """One small interface for every embedder.
 
-Implementations: ``embedding.hashing`` (deterministic, lexical, for tests and load
-tests), ``embedding.minilm`` (all-MiniLM-L6-v2 run offline with numpy, off the
-event loop) and ``embedding.openai`` (an OpenAI-compatible ``/v1/embeddings``
-endpoint). ``embedding.cache`` wraps any of them with an LRU for queries.
+Implementations: ``embedding.minilm`` (all-MiniLM-L6-v2 on ONNX Runtime, offline,
+off the event loop: the semantic one), ``embedding.openai`` (an OpenAI-compatible
+``/v1/embeddings`` endpoint) and ``embedding.hashing`` (deterministic and lexical: a
+toy for tests and for isolating costs, no meaning). ``embedding.cache`` wraps any of
+them with an LRU for queries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
 
 from ibex_context.models import FloatVector
 
@@ -28,3 +30,12 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ThreadedEmbedder(Embedder, Protocol):
+    """An embedder whose work runs in its own threads: ``submit`` hands it over at once
+    (the caller's event loop need not turn first) and never raises for the texts; the
+    future's error is an ``EmbeddingError``."""
+
+    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...

@@ -1,11 +1,20 @@
 """An LRU of embeddings in front of any embedder, for the per-request query.
 
-Keyed by (model name, sha256 of the text), so texts are not kept as keys and two
-models never share entries. Concurrent misses for the same text are coalesced:
-one call to the inner embedder, every caller gets its result. The inner call runs
-in its own task, so a caller whose deadline cancels it does not cancel the work
-the others wait for, and the result still lands in the cache for the next call.
-Cached vectors are read-only: callers share them.
+An agent loop asks the same last user message across the several LLM calls of one
+turn (one per tool call): the query is embedded once per turn, not once per call.
+Keys are (model name, sha256 of the text with its whitespace runs collapsed and its
+ends stripped): texts are not kept as keys, two models never share entries, and two
+spellings that tokenise alike share one entry (the normalised text is what is
+embedded). Concurrent misses for the same text are coalesced: one inner call, every
+caller gets its result. The inner call runs in its own task, so a caller whose
+deadline cancels it does not cancel the work the others wait for, and the result
+still lands in the cache for the next call. Cached vectors are read-only: callers
+share them.
+
+``begin`` starts the embedding of one query and returns at once, so the assembler
+starts it before anything else of the call; with an embedder that runs in threads
+(``ThreadedEmbedder``) the work is handed to a worker thread right there, not on a
+later turn of the event loop.
 """
 
 from __future__ import annotations
@@ -15,20 +24,37 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.base import Embedder, ThreadedEmbedder
 from ibex_context.models import FloatVector
 
 _Key = tuple[str, bytes]
 
 
+def normalise_query(text: str) -> str:
+    """``text`` with its whitespace runs collapsed to one space and its ends stripped:
+    the embedders tokenise on whitespace, so the vector is the same."""
+    return " ".join(text.split())
+
+
+def _retrieve_exception(future: asyncio.Future[FloatVector]) -> None:
+    # A started embedding nobody waited for (the call ended first) must not log
+    # "exception was never retrieved" when it fails.
+    if not future.cancelled():
+        future.exception()
+
+
 class CachedEmbedder:
     def __init__(self, inner: Embedder, max_entries: int) -> None:
         self._inner = inner
+        self._submit = inner.submit if isinstance(inner, ThreadedEmbedder) else None
         self._max_entries = max_entries
         self._entries: OrderedDict[_Key, FloatVector] = OrderedDict()
-        self._inflight: dict[_Key, tuple[asyncio.Task[list[FloatVector]], int]] = {}
-        self.hits = 0
-        self.misses = 0
+        self._inflight: dict[_Key, asyncio.Future[FloatVector]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Read at scrape time (``Metrics.track_query_embedding_cache``): no cost per call.
+        self.hits = 0  # found in the cache
+        self.shared = 0  # joined an embedding already in flight
+        self.misses = 0  # embedded
 
     @property
     def name(self) -> str:
@@ -38,59 +64,113 @@ class CachedEmbedder:
     def dim(self) -> int:
         return self._inner.dim
 
+    def counts(self) -> tuple[int, int, int]:
+        """(hits, shared, misses) so far: the metric's source."""
+        return self.hits, self.shared, self.misses
+
     def __len__(self) -> int:
         return len(self._entries)
 
     def _key(self, text: str) -> _Key:
         return (self._inner.name, hashlib.sha256(text.encode("utf-8")).digest())
 
+    def begin(self, text: str) -> asyncio.Future[FloatVector]:
+        """The embedding of ``text``: already done when cached, else started now.
+
+        The future is shared by every caller of the same text: await it through
+        ``asyncio.shield`` so a caller's timeout does not cancel it for the others.
+        """
+        normalised = normalise_query(text)
+        key = self._key(normalised)
+        cached = self._entries.get(key)
+        if cached is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
+            done.set_result(cached)
+            return done
+        pending = self._inflight.get(key)
+        if pending is not None:
+            self.shared += 1
+            return pending
+        self.misses += 1
+        return self._start([key], [normalised])[0]
+
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
-        keys = [self._key(text) for text in texts]
-        found: dict[int, FloatVector] = {}
-        waits: dict[int, tuple[asyncio.Task[list[FloatVector]], int]] = {}
-        new_keys: dict[_Key, int] = {}  # key -> position in the new inner call
-        new_texts: list[str] = []
-        for i, key in enumerate(keys):
+        normalised = [normalise_query(text) for text in texts]
+        keys = [self._key(text) for text in normalised]
+        waits: list[asyncio.Future[FloatVector] | None] = []
+        new_keys: dict[_Key, str] = {}
+        for key, text in zip(keys, normalised, strict=True):
             cached = self._entries.get(key)
             if cached is not None:
                 self._entries.move_to_end(key)
-                found[i] = cached
                 self.hits += 1
+                done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
+                done.set_result(cached)
+                waits.append(done)
             elif key in self._inflight:
-                waits[i] = self._inflight[key]
-                self.hits += 1
+                self.shared += 1
+                waits.append(self._inflight[key])
+            elif key in new_keys:
+                self.shared += 1
+                waits.append(None)
             else:
-                if key not in new_keys:
-                    new_keys[key] = len(new_texts)
-                    new_texts.append(texts[i])
-                    self.misses += 1
-        if new_texts:
-            task = asyncio.create_task(self._compute(list(new_keys), new_texts), name="embed-miss")
-            for key, position in new_keys.items():
-                self._inflight[key] = (task, position)
-            for i, key in enumerate(keys):
-                if i not in found and i not in waits:
-                    waits[i] = (task, new_keys[key])
-        for i, (task, position) in waits.items():
-            found[i] = (await asyncio.shield(task))[position]
-        return [found[i] for i in range(len(keys))]
+                new_keys[key] = text
+                self.misses += 1
+                waits.append(None)
+        if new_keys:
+            started = dict(zip(new_keys, self._start(list(new_keys), list(new_keys.values())), strict=True))
+            waits = [wait or started[key] for key, wait in zip(keys, waits, strict=True)]
+        return [await asyncio.shield(wait) for wait in waits if wait is not None]
 
-    async def _compute(self, keys: list[_Key], texts: list[str]) -> list[FloatVector]:
+    def _start(self, keys: list[_Key], texts: list[str]) -> list[asyncio.Future[FloatVector]]:
+        """One inner call for ``texts`` (distinct, none cached or in flight), started now."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[FloatVector]] = []
+        for key in keys:
+            future: asyncio.Future[FloatVector] = loop.create_future()
+            future.add_done_callback(_retrieve_exception)
+            self._inflight[key] = future
+            futures.append(future)
+        # A threaded embedder gets the work now; any other starts in the task.
+        submitted = asyncio.wrap_future(self._submit(texts)) if self._submit else None
+        task = asyncio.create_task(self._compute(keys, futures, texts, submitted), name="embed-miss")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return futures
+
+    async def _compute(
+        self,
+        keys: list[_Key],
+        futures: list[asyncio.Future[FloatVector]],
+        texts: list[str],
+        submitted: asyncio.Future[list[FloatVector]] | None,
+    ) -> None:
         try:
-            vectors = await self._inner.embed(texts)
-            for key, vector in zip(keys, vectors, strict=True):
+            vectors = await (submitted if submitted is not None else self._inner.embed(texts))
+            for key, future, vector in zip(keys, futures, vectors, strict=True):
                 vector.flags.writeable = False
                 if self._max_entries > 0:
                     self._entries[key] = vector
                     self._entries.move_to_end(key)
+                if not future.done():
+                    future.set_result(vector)
             while len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
-            return vectors
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            raise
+        except Exception as exc:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
         finally:
             for key in keys:
                 self._inflight.pop(key, None)
 
     async def aclose(self) -> None:
-        for task, _ in list(self._inflight.values()):
+        for task in list(self._tasks):
             task.cancel()
         await self._inner.aclose()

@@ -20,7 +20,9 @@ def build_embedder(settings: Settings) -> Embedder:
     if settings.embedder == "hashing":
         embedder = HashingEmbedder(settings.embedding_dim)
     elif settings.embedder == "minilm":
-        embedder = MiniLMEmbedder.load()
+        embedder = MiniLMEmbedder.load(
+            graph_dir=settings.embedder_graph_dir, workers=settings.embedding_workers
+        )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)
     if embedder.dim != settings.embedding_dim:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 
 from grpclib.const import Status
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (
@@ -384,6 +386,11 @@ class Metrics:
             if profiles is not None:
                 self.profiles_loaded.set(profiles)
 
+    def track_query_embedding_cache(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Expose the query-embedding cache's (hits, shared, misses), read at scrape time:
+        the request path only bumps the cache's own integers."""
+        self.registry.register(_QueryEmbeddingCache(counts))
+
     # --- runtime --------------------------------------------------------------------------
     def record_gc_pause(self, generation: int, seconds: float) -> None:
         if 0 <= generation < len(self._by_generation):
@@ -401,3 +408,25 @@ class Metrics:
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name
+
+
+class _QueryEmbeddingCache(Collector):
+    """``ibex_context_query_embedding_lookups_total{result}``: hit (the cache had it),
+    shared (joined the same query's embedding in flight), miss (embedded). An agent
+    loop's tool calls repeat the turn's query: they should be hits."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "ibex_context_query_embedding_lookups",
+            "Query embeddings asked of the cache, by result: hit (cached), shared (joined the "
+            "same query's embedding in flight) or miss (embedded).",
+            labels=["result"],
+        )
+        hits, shared, misses = self._counts()
+        family.add_metric(["hit"], hits)
+        family.add_metric(["shared"], shared)
+        family.add_metric(["miss"], misses)
+        yield family

@@ -152,6 +152,9 @@ class Assembler:
         self, call: _Call, tasks: list[asyncio.Task[None]], deadlines: CallDeadlines
     ) -> Assembly:
         request, profile, state = call.request, call.profile, call.state
+        query = _query_text(request.messages, self._config.query_max_chars)
+        # First: the embedding is the call's longest step and needs nothing else.
+        self._retriever.begin_embedding(query, state)
         t0 = time.perf_counter_ns()
         model = resolve_model(request.model, profile.models)
         encoding = self._encodings.get(model.encoding)
@@ -178,7 +181,7 @@ class Assembler:
         plan = RetrievalPlan(
             org_id=request.org_id,
             agent_id=request.agent_id,
-            query=_query_text(request.messages, self._config.query_max_chars),
+            query=query,
             hot_limit=self._config.hot_limit,
             cold_limit=_search_limit(self._config.cold_limit, profile),
             lexical_limit=_search_limit(self._config.lexical_limit, profile),

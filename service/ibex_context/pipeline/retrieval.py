@@ -1,5 +1,7 @@
 """Parallel retrieval: directive, hot set, lexical search and query embedding at
-once; the vector (cold) search as soon as the embedding is ready. Each source has
+once; the vector (cold) search as soon as the embedding is ready. The embedding,
+the longest of them, is started first (``Retriever.begin_embedding``), before the
+call's budget is even counted. Each source has
 its own timeout and a failure of one never blocks the others.
 
 This is the only stage of the pipeline that does I/O. It fills a
@@ -19,6 +21,7 @@ from typing import TypeVar
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.report import SourceName, SourceResult, SourceStatus, plan_detail
@@ -60,6 +63,8 @@ class RetrievalState:
     cold: Candidates = field(default_factory=Candidates.empty)
     lexical: Candidates = field(default_factory=Candidates.empty)
     query_embedding: FloatVector | None = None
+    # The query's embedding when it was started before the sources (shared: shield it).
+    pending_embedding: asyncio.Future[FloatVector] | None = None
     sources: dict[SourceName, SourceResult] = field(default_factory=dict)
     # perf_counter_ns intervals per source, for the stage spans.
     intervals: dict[SourceName, tuple[int, int]] = field(default_factory=dict)
@@ -90,6 +95,14 @@ class Retriever:
         self._hot = hot_memories
         self._cold = cold_memories
         self._embedder = embedder
+        self._begin = embedder.begin if isinstance(embedder, CachedEmbedder) else None
+
+    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+        """Starts embedding ``query`` now, ahead of everything else of the call: with the
+        query cache in front of a threaded embedder, a worker thread takes it at once and
+        computes while the event loop counts the budget and starts the other reads."""
+        if query and self._begin is not None:
+            state.pending_embedding = self._begin(query)
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         """Start every source; the caller waits for them (see ``wait_for_sources``)."""
@@ -181,7 +194,7 @@ class Retriever:
                 state,
                 SourceName.EMBED,
                 deadline - time.perf_counter(),
-                lambda: self._embedder.embed([plan.query]),
+                lambda: self._query_embedding(plan.query, state),
                 count=len,
             )
         except asyncio.CancelledError:
@@ -211,6 +224,15 @@ class Retriever:
         )
         if not isinstance(cold, _Failed):
             state.cold = cold
+
+    async def _query_embedding(self, query: str, state: RetrievalState) -> list[FloatVector]:
+        pending = state.pending_embedding
+        if pending is None:
+            return await self._embedder.embed([query])
+        if pending.done():  # a cache hit: no shield, no turn of the loop
+            return [pending.result()]
+        # Shielded: other calls of the same query may share it.
+        return [await asyncio.shield(pending)]
 
 
 @dataclass(frozen=True, slots=True)

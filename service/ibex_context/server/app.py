@@ -110,7 +110,10 @@ class ContextService:
         # First loads take hundreds of milliseconds: never on a request.
         await asyncio.to_thread(encodings.preload, [*STORED_ENCODINGS])
 
-        embedder = self.embedder or build_embedder(s)
+        # In a thread: a first start of the minilm embedder builds its graph (seconds).
+        embedder = self.embedder
+        if embedder is None:
+            embedder = await asyncio.to_thread(build_embedder, s)
         if embedder.dim != s.embedding_dim:
             raise ConfigurationError(
                 f"embedding_dim: embedder {embedder.name} produces {embedder.dim} dimensions, "
@@ -119,6 +122,7 @@ class ContextService:
         self._closers.append(embedder.aclose)
         await _check_database_dim(s.postgres_dsn, s.embedding_dim)
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
+        self.metrics.track_query_embedding_cache(query_embedder.counts)
 
         postgres = await PostgresMemoryStore.from_settings(s)
         self._closers.append(postgres.aclose)
