@@ -76,6 +76,18 @@ async def warm_query_embedding(client: ContextClient, warm_up: Tenant, question:
     return False
 
 
+async def open_connection(client: ContextClient, warm_up: Tenant) -> None:
+    """One call of the memoryless agent with a fixed text, so the client's HTTP/2 connection
+    is up before the first question (a proxy's is long-lived)."""
+    await client.assemble(
+        org_id=warm_up.org_id,
+        agent_id=warm_up.agent_id,
+        model=MODEL,
+        messages=[ChatMessage("user", "connection check")],
+        timeout=CALL_TIMEOUT_SECONDS,
+    )
+
+
 async def ask(
     client: ContextClient, tenant: Tenant, question: str, session_id: str, *, timeout: float
 ) -> ServiceAnswer:

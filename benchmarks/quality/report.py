@@ -137,7 +137,9 @@ def _asking(setup: Setup) -> str:
     )
     return (
         "Each question is asked once, cold (no warm-up: the service embeds it within the call), with"
-        f" the proxy's 45 ms as the call's gRPC deadline; {fresh}."
+        f" the proxy's 45 ms as the call's gRPC deadline; {fresh}; the client's connection is opened"
+        " first by one uncounted call of a memoryless agent with a fixed text, as a proxy's is"
+        " long-lived."
     )
 
 

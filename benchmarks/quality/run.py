@@ -26,6 +26,7 @@ from benchmarks.quality.ask import (
     MODEL,
     SERVED_DEADLINE_SECONDS,
     ask,
+    open_connection,
     warm_query_embedding,
 )
 from benchmarks.quality.baselines import (
@@ -157,6 +158,9 @@ async def run_budget(
     run = BudgetRun(budget, warm=warm)
     started = time.perf_counter()
     async with MemoryClient(target, timeout=120.0) as writer, ContextClient(target) as reader:
+        # A proxy's connection to the service is long-lived: open this one with a call that
+        # is not counted (a fixed text of the memoryless agent, no question's embedding).
+        await open_connection(reader, warm_up)
         for tenant, item in zip(tenants, prepared, strict=True):
             ingested = await ingest(writer, item.conversation, tenant, item.turn_vectors)
             run.duplicate_turns += duplicate_turns([ingested])
