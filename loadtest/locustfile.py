@@ -10,7 +10,11 @@ Scenarios (weighted tasks; ``--scenario-weights``):
 * ``long_conversation``: 20-50 messages of history, then the question;
 * ``constrained_model``: an 8k-window model (``--constrained-model``, gpt-4) with a
   long conversation, so the memory budget is small;
-* ``large_agent``: the agents with the most memories in the agents file.
+* ``large_agent``: the agents with the most memories in the agents file;
+* ``agent_loop``: an agent's turn: the user's question, then 0-8 tool calls (uniform),
+  each one more call of the same session with the same last user message and the tool
+  call and its result appended (reported as ``agent_loop_tool_call``), as an agent
+  framework calls the LLM; the service's query-embedding cache should serve those.
 
 Every response is checked (``loadtest.checks``): metadata counts consistent, injected
 tokens within the memory budget, the client's messages preserved in order after the
@@ -65,10 +69,9 @@ from ibex_context._proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
 from loadtest import checks  # noqa: E402
 from loadtest.workload import (  # noqa: E402
     DEFAULT_WEIGHTS,
-    SCENARIOS,
     Caller,
+    RequestMix,
     Workload,
-    build_request,
     parse_weights,
 )
 
@@ -208,9 +211,9 @@ class AssembleContextUser(User):
             request_serializer=pb.AssembleContextRequest.SerializeToString,
             response_deserializer=pb.AssembleContextResponse.FromString,
         )
-        weights = parse_weights(options.scenario_weights)
-        self._scenarios = [name for name in SCENARIOS if weights.get(name)]
-        self._weights = [weights[name] for name in self._scenarios]
+        self._mix = RequestMix(
+            self._workload, self._caller, self._rng, parse_weights(options.scenario_weights)
+        )
         # Users spawned in the same instant would call in lock-step; spread their phases.
         gevent.sleep(self._rng.random() / max(options.rps_per_user, 1e-3))
 
@@ -222,13 +225,9 @@ class AssembleContextUser(User):
 
     @task
     def assemble(self) -> None:
-        scenario = self._rng.choices(self._scenarios, self._weights)[0]
-        self.call(scenario, self.build_request(scenario))
+        self.call(*self._mix.next())
 
     # -- requests -----------------------------------------------------------------------
-
-    def build_request(self, scenario: str) -> Any:
-        return build_request(self._workload, self._caller, self._rng, scenario)
 
     def call(self, scenario: str, req: Any) -> None:
         name = f"AssembleContext/{scenario}"

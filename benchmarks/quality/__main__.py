@@ -34,7 +34,7 @@ from benchmarks.quality.ingest import Tenant
 from benchmarks.quality.locomo import Conversation, load_conversations
 from benchmarks.quality.report import Setup, markdown, results_json, terminal_summary
 from benchmarks.quality.run import BudgetRun, model_encoding, prepare, run_budget
-from benchmarks.quality.service import RunningService, local_service, remote_service
+from benchmarks.quality.service import RunningService, local_stores, remote_service, service_process
 
 log = logging.getLogger("benchmarks.quality")
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +82,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--limit-questions", type=int, default=0, help="ask only the first N questions of each conversation"
     )
     parser.add_argument("--note", default="", help="a line for the top of the report")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="WARM mode, not what users are served: compute each question's embedding (asking a"
+        " memoryless agent) before asking it, with a 2 s deadline; measures ranking alone. Default:"
+        " each question asked once, cold, under the proxy's 45 ms deadline, a new service process"
+        " per budget",
+    )
     return parser.parse_args(argv)
 
 
@@ -139,35 +147,53 @@ async def measure(
     profiles = profiles_json({b: [t.agent_id for t in ts] for b, ts in tenants.items()}, warm_up.agent_id)
     parse_profiles(profiles)  # the service's own validation: fails here, not in the service
 
+    async def ask_budget(budget: Budget, target: str) -> BudgetRun:
+        log.info("budget %s …", budget.name)
+        run = await run_budget(
+            budget,
+            tenants[budget],
+            prepared,
+            target=target,
+            warm_up=warm_up,
+            warmed=warmed,
+            encoding=encoding,
+            counter=counter,
+            warm=args.warm,
+        )
+        log.info("budget %s done in %.0f s: %s", budget.name, run.seconds, _served_line(run))
+        return run
+
+    warmed: set[str] = set()
+    runs: list[BudgetRun] = []
     with tempfile.TemporaryDirectory(prefix="ibex-quality-") as work:
         if args.target:
             if args.target_profiles is not None:
                 args.target_profiles.write_text(profiles)
-            service_context = remote_service(args.target)
-        else:
-            profiles_path = Path(work) / "profiles.json"
-            profiles_path.write_text(profiles)
-            service_context = local_service(Path(work), profiles_path)
-        async with service_context as service:
-            if args.target_profiles is not None or not args.target:
-                await wait_for_profiles(service.target, warm_up)
-            warmed: set[str] = set()
-            runs = []
-            for budget in budgets:
-                log.info("budget %s …", budget.name)
-                run = await run_budget(
-                    budget,
-                    tenants[budget],
-                    prepared,
-                    target=service.target,
-                    warm_up=warm_up,
-                    warmed=warmed,
-                    encoding=encoding,
-                    counter=counter,
-                )
-                log.info("budget %s done in %.0f s", budget.name, run.seconds)
-                runs.append(run)
+            async with remote_service(args.target) as service:
+                if args.target_profiles is not None:
+                    await wait_for_profiles(service.target, warm_up)
+                for budget in budgets:
+                    runs.append(await ask_budget(budget, service.target))
+            return runs, service
+        profiles_path = Path(work) / "profiles.json"
+        profiles_path.write_text(profiles)
+        async with local_stores(Path(work)) as stores:
+            # Cold: a new process per budget, so no budget finds a question another one asked.
+            groups = [list(budgets)] if args.warm else [[b] for b in budgets]
+            for group in groups:
+                async with service_process(stores, profiles_path) as service:
+                    await wait_for_profiles(service.target, warm_up)
+                    for budget in group:
+                        runs.append(await ask_budget(budget, service.target))
     return runs, service
+
+
+def _served_line(run: BudgetRun) -> str:
+    served = run.served()
+    return (
+        f"{100 * served.full_share:.1f} % FULL {served.levels}, reasons {served.reasons},"
+        f" round trip p50 {served.p50_ms or 0:.1f} / p99 {served.p99_ms or 0:.1f} ms"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         " 44 ms), everything else the defaults.",
         command="python -m benchmarks.quality " + shlex.join(sys.argv[1:] if argv is None else argv),
         note=args.note,
+        warm=args.warm,
+        fresh_service_per_budget=service.started_here and not args.warm,
     )
     out = args.out or RESULTS / f"quality-{started_utc:%Y-%m-%d}.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ from typing import Any
 
 from benchmarks.quality.locomo import CATEGORY_LABELS, Conversation
 from benchmarks.quality.metrics import Outcome, Summary, concentration, summarise
-from benchmarks.quality.run import CONTENT_ONLY, SERVICE, BudgetRun, methods
+from benchmarks.quality.run import CONTENT_ONLY, SERVICE, BudgetRun, methods, served_over
+from benchmarks.quality.served import Served
 
 FRAMED_METHODS = ("service", "cosine", "bm25", "hybrid")
 
@@ -31,6 +32,10 @@ class Setup:
     service: str
     command: str
     note: str = ""
+    # Warm: each question's embedding computed before it was asked (not what users get).
+    warm: bool = False
+    # Cold, with the benchmark's own service: a new process per budget (no cached questions).
+    fresh_service_per_budget: bool = False
 
 
 def _pct(value: float) -> str:
@@ -117,6 +122,53 @@ def _budget_section(run: BudgetRun) -> list[str]:
     return lines
 
 
+def _asking(setup: Setup) -> str:
+    if setup.warm:
+        return (
+            "WARM mode (`--warm`): before its first call a question is asked of a memoryless warm-up"
+            " agent until the service has its query embedding cached, and the real call has a 2 s"
+            " deadline: round trips are those of a cached query embedding, not what users are served."
+        )
+    fresh = (
+        "a new service process per budget, so no budget finds a question another one asked"
+        if setup.fresh_service_per_budget
+        else "one service for every budget (`--target`): only the first budget's questions are new to"
+        " its query-embedding cache"
+    )
+    return (
+        "Each question is asked once, cold (no warm-up: the service embeds it within the call), with"
+        f" the proxy's 45 ms as the call's gRPC deadline; {fresh}; the client's connection is opened"
+        " first by one uncounted call of a memoryless agent with a fixed text, as a proxy's is"
+        " long-lived."
+    )
+
+
+def _served_row(name: str, served: Served) -> str:
+    levels = ", ".join(f"{level} {n}" for level, n in served.levels.items())
+    reasons = ", ".join(f"{reason} {n}" for reason, n in served.reasons.items()) or "none"
+    return (
+        f"| {name} | {served.answers} | {100 * served.full_share:.1f} % | {levels} | {reasons} |"
+        f" {_ms(served.p50_ms)} | {_ms(served.p99_ms)} | {_ms(served.max_ms)} |"
+    )
+
+
+def _served_section(setup: Setup, runs: Sequence[BudgetRun]) -> list[str]:
+    mode = "warm (`--warm`: query embeddings computed beforehand)" if setup.warm else "cold, under 45 ms"
+    return [
+        f"## As served ({mode})",
+        "",
+        "Each answer's degradation level (FULL: everything retrieved in time; no answer: the call"
+        " passed its deadline and the caller sent its messages unchanged), the reasons the service"
+        " gave, and the round trip as the benchmark's client measured it.",
+        "",
+        "| budget | answers | FULL | levels | reasons | round trip p50 ms | p99 ms | max ms |",
+        "|---|---:|---:|---|---|---:|---:|---:|",
+        *(_served_row(run.budget.label, run.served()) for run in runs),
+        _served_row("all budgets", served_over(runs)),
+        "",
+    ]
+
+
 def _costing_check(differences: Sequence[int]) -> str:
     if not differences:
         return "costing check: no answer to compare"
@@ -157,6 +209,7 @@ def markdown(setup: Setup, runs: Sequence[BudgetRun]) -> str:
         "Categories: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop (labels by content, as the"
         " data's README reads them; other scripts swap 1 and 4). Category 5 (adversarial) is not asked.",
         "",
+        *_served_section(setup, runs),
         "## Summary (recall micro / full-hit rate / top-10 concentration)",
         "",
         *_headline(runs),
@@ -186,10 +239,7 @@ def markdown(setup: Setup, runs: Sequence[BudgetRun]) -> str:
         f"- Embedder: {setup.embedder}; memory embeddings: {setup.memory_embeddings}.",
         "- Service: " + setup.service,
         "- Asking: each question is the single user message of `AssembleContext` (model `gpt-4o`), in"
-        " conversation order; injected memories are read from `metadata.memories[*].id`. Before its"
-        " first call a question is asked of a memoryless warm-up agent until the service has its query"
-        " embedding cached (the profile schema caps the assembly deadline at 45 ms and a MiniLM query"
-        " takes 20-80 ms here), so round trips are those of a cached query embedding.",
+        " conversation order; injected memories are read from `metadata.memories[*].id`. " + _asking(setup),
         "- Baselines (same memories, same budget, computed in the benchmark): cosine top-k (MiniLM,"
         " `ibex_context.embedding.minilm`), BM25 (Okapi k1 = 1.2, b = 0.75, lowercase words, English"
         " stop words removed; memories sharing no word with the question are not ranked), hybrid ="
@@ -207,6 +257,7 @@ def markdown(setup: Setup, runs: Sequence[BudgetRun]) -> str:
 
 def results_json(setup: Setup, runs: Sequence[BudgetRun]) -> str:
     document: dict[str, Any] = {
+        "mode": "warm" if setup.warm else "cold",
         "data_sha256": setup.data_sha256,
         "conversations": [c.sample_id for c in setup.conversations],
         "embedder": setup.embedder,
@@ -222,6 +273,8 @@ def results_json(setup: Setup, runs: Sequence[BudgetRun]) -> str:
             "max_memory_tokens": run.budget.max_memory_tokens,
             "max_memories": run.budget.max_memories,
             "service_degraded": dict(run.degradations),
+            "service_levels": dict(run.levels),
+            "service_reasons": dict(run.reasons),
             "warm_up_failures": run.warm_up_failures,
             "summary": {},
             "questions": {},
@@ -276,6 +329,9 @@ def terminal_summary(runs: Sequence[BudgetRun]) -> str:
         for method in [*FRAMED_METHODS, *(m + CONTENT_ONLY for m in FRAMED_METHODS[1:])]:
             s = summarise(run.outcomes[method])
             parts.append(f"{method} {_pct(s.recall_micro)}")
-        degraded = sum(run.degradations.values())
-        lines.append(f"{run.budget.label}: " + ", ".join(parts) + f"; service degraded {degraded}")
+        served = run.served()
+        lines.append(
+            f"{run.budget.label}: " + ", ".join(parts) + f"; service {100 * served.full_share:.1f} % FULL,"
+            f" round trip p50 {_ms(served.p50_ms)} / p99 {_ms(served.p99_ms)} ms"
+        )
     return "\n".join(lines)

@@ -21,7 +21,14 @@ from ibex_context.tokens.catalogue import resolve_model
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
-from benchmarks.quality.ask import MODEL, ask, warm_query_embedding
+from benchmarks.quality.ask import (
+    CALL_TIMEOUT_SECONDS,
+    MODEL,
+    SERVED_DEADLINE_SECONDS,
+    ask,
+    open_connection,
+    warm_query_embedding,
+)
 from benchmarks.quality.baselines import (
     BASELINES,
     ContentCost,
@@ -43,6 +50,7 @@ from benchmarks.quality.ingest import (
 )
 from benchmarks.quality.locomo import Conversation
 from benchmarks.quality.metrics import Outcome, outcome
+from benchmarks.quality.served import Served, level_name, served
 
 log = logging.getLogger(__name__)
 SERVICE = "service"
@@ -71,6 +79,11 @@ class BudgetRun:
     profiles_seen: Counter[str] = field(default_factory=Counter)
     memory_budgets_seen: Counter[int] = field(default_factory=Counter)
     degradations: Counter[str] = field(default_factory=Counter)
+    # Every answer's degradation level (FULL included) and each reason it gave, as served.
+    levels: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    # Whether the questions' embeddings were computed before they were asked (--warm).
+    warm: bool = False
     warm_up_failures: int = 0
     packing_repairs: int = 0
     duplicate_turns: int = 0
@@ -80,6 +93,23 @@ class BudgetRun:
     # Questions whose baselines were costed before any answer showed the service's nonce.
     costed_without_service_nonce: int = 0
     seconds: float = 0.0
+
+    def served(self) -> Served:
+        return served(self.levels, self.reasons, _round_trips(self))
+
+
+def served_over(runs: Sequence[BudgetRun]) -> Served:
+    """Every budget's answers pooled."""
+    levels: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for run in runs:
+        levels.update(run.levels)
+        reasons.update(run.reasons)
+    return served(levels, reasons, [ms for run in runs for ms in _round_trips(run)])
+
+
+def _round_trips(run: BudgetRun) -> list[float]:
+    return [o.latency_ms for o in run.outcomes[SERVICE] if o.latency_ms is not None]
 
 
 def prepare(
@@ -123,10 +153,14 @@ async def run_budget(
     warmed: set[str],
     encoding: Encoding,
     counter: MessageTokenCounter,
+    warm: bool = False,
 ) -> BudgetRun:
-    run = BudgetRun(budget)
+    run = BudgetRun(budget, warm=warm)
     started = time.perf_counter()
     async with MemoryClient(target, timeout=120.0) as writer, ContextClient(target) as reader:
+        # A proxy's connection to the service is long-lived: open this one with a call that
+        # is not counted (a fixed text of the memoryless agent, no question's embedding).
+        await open_connection(reader, warm_up)
         for tenant, item in zip(tenants, prepared, strict=True):
             ingested = await ingest(writer, item.conversation, tenant, item.turn_vectors)
             run.duplicate_turns += duplicate_turns([ingested])
@@ -162,15 +196,18 @@ async def _ask_conversation(
     # One session per conversation and budget (the service wants a UUID).
     session_id = str(uuid.uuid4())
     for position, question in enumerate(conversation.questions):
-        if question.text not in warmed:
+        if run.warm and question.text not in warmed:
             if await warm_query_embedding(reader, warm_up, question.text):
                 warmed.add(question.text)
             else:
                 run.warm_up_failures += 1
-        answer = await ask(reader, ingested.tenant, question.text, session_id)
+        timeout = CALL_TIMEOUT_SECONDS if run.warm else SERVED_DEADLINE_SECONDS
+        answer = await ask(reader, ingested.tenant, question.text, session_id, timeout=timeout)
         injected = [turn for memory_id in answer.memory_ids for turn in turns_of.get(memory_id, [])]
         run.profiles_seen[answer.profile] += 1
         run.memory_budgets_seen[answer.memory_budget] += 1
+        run.levels[level_name(answer.degradation)] += 1
+        run.reasons.update(answer.reasons)
         if answer.degraded:
             run.degradations[",".join(answer.reasons) or answer.degradation] += 1
         evidence = item.evidence[position]

@@ -1,6 +1,6 @@
 """The service under test: started here (its own Redis and PostgreSQL, then
-``python -m ibex_context serve`` as a separate process, as in production), or one
-already running (``--target``).
+``python -m ibex_context serve`` as a separate process, as in production; a new process
+per budget when questions are asked cold), or one already running (``--target``).
 
 A separate process keeps the benchmark's own work (embeddings, baselines) off the
 service's event loop, so round trips measure the service.
@@ -76,36 +76,52 @@ def service_settings(redis_url: str, postgres_dsn: str, port: int, profiles: Pat
     }
 
 
+@dataclass(frozen=True, slots=True)
+class LocalStores:
+    """Redis and PostgreSQL+pgvector started here, migrated, for service processes to share."""
+
+    work_dir: Path
+    redis_url: str
+    postgres_dsn: str
+
+
 @contextlib.asynccontextmanager
-async def local_service(work_dir: Path, profiles: Path) -> AsyncIterator[RunningService]:
-    """Fresh stores under ``work_dir`` (removed afterwards) and a service process on them."""
+async def local_stores(work_dir: Path) -> AsyncIterator[LocalStores]:
+    """Fresh stores under ``work_dir`` (removed afterwards)."""
     with embedded_stores(work_dir, remove_on_stop=True) as stores:
         await migrate(stores.postgres.dsn, EMBEDDING_DIM)
-        port = _free_port()
-        settings = service_settings(stores.redis.url, stores.postgres.dsn, port, profiles)
-        log_path = work_dir / "service.log"
-        with log_path.open("ab") as log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "ibex_context",
-                "serve",
-                env={**os.environ, **settings},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        try:
-            await wait_serving("127.0.0.1", port)
-            yield RunningService(f"127.0.0.1:{port}", True, settings)
-        finally:
-            if process.returncode is None:
-                process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), timeout=20)
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
+        yield LocalStores(work_dir, stores.redis.url, stores.postgres.dsn)
+
+
+@contextlib.asynccontextmanager
+async def service_process(stores: LocalStores, profiles: Path) -> AsyncIterator[RunningService]:
+    """A new ``ibex-context serve`` process on ``stores``: nothing cached in it yet (no query
+    embedding, no token count), as after a deployment."""
+    port = _free_port()
+    settings = service_settings(stores.redis_url, stores.postgres_dsn, port, profiles)
+    log_path = stores.work_dir / "service.log"
+    with log_path.open("ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "ibex_context",
+            "serve",
+            env={**os.environ, **settings},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        await wait_serving("127.0.0.1", port)
+        yield RunningService(f"127.0.0.1:{port}", True, settings)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=20)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
 
 @contextlib.asynccontextmanager

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from loadtest.machine import stolen_seconds
-from loadtest.options import SCENARIOS, parse_args
+from loadtest.measure import RunResult
+from loadtest.options import MINILM_SEED_MAX, SCENARIOS, dataset_key, parse_args
 
 
 def test_the_stores_share_the_load_generators_cpus_unless_told_otherwise() -> None:
@@ -26,3 +29,54 @@ def test_stolen_cpu_time_is_read_per_cpu() -> None:
     stolen = stolen_seconds()
     assert "0" in stolen and len(stolen) <= (os.cpu_count() or 1)
     assert all(seconds >= 0 for seconds in stolen.values())
+
+
+def test_the_real_embedder_is_the_default_and_small_data_is_seeded_with_it() -> None:
+    args = parse_args(["--scenario", "smoke"])  # 5 x 200 memories
+    assert (args.embedder, args.seed_embedder) == ("minilm", "minilm")
+    assert "the service's embedder" in args.seed_embedder_why
+    toy = parse_args(["--scenario", "baseline", "--embedder", "hashing"])
+    assert (toy.embedder, toy.seed_embedder) == ("hashing", "hashing")
+
+
+def test_large_data_gets_the_toys_vectors_unless_minilm_is_asked_for_and_the_report_says_why() -> None:
+    args = parse_args(["--scenario", "baseline"])  # 100 x 1,000 memories
+    assert args.agents * args.memories > MINILM_SEED_MAX
+    assert (args.embedder, args.seed_embedder) == ("minilm", "hashing")
+    assert "hashing TOY's, not minilm's" in args.seed_embedder_why
+    forced = parse_args(["--scenario", "baseline", "--seed-embedder", "minilm"])
+    assert forced.seed_embedder == "minilm"
+
+
+def test_the_data_seeded_for_one_embedder_is_not_reused_for_another() -> None:
+    assert dataset_key(parse_args(["--scenario", "smoke"])) != dataset_key(
+        parse_args(["--scenario", "smoke", "--embedder", "hashing"])
+    )
+
+
+def test_the_agent_loop_scenario_sends_agent_loops_on_the_baselines_data() -> None:
+    args = parse_args(["--scenario", "agent-loop"])
+    assert args.scenario_weights == "agent_loop=1"
+    assert dataset_key(args) == dataset_key(parse_args(["--scenario", "baseline"]))
+    assert parse_args(
+        ["--scenario", "agent-loop", "--scenario-weights", "new_session=1"]
+    ).scenario_weights == ("new_session=1")
+    assert parse_args(["--scenario", "baseline"]).scenario_weights == ""
+
+
+def test_the_help_text_labels_the_hashing_embedder_a_toy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "TOY for isolating costs" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_cache_hit_rate_counts_lookups_served_without_an_embedding_of_their_own() -> None:
+    result = RunResult(
+        summary={}, locust_rc=0, stages={}, assembly={}, fallbacks_server={}, degradation_server={},
+        server_cpu_s=1.0, server_runqueue_wait_s=0.0, stores_cpu_s=1.0, pg_activity=[],
+        load_average=(0.0, 0.0), locust_cpu_s=0.0, wall_s=1.0, seed_output="", setup={},
+        embedding_cache={"hit": 70.0, "shared": 10.0, "miss": 20.0},
+    )  # fmt: skip
+    assert result.embedding_cache_hit_rate == pytest.approx(0.8)
+    result.embedding_cache = {}
+    assert result.embedding_cache_hit_rate is None
