@@ -73,6 +73,7 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
         IBEX_EMBEDDING_DIM=str(args.dim),
         IBEX_LOG_LEVEL=args.server_log_level,
         IBEX_TRACING_EXPORTER="none",
+        IBEX_AUTH_ENABLED="false",
     )
     serve_cmd = [*taskset(args.server_cpus), str(BIN / "ibex-context"), "serve"]
     if args.workers > 1:

@@ -58,6 +58,30 @@ class Settings(BaseSettings):
         "", "Secret for the injection nonce (HMAC). Empty: random per process (stable per process only)."
     )
 
+    # --- security: TLS and callers (docs/security.md) --------------------------------
+    tls_cert_file: Path | None = _f(
+        None,
+        "PEM certificate (chain) served on the gRPC port; with tls_key_file turns TLS on. Re-read "
+        "when it changes (rotation without restart). Empty: plaintext.",
+    )
+    tls_key_file: Path | None = _f(None, "PEM private key of tls_cert_file.")
+    tls_client_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle: set, every client must present a certificate it verifies (mutual TLS); "
+        "its SANs (or CN) are the identities the credentials file names.",
+    )
+    auth_enabled: bool = _f(
+        True,
+        "Every call of the two services needs a credential with the method's role (assemble, write, "
+        "read, admin); gRPC health, reflection and /metrics stay open. Off only when set to false.",
+    )
+    auth_credentials_file: Path | None = _f(
+        None,
+        "YAML of the principals: roles, optional org, SHA-256 of bearer tokens and/or client "
+        "certificate identities (docs/security.md). Required when auth_enabled; reloaded on change.",
+    )
+    auth_reload_seconds: float = _f(1.0, "How often the credentials file is checked for changes.", gt=0)
+
     # --- stores -----------------------------------------------------------------------
     redis_url: str = _f(
         "redis://127.0.0.1:6379/0",

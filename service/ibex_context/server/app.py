@@ -39,6 +39,7 @@ from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
@@ -47,6 +48,7 @@ from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.reflection import reflection_methods
 from ibex_context.server.rpc import service_names
+from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
@@ -89,12 +91,17 @@ class ContextService:
     metrics_port: int = field(init=False, default=0)
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
     watcher: ProfileWatcher | None = field(init=False, default=None)
+    credentials: CredentialsFile | None = field(init=False, default=None)
+    tls: ServerTls | None = field(init=False, default=None)
     _injections: InjectionQueue = field(init=False)
     _stopping: bool = field(init=False, default=False)
     _gc_pauses: GcPauses | None = field(init=False, default=None)
 
     async def start(self) -> None:
         s = self.settings
+        # Refused before anything is opened: a misconfigured security setting must not serve.
+        self.tls = _server_tls(s)
+        self.credentials = _credentials_file(s)
         self.metrics = Metrics(self.metrics_registry)
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()
@@ -223,6 +230,8 @@ class ContextService:
                 metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
             ),
             reuse_port=s.grpc_reuse_port,
+            guard=self._guard(),
+            credentials=self.tls.credentials() if self.tls is not None else None,
         )
         if s.gc_freeze:
             # Everything built so far lives as long as the process (see server/heap.py).
@@ -238,7 +247,21 @@ class ContextService:
             _monitor_stores(self.health), name="ibex-store-monitor"
         )
         self._closers.append(store_monitor.cancel)
-        log.info("serving gRPC on port %d, metrics on port %d", self.port, self.metrics_port)
+        log.info(
+            "serving gRPC on port %d (%s, %s), metrics on port %d",
+            self.port,
+            "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext",
+            "authentication required" if self.credentials is not None else "NO authentication",
+            self.metrics_port,
+        )
+
+    def _guard(self) -> CallGuard | None:
+        credentials = self.credentials
+        if credentials is None:
+            return None
+        watch = asyncio.get_running_loop().create_task(credentials.run(), name="ibex-credentials-watch")
+        self._closers.append(watch.cancel)
+        return CallGuard(lambda: credentials.current, on_refused=self.metrics.record_auth_refusal)
 
     async def _health_detail(self) -> HealthStatus:
         # Ready while this process can answer (degraded answers count: ADR-0007); the
@@ -314,6 +337,30 @@ class ContextService:
 
 
 _STORE_MONITOR_INTERVAL_SECONDS = 5.0
+
+
+def _server_tls(s: Settings) -> ServerTls | None:
+    if s.tls_cert_file is None and s.tls_key_file is None:
+        if s.tls_client_ca_file is not None:
+            raise ConfigurationError("tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file")
+        return None
+    if s.tls_cert_file is None or s.tls_key_file is None:
+        raise ConfigurationError("tls_cert_file, tls_key_file: set both (TLS) or neither (plaintext)")
+    return ServerTls(TlsFiles(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
+
+
+def _credentials_file(s: Settings) -> CredentialsFile | None:
+    if not s.auth_enabled:
+        log.warning("authentication is off (IBEX_AUTH_ENABLED=false): every caller may call every method")
+        return None
+    if s.auth_credentials_file is None:
+        raise ConfigurationError(
+            "auth_credentials_file: required while authentication is on (IBEX_AUTH_CREDENTIALS_FILE); "
+            "set IBEX_AUTH_ENABLED=false to serve without (docs/security.md)"
+        )
+    if s.tls_cert_file is None:
+        log.warning("authentication without TLS: bearer tokens cross the network in clear text")
+    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds)
 
 
 async def _monitor_stores(health: ServiceHealth) -> None:
