@@ -434,3 +434,59 @@ async def test_refusals_are_counted_without_ids_and_no_token_reaches_logs_or_met
             assert secret not in text, where
         for tenant in (ORG, OTHER_ORG):
             assert tenant not in text, where
+
+
+# --- the Python clients and the CLI --------------------------------------------------------
+
+
+async def test_the_clients_present_tls_and_a_token(secured: ContextService, pki: Pki) -> None:
+    from ibex_context.client import ContextClient, MemoryClient
+    from ibex_context.client.credentials import ClientCredentials
+    from ibex_context.client.memory import MemoryClientError
+    from ibex_context.models import ChatMessage
+
+    target = f"127.0.0.1:{secured.port}"
+    ssl = ClientCredentials(ca_file=pki.ca_file).ssl_context()
+    async with MemoryClient(target, ssl=ssl, token=TOKENS["write"]) as writer:
+        assert await writer.set_directive(ORG, AGENT, "be brief") >= 1
+        with pytest.raises(MemoryClientError) as refused:
+            await writer.get_directive(ORG, AGENT)
+        assert "PERMISSION_DENIED" in str(refused.value)
+    messages = [ChatMessage("user", "hello")]
+    async with ContextClient(target, ssl=ssl, token=TOKENS["assemble"], timeout=5.0) as proxy:
+        result = await proxy.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+        assert result.from_service and "be brief" in result.messages[0].content
+    # Refused: the proxy contract holds, the caller's messages go on unassembled.
+    async with ContextClient(target, ssl=ssl, timeout=5.0) as anonymous:
+        result = await anonymous.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+        assert not result.from_service and result.fallback_reason == "client_error:UNAUTHENTICATED"
+
+
+async def test_the_cli_takes_tls_and_a_token_from_flags_and_env(
+    secured: ContextService, pki: Pki, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+    from ibex_context.cli import main
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKENS["read"] + "\n")
+    target = ["--target", f"127.0.0.1:{secured.port}", "--org", ORG, "--agent", AGENT]
+    runner = CliRunner()
+    # In a thread: the CLI runs its own event loop while the server's keeps serving.
+    flags = await asyncio.to_thread(
+        runner.invoke,
+        main,
+        ["--tls-ca", str(pki.ca_file), "--token-file", str(token_file), "directive", "get", *target],
+    )
+    assert flags.exit_code == 0, flags.output
+    env = await asyncio.to_thread(
+        runner.invoke,
+        main,
+        ["directive", "get", *target],
+        env={"IBEX_TLS_CA": str(pki.ca_file), "IBEX_TOKEN": TOKENS["read"]},
+    )
+    assert env.exit_code == 0, env.output
+    anonymous = await asyncio.to_thread(
+        runner.invoke, main, ["directive", "get", *target], env={"IBEX_TLS_CA": str(pki.ca_file)}
+    )
+    assert anonymous.exit_code != 0 and "UNAUTHENTICATED" in anonymous.output
