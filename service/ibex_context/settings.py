@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     # --- gRPC server -------------------------------------------------------------------
     grpc_host: str = _f("0.0.0.0", "Address the gRPC server binds.")
     grpc_port: int = _f(50051, "gRPC port (0 picks a free one).", ge=0, le=65535)
+    health_port: int | None = _f(
+        None,
+        "A second, plaintext gRPC port serving only grpc.health.v1 (the kubelet's gRPC probes cannot "
+        "speak TLS). Empty: none; 0 picks a free one.",
+        ge=0,
+        le=65535,
+    )
     grpc_reuse_port: bool = _f(False, "Bind with SO_REUSEPORT so several processes share the port.")
     workers: int = _f(
         1,

@@ -94,6 +94,7 @@ async def secured(start_service: StartService, pki: Pki, tmp_path: Path) -> Cont
         auth_reload_seconds=0.05,
         tls_cert_file=cert,
         tls_key_file=key,
+        health_port=0,
     )
 
 
@@ -259,6 +260,25 @@ async def test_health_and_reflection_stay_open_without_credentials(tls_channel: 
     )
     reply = await check(HealthCheckRequest(service=""), timeout=10)
     assert reply.status == HealthCheckResponse.SERVING
+
+
+async def test_the_plaintext_health_port_answers_probes_and_serves_nothing_else(
+    secured: ContextService,
+) -> None:
+    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+
+    assert secured.health_port is not None and secured.health_port != secured.port
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{secured.health_port}") as ch:
+        check = ch.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=HealthCheckRequest.SerializeToString,
+            response_deserializer=HealthCheckResponse.FromString,
+        )
+        for service in ("", "liveness", "ibex.context.v1.MemoryService"):
+            reply = await check(HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == HealthCheckResponse.SERVING, service
+        get = requests_for(ORG)[MEMORY + "GetDirective"]
+        assert await call(ch, MEMORY + "GetDirective", get, TOKENS["read"]) == grpc.StatusCode.UNIMPLEMENTED
 
 
 async def test_a_plaintext_client_cannot_talk_to_the_tls_port(secured: ContextService) -> None:

@@ -14,7 +14,11 @@ __all__ = ["ClientCredentials", "bearer_metadata"]
 
 
 def _read(path: Path | None) -> str | None:
-    return path.read_text().strip() or None if path is not None else None
+    # A token file that is not there (an optional Secret not created) sends no token: the
+    # server's UNAUTHENTICATED then says what is missing.
+    if path is None or not path.is_file():
+        return None
+    return path.read_text().strip() or None
 
 
 def bearer_metadata(token: str | None) -> dict[str, str]:

@@ -88,6 +88,8 @@ class ContextService:
     profiles: ProfileStore = field(init=False)
     metrics: Metrics = field(init=False)
     port: int = field(init=False, default=0)
+    health_port: int | None = field(init=False, default=None)
+    health_server: ServiceServer | None = field(init=False, default=None)
     metrics_port: int = field(init=False, default=0)
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
     watcher: ProfileWatcher | None = field(init=False, default=None)
@@ -237,6 +239,14 @@ class ContextService:
             # Everything built so far lives as long as the process (see server/heap.py).
             self.metrics.gc_frozen_objects.set(freeze_startup_heap())
         self.port = await self.server.start(s.grpc_host, s.grpc_port)
+        if s.health_port is not None:
+            # Probes only: the same health state, no service method, no TLS.
+            self.health_server = ServiceServer(
+                self.health.methods(service_names(served)),
+                max_request_bytes=s.max_request_bytes,
+                reuse_port=s.grpc_reuse_port,
+            )
+            self.health_port = await self.health_server.start(s.grpc_host, s.health_port)
         metrics_server = start_metrics_server(
             s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
         )
@@ -313,6 +323,8 @@ class ContextService:
         # GOAWAY on every connection (clients reconnect elsewhere); the calls still
         # running may finish within what is left of the grace, then are cancelled.
         await self.server.stop(max(0.0, ends - loop.time()))
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self.watcher is not None:
             await self.watcher.stop()
         await self._injections.drain(timeout=2.0)
