@@ -142,7 +142,11 @@ def migrate() -> None:
     from ibex_context.stores.migrate import migrate as run_migrations
 
     settings = _settings()
-    applied = _run(lambda: run_migrations(settings.postgres_dsn, settings.embedding_dim))
+    applied = _run(
+        lambda: run_migrations(
+            settings.postgres_dsn, settings.embedding_dim, ca_file=settings.postgres_ca_file
+        )
+    )
     click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 

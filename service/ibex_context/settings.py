@@ -96,6 +96,11 @@ class Settings(BaseSettings):
         "`rediss://...` (TLS, verified against the system's CAs) or "
         "`unix://[[user]:password@]/socket/path[?db=N]`; other query parameters are refused at start-up.",
     )
+    redis_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle that verifies a `rediss://` server (host name included) instead of the system's "
+        "CAs: a private CA mounted from a file.",
+    )
     redis_max_connections: int = _f(
         64,
         "Redis connection pool size of the write side, rebuilds and health checks (each call's "
@@ -104,6 +109,11 @@ class Settings(BaseSettings):
     )
     postgres_dsn: str = _f(
         "postgresql://ibex@127.0.0.1:5432/ibex", "PostgreSQL with pgvector: the source of truth."
+    )
+    postgres_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle: PostgreSQL only over TLS, its certificate verified against this CA and its host "
+        "name checked (libpq's sslmode=verify-full with sslrootcert). Empty: as the DSN says.",
     )
     postgres_pool_min: int = _f(2, "PostgreSQL pool: connections kept open.", ge=0)
     postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections.", ge=1)

@@ -160,3 +160,38 @@ async def test_a_server_with_the_default_settings_refuses_a_caller_without_crede
             )
     finally:
         await service.stop(grace=1.0)
+
+
+def test_cert_manager_mutual_tls_and_a_private_stores_ca_are_mounted_where_the_settings_point(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render(
+        sets=(
+            "security.tls.certManager.enabled=true",
+            "security.tls.certManager.issuerRef.name=cluster-ca",
+            "security.tls.certManager.issuerRef.kind=ClusterIssuer",
+            "security.tls.clientCA.enabled=true",
+            "security.tls.clientCA.secretName=client-ca",
+            "security.storesCA.secretName=stores-ca",
+        )
+    )
+    certificate = r.one("Certificate", FULLNAME)
+    assert certificate["spec"]["secretName"] == f"{FULLNAME}-tls"
+    assert certificate["spec"]["issuerRef"] == {
+        "name": "cluster-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert (
+        f"{FULLNAME}.{r.one('Deployment', FULLNAME)['metadata']['namespace']}.svc"
+        in certificate["spec"]["dnsNames"]
+    )
+    env = {e["name"]: e.get("value") for e in server_container(r)["env"]}
+    assert mounted_secret(r, env["IBEX_TLS_CLIENT_CA_FILE"])[0] == "client-ca"
+    assert mounted_secret(r, env["IBEX_REDIS_CA_FILE"])[0] == "stores-ca"
+    assert mounted_secret(r, env["IBEX_POSTGRES_CA_FILE"])[0] == "stores-ca"
+    migrate = server_pod(r)["initContainers"][0]
+    assert {e["name"]: e.get("value") for e in migrate["env"]}["IBEX_POSTGRES_CA_FILE"] == env[
+        "IBEX_POSTGRES_CA_FILE"
+    ]
+    assert any(m["name"] == "stores-ca" for m in migrate["volumeMounts"])

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import secrets
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
-from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
 from ibex_context.stores.redis import RedisContextCache
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.stores.tenant_data import TenantData
@@ -126,7 +127,7 @@ class ContextService:
                 f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
         self._closers.append(embedder.aclose)
-        await _check_database_dim(s.postgres_dsn, s.embedding_dim)
+        await _check_database_dim(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
 
         postgres = await PostgresMemoryStore.from_settings(s)
@@ -402,8 +403,8 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         log.warning("warm-up assembly failed", exc_info=True)
 
 
-async def _check_database_dim(dsn: str, dim: int) -> None:
-    conn = await asyncpg.connect(dsn)
+async def _check_database_dim(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
+    conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
     try:
         await check_embedding_dim(conn, dim)
     finally:

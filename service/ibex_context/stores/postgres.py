@@ -32,11 +32,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+import ssl as ssl_module
 import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -424,6 +426,14 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+def postgres_tls(ca_file: Path | None) -> ssl_module.SSLContext | None:
+    """libpq's ``sslmode=verify-full`` with ``sslrootcert=ca_file``: TLS required, the server's
+    certificate verified against ``ca_file`` and its host name checked. None: the DSN decides."""
+    if ca_file is None:
+        return None
+    return ssl_module.create_default_context(cafile=ca_file)
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -432,6 +442,7 @@ async def create_pool(
     ef_search: int,
     statement_timeout_ms: int = 30_000,
     server_settings: Mapping[str, str] | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections are ready for ``PostgresMemoryStore``.
 
@@ -440,6 +451,7 @@ async def create_pool(
     try:
         pool: asyncpg.Pool = await asyncpg.create_pool(
             dsn,
+            **({"ssl": ssl} if ssl is not None else {}),
             min_size=min(min_size, max_size),
             max_size=max_size,
             init=_init_connection,
@@ -499,6 +511,7 @@ class PostgresMemoryStore:
             min_size=settings.postgres_pool_min,
             max_size=settings.postgres_pool_max,
             ef_search=ef_search,
+            ssl=postgres_tls(settings.postgres_ca_file),
         )
         return cls(
             pool,
