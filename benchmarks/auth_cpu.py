@@ -119,7 +119,7 @@ def main() -> None:
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
-    from tests.server.certs import Authority
+    from ibex_context.devtools.certs import Authority
 
     issued = Authority.create("bench CA").server()
     return issued.write(directory, "server")

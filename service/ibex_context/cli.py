@@ -337,6 +337,25 @@ def health(target: str, service: str, timeout: float) -> None:
         raise SystemExit(1)
 
 
+@main.group()
+def token() -> None:
+    """Bearer tokens for the credentials file (docs/security.md)."""
+
+
+@token.command("new")
+def token_new() -> None:
+    """Print a new high-entropy token and the SHA-256 the credentials file stores.
+
+    The token goes to the caller (a Secret it mounts); only the digest goes to the server."""
+    import secrets
+
+    from ibex_context.server.auth import token_digest
+
+    value = secrets.token_urlsafe(32)
+    click.echo(f"token:  {value}")
+    click.echo(f"sha256: {token_digest(value).hex()}")
+
+
 main.add_command(memories)
 main.add_command(export)
 main.add_command(purge)

@@ -14,13 +14,13 @@ import pytest
 import yaml
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.devtools.certs import SERVER_NAME, Authority
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import token_digest
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.chart.conftest import FULLNAME, Rendered
-from tests.server.certs import SERVER_NAME, Authority
 
 ASSEMBLE = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 EXPORT = "/ibex.context.v1.MemoryService/ExportMemories"

@@ -34,7 +34,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
     base = tmp_path_factory.mktemp("smoke")
     results, out = base / "results", base / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "loadtest.runner", "--scenario", "smoke",
+        # --secure: TLS and a bearer token, as the chart deploys the service.
+        [sys.executable, "-m", "loadtest.runner", "--scenario", "smoke", "--secure",
          "--results-dir", str(results), "--out-dir", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=220, check=False,
     )  # fmt: skip

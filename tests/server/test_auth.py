@@ -17,11 +17,11 @@ import httpx
 import pytest
 import yaml
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context.devtools.certs import SERVER_NAME, Authority, Issued
 from ibex_context.observability.logging import JsonFormatter
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
 
-from tests.server.certs import SERVER_NAME, Authority, Issued
 from tests.server.conftest import StartService
 
 pytestmark = pytest.mark.integration

@@ -84,3 +84,14 @@ def test_a_bad_file_is_refused_naming_the_entry_and_field_without_echoing_values
         parse_credentials(text, source="creds.yaml")
     assert names in str(refused.value)
     assert "0" * 64 not in str(refused.value)
+
+
+def test_token_new_prints_a_token_and_the_digest_the_file_stores() -> None:
+    from click.testing import CliRunner
+    from ibex_context.cli import main
+
+    result = CliRunner().invoke(main, ["token", "new"])
+    assert result.exit_code == 0, result.output
+    lines = dict(line.split(":", 1) for line in result.output.strip().splitlines())
+    value, digest = lines["token"].strip(), lines["sha256"].strip()
+    assert len(value) >= 43 and token_digest(value).hex() == digest

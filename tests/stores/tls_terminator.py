@@ -15,7 +15,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from tests.server.certs import Issued
+from ibex_context.devtools.certs import Issued
 
 _SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 
