@@ -21,6 +21,7 @@ from ibex_context.devtools.certs import SERVER_NAME, Authority, Issued
 from ibex_context.observability.logging import JsonFormatter
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
+from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.server.conftest import StartService
 
@@ -510,3 +511,52 @@ async def test_the_cli_takes_tls_and_a_token_from_flags_and_env(
         runner.invoke, main, ["directive", "get", *target], env={"IBEX_TLS_CA": str(pki.ca_file)}
     )
     assert anonymous.exit_code != 0 and "UNAUTHENTICATED" in anonymous.output
+
+
+async def test_no_token_or_tenant_id_reaches_a_span(
+    redis_url: str, postgres_dsn: str, pki: Pki, tmp_path: Path, encodings: EncodingRegistry
+) -> None:
+    from ibex_context.observability.tracing import Tracing
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from prometheus_client import CollectorRegistry
+
+    from tests.server.conftest import generous_profiles_file, make_settings
+
+    cert, key = pki.server.write(tmp_path, "server")
+    credentials = tmp_path / "credentials.yaml"
+    credentials.write_text(credentials_yaml(TOKENS))
+    exporter = InMemorySpanExporter()
+    service = ContextService(
+        make_settings(
+            redis_url,
+            postgres_dsn,
+            profiles_path=generous_profiles_file(tmp_path),
+            auth_enabled=True,
+            auth_credentials_file=credentials,
+            tls_cert_file=cert,
+            tls_key_file=key,
+        ),
+        encodings=encodings,
+        metrics_registry=CollectorRegistry(),
+        tracing=Tracing(exporter, sample_ratio=1.0, batch=False),
+    )
+    await service.start()
+    try:
+        async with channel(service.port, pki) as ch:
+            for token in (TOKENS["assemble"], TOKENS["read"], None, "never-issued-secret-token-0123456789"):
+                for path, request in requests_for(ORG).items():
+                    if path.endswith(("AssembleContext", "GetDirective", "PurgeOrg")):
+                        await call(ch, path, request, token)
+        await asyncio.sleep(0.1)
+    finally:
+        await service.stop(grace=1.0)
+    spans = exporter.get_finished_spans()
+    assert spans
+    text = "\n".join(span.to_json() for span in spans)
+    codes = {span.attributes.get("rpc.grpc.status_code") for span in spans if span.attributes}
+    # The refusals were traced (UNAUTHENTICATED 16, PERMISSION_DENIED 7) next to the calls allowed.
+    assert {0, 7, 16} <= codes, codes
+    for secret in (*TOKENS.values(), "never-issued-secret-token-0123456789"):
+        assert secret not in text
+        assert token_digest(secret).hex() not in text
+    assert ORG not in text
