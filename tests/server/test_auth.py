@@ -467,19 +467,20 @@ async def test_the_clients_present_tls_and_a_token(secured: ContextService, pki:
     from ibex_context.models import ChatMessage
 
     target = f"127.0.0.1:{secured.port}"
+    agent = str(uuid.uuid4())  # this test's own agent: the others purge and clear ORG's
     ssl = ClientCredentials(ca_file=pki.ca_file).ssl_context()
     async with MemoryClient(target, ssl=ssl, token=TOKENS["write"]) as writer:
-        assert await writer.set_directive(ORG, AGENT, "be brief") >= 1
+        assert await writer.set_directive(ORG, agent, "be brief") >= 1
         with pytest.raises(MemoryClientError) as refused:
-            await writer.get_directive(ORG, AGENT)
+            await writer.get_directive(ORG, agent)
         assert "PERMISSION_DENIED" in str(refused.value)
     messages = [ChatMessage("user", "hello")]
     async with ContextClient(target, ssl=ssl, token=TOKENS["assemble"], timeout=5.0) as proxy:
-        result = await proxy.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+        result = await proxy.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert result.from_service and "be brief" in result.messages[0].content
     # Refused: the proxy contract holds, the caller's messages go on unassembled.
     async with ContextClient(target, ssl=ssl, timeout=5.0) as anonymous:
-        result = await anonymous.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+        result = await anonymous.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert not result.from_service and result.fallback_reason == "client_error:UNAUTHENTICATED"
 
 
