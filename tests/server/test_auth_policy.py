@@ -95,3 +95,28 @@ def test_token_new_prints_a_token_and_the_digest_the_file_stores() -> None:
     lines = dict(line.split(":", 1) for line in result.output.strip().splitlines())
     value, digest = lines["token"].strip(), lines["sha256"].strip()
     assert len(value) >= 43 and token_digest(value).hex() == digest
+
+
+def test_the_guard_fails_closed_for_a_method_without_a_role() -> None:
+    import grpc
+    from ibex_context.server.auth import Credentials
+    from ibex_context.server.guard import CallGuard
+    from ibex_context.server.rpc import CallError
+
+    everything = Principal("ops", frozenset(Role))
+    guard = CallGuard(lambda: Credentials({token_digest("t"): everything}, {}))
+
+    class Context:
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return (("authorization", "Bearer t"),)
+
+    class Request:
+        org_id = ORG
+
+    assert not guard.guards("/grpc.health.v1.Health/Check")
+    assert not guard.guards("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+    assert guard.guards("/ibex.context.v1.MemoryService/SomethingNew")
+    assert guard.check("/ibex.context.v1.MemoryService/PurgeOrg", Request(), Context()) is everything  # type: ignore[arg-type]
+    with pytest.raises(CallError) as refused:
+        guard.check("/ibex.context.v1.MemoryService/SomethingNew", Request(), Context())  # type: ignore[arg-type]
+    assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED

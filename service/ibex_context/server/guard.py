@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 __all__ = ["CallGuard", "CredentialsFile"]
 
 _BEARER = "bearer "
+# Reached without credentials: probes (health) and tools (reflection).
+OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 UNAUTHENTICATED_DETAIL = (
     "authentication required: send 'authorization: Bearer <token>' or a client certificate"
 )
@@ -115,12 +117,20 @@ class CallGuard:
         self._roles = method_roles
 
     def guards(self, path: str) -> bool:
-        return path in self._roles
+        """Every method but gRPC's own health and reflection: fails closed, so a method
+        added to a service without a role in ``METHOD_ROLES`` is refused, not opened."""
+        return not path.startswith(OPEN_PREFIXES)
 
     def check(self, path: str, request: Any, context: Context) -> Principal:
         """The caller, if it may make this call; else raises ``CallError``."""
         principal = self.identify(context)
-        refusal = authorize(principal, self._roles[path], request.org_id)
+        role = self._roles.get(path)
+        if role is None:
+            log.error("refused %s: the method has no role (METHOD_ROLES)", path.rsplit("/", 1)[-1])
+            raise CallError(
+                grpc.StatusCode.PERMISSION_DENIED, "permission denied: no role may call this method"
+            )
+        refusal = authorize(principal, role, request.org_id)
         if refusal is None:
             assert principal is not None
             return principal
