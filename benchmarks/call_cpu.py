@@ -109,6 +109,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
         IBEX_EMBEDDING_DIM="384",
         IBEX_LOG_LEVEL="WARNING",
         IBEX_TRACING_EXPORTER="none",
+        IBEX_AUTH_ENABLED="false",
     )
     service = ContextService(Settings())
     await service.start()

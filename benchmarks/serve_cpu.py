@@ -147,6 +147,7 @@ def _env(tree: Path, port: int, redis_url: str, dsn: str) -> dict[str, str]:
         IBEX_TRACING_EXPORTER="none",
         IBEX_NONCE_SECRET="bench",
         IBEX_PROFILES_PATH=str(PROFILES),
+        IBEX_AUTH_ENABLED="false",
     )
     return env
 

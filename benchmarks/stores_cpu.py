@@ -294,6 +294,7 @@ async def _paced_calls(args: argparse.Namespace, dsn: str, redis_url: str, data_
         IBEX_TRACING_EXPORTER="none",
         # Every call assembles: none is shed because this (niced, shared) process fell behind.
         IBEX_MAX_CONCURRENT_ASSEMBLIES="0",
+        IBEX_AUTH_ENABLED="false",
     )
     meter = StatementMeter(statement_classifier())
     instrument_asyncpg(meter)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.machine import BIN, ROOT, taskset
+from loadtest.server import ClientSecrets
 
 
 class RunProducedNothing(RuntimeError):
@@ -26,7 +27,11 @@ class LocustCommand:
 
 
 def locust_command(
-    args: argparse.Namespace, grpc_port: int, agents_file: Path, prefix: Path
+    args: argparse.Namespace,
+    grpc_port: int,
+    agents_file: Path,
+    prefix: Path,
+    secure: ClientSecrets | None = None,
 ) -> LocustCommand:
     users = max(1, math.ceil(args.rps / args.rps_per_user))
     rps_per_user = args.rps / users
@@ -68,6 +73,8 @@ def locust_command(
     ]
     if args.scenario_weights:
         locust_cmd += ["--scenario-weights", args.scenario_weights]
+    if secure is not None:
+        locust_cmd += ["--tls-ca", str(secure.ca_file), "--token-file", str(secure.token_file)]
     return LocustCommand(locust_cmd, users, rps_per_user)
 
 

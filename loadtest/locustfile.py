@@ -101,6 +101,12 @@ def _options(parser: Any) -> None:
     g.add_argument("--max-fallback-rate", env_var="LOADTEST_MAX_FALLBACK_RATE", type=float, default=0.001)
     g.add_argument("--max-failure-rate", env_var="LOADTEST_MAX_FAILURE_RATE", type=float, default=0.001)
     g.add_argument("--scenario-weights", env_var="LOADTEST_SCENARIO_WEIGHTS", default=DEFAULT_WEIGHTS)
+    g.add_argument(
+        "--tls-ca", env_var="LOADTEST_TLS_CA", default="", help="TLS: the CA that verifies the server"
+    )
+    g.add_argument(
+        "--token-file", env_var="LOADTEST_TOKEN_FILE", default="", help="bearer token sent on every call"
+    )
     g.add_argument("--model", env_var="LOADTEST_MODEL", default="gpt-4o")
     g.add_argument("--constrained-model", env_var="LOADTEST_CONSTRAINED_MODEL", default="gpt-4")
     g.add_argument(
@@ -205,7 +211,17 @@ class AssembleContextUser(User):
         )
         # A local subchannel pool gives each user its own TCP connection, so several
         # server processes behind SO_REUSEPORT all receive load.
-        self._channel = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
+        channel_options: list[tuple[str, Any]] = [("grpc.use_local_subchannel_pool", 1)]
+        if options.tls_ca:
+            with open(options.tls_ca, "rb") as ca:
+                credentials = grpc.ssl_channel_credentials(ca.read())
+            self._channel = grpc.secure_channel(self.host, credentials, options=channel_options)
+        else:
+            self._channel = grpc.insecure_channel(self.host, options=channel_options)
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        if options.token_file:
+            with open(options.token_file) as token:
+                self._metadata = (("authorization", f"Bearer {token.read().strip()}"),)
         self._call = self._channel.unary_unary(
             METHOD,
             request_serializer=pb.AssembleContextRequest.SerializeToString,
@@ -235,7 +251,7 @@ class AssembleContextUser(User):
         exception: Exception | None = None
         length = 0
         try:
-            response = self._call(req, timeout=self._timeout)
+            response = self._call(req, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             exception = RpcFailed(code.name if code is not None else type(exc).__name__)

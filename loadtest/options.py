@@ -217,6 +217,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--p99-ms", type=float, default=50.0)
     p.add_argument("--max-fallback-rate", type=float, default=0.001)
     p.add_argument("--max-failure-rate", type=float, default=0.001)
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS on the gRPC port and bearer-token authentication, as the chart deploys it "
+        "(a CA, certificate and token made for the run)",
+    )
     p.add_argument("--profile", action="store_true", help="record a py-spy profile of the server")
     p.add_argument("--profile-seconds", type=float, default=30.0)
     p.add_argument("--data-dir", type=Path, default=None)

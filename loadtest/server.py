@@ -40,6 +40,14 @@ def wait_ready(
     raise RuntimeError(f"the service did not become ready within {timeout:.0f} s")
 
 
+@dataclass(frozen=True, slots=True)
+class ClientSecrets:
+    """What locust presents to a ``--secure`` server: the CA that verifies it, a token file."""
+
+    ca_file: Path
+    token_file: Path
+
+
 @dataclass(slots=True)
 class ServerProcess:
     proc: subprocess.Popen[bytes]
@@ -47,6 +55,38 @@ class ServerProcess:
     metrics_ports: list[int]
     command: list[str]
     log_path: Path
+    client: ClientSecrets | None = None
+
+
+def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
+    """TLS and authentication for the run (docs/security.md): a CA and a server certificate
+    made here, a token with the assemble role. The server's IBEX_* settings and the client's files."""
+    import secrets
+
+    import yaml
+    from ibex_context.devtools.certs import Authority
+    from ibex_context.server.auth import token_digest
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = Authority.create("loadtest CA")
+    cert, key = ca.server().write(directory, "server")
+    ca_file, token_file, credentials = (
+        directory / "ca.crt",
+        directory / "token",
+        directory / "credentials.yaml",
+    )
+    ca_file.write_bytes(ca.cert_pem)
+    token = secrets.token_urlsafe(32)
+    token_file.write_text(token)
+    principal = {"name": "loadtest", "roles": ["assemble"], "token_sha256": [token_digest(token).hex()]}
+    credentials.write_text(yaml.safe_dump({"principals": [principal]}))
+    env = {
+        "IBEX_TLS_CERT_FILE": str(cert),
+        "IBEX_TLS_KEY_FILE": str(key),
+        "IBEX_AUTH_ENABLED": "true",
+        "IBEX_AUTH_CREDENTIALS_FILE": str(credentials),
+    }
+    return env, ClientSecrets(ca_file, token_file)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -73,7 +113,12 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
         IBEX_EMBEDDING_DIM=str(args.dim),
         IBEX_LOG_LEVEL=args.server_log_level,
         IBEX_TRACING_EXPORTER="none",
+        IBEX_AUTH_ENABLED="false",
     )
+    client: ClientSecrets | None = None
+    if args.secure:
+        secure_env, client = secure_settings(prefix.with_suffix(".secure"))
+        env.update(secure_env)
     serve_cmd = [*taskset(args.server_cpus), str(BIN / "ibex-context"), "serve"]
     if args.workers > 1:
         serve_cmd += ["--workers", str(args.workers)]
@@ -81,4 +126,4 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
     log("starting: " + " ".join(serve_cmd))
     with server_log.open("wb") as server_out:
         proc = subprocess.Popen(serve_cmd, env=env, stdout=server_out, stderr=subprocess.STDOUT, cwd=ROOT)
-    return ServerProcess(proc, grpc_port, metrics_ports, serve_cmd, server_log)
+    return ServerProcess(proc, grpc_port, metrics_ports, serve_cmd, server_log, client)

@@ -67,6 +67,7 @@ def service_settings(redis_url: str, postgres_dsn: str, port: int, profiles: Pat
         "IBEX_PROFILES_PATH": str(profiles),
         "IBEX_LOG_FORMAT": "text",
         "IBEX_LOG_LEVEL": "WARNING",
+        "IBEX_AUTH_ENABLED": "false",
         # The questions are asked one after another; a few milliseconds apart, the
         # default 250 ms flush would count each injection ~20 questions late, where a
         # real conversation's turns are seconds apart and see the previous counts.

@@ -17,7 +17,15 @@ from google.protobuf import json_format
 from grpclib.exceptions import GRPCError
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.cli_memory import TARGET_OPTION, call_memory, directive_get, export, memories, purge
+from ibex_context.cli_memory import (
+    TARGET_OPTION,
+    call_memory,
+    client_credentials,
+    directive_get,
+    export,
+    memories,
+    purge,
+)
 from ibex_context.client.memory_views import EXPORT_ONLY_FIELDS
 from ibex_context.settings import Settings
 
@@ -66,10 +74,34 @@ def _setup_logging(settings: Settings, *, quiet: bool = False) -> None:
 _VERBOSE_HELP = "Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
 
 
+_PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
 @click.group()
 @click.version_option(package_name="ibex-context")
-def main() -> None:
+@click.option("--tls", is_flag=True, help="Client commands: TLS, the server verified by the system's CAs.")
+@click.option(
+    "--tls-ca", type=_PATH, help="Client commands: TLS, the server verified by this CA bundle [IBEX_TLS_CA]."
+)
+@click.option("--tls-cert", type=_PATH, help="Client certificate for mutual TLS [IBEX_TLS_CERT].")
+@click.option("--tls-key", type=_PATH, help="Its private key [IBEX_TLS_KEY].")
+@click.option("--token-file", type=_PATH, help="File holding the bearer token [IBEX_TOKEN, IBEX_TOKEN_FILE].")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    tls: bool,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    token_file: Path | None,
+) -> None:
     """ibex-context: context assembly for LLM agents."""
+    from ibex_context.client.credentials import ClientCredentials
+
+    # What the client commands present (docs/security.md); flags before the command.
+    ctx.obj = ClientCredentials.from_env().with_overrides(
+        ca_file=tls_ca, cert_file=tls_cert, key_file=tls_key, token_file=token_file, tls=tls
+    )
     # Small matrix products (query embeddings) are slower with a multi-threaded BLAS
     # competing with the event loop; numpy is imported after this runs.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -110,7 +142,11 @@ def migrate() -> None:
     from ibex_context.stores.migrate import migrate as run_migrations
 
     settings = _settings()
-    applied = _run(lambda: run_migrations(settings.postgres_dsn, settings.embedding_dim))
+    applied = _run(
+        lambda: run_migrations(
+            settings.postgres_dsn, settings.embedding_dim, ca_file=settings.postgres_ca_file
+        )
+    )
     click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
@@ -236,7 +272,7 @@ def assemble(
     async def run() -> AssembleResult:
         # The proxy's own client: on any failure it returns the messages unchanged
         # with a client_* fallback reason instead of raising.
-        async with ContextClient(target, timeout=timeout) as client:
+        async with ContextClient(target, timeout=timeout, **client_credentials()) as client:
             return await client.assemble(
                 org_id=org_id,
                 agent_id=agent_id,
@@ -289,7 +325,7 @@ def health(target: str, service: str, timeout: float) -> None:
     from ibex_context.client import ContextClient
 
     async def run() -> str:
-        async with ContextClient(target) as client:
+        async with ContextClient(target, **client_credentials()) as client:
             return await client.check_health(service, timeout=timeout)
 
     try:
@@ -299,6 +335,25 @@ def health(target: str, service: str, timeout: float) -> None:
     click.echo(name)
     if name != "SERVING":
         raise SystemExit(1)
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens for the credentials file (docs/security.md)."""
+
+
+@token.command("new")
+def token_new() -> None:
+    """Print a new high-entropy token and the SHA-256 the credentials file stores.
+
+    The token goes to the caller (a Secret it mounts); only the digest goes to the server."""
+    import secrets
+
+    from ibex_context.server.auth import token_digest
+
+    value = secrets.token_urlsafe(32)
+    click.echo(f"token:  {value}")
+    click.echo(f"sha256: {token_digest(value).hex()}")
 
 
 main.add_command(memories)

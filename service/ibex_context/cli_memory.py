@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ibex_context.client.credentials import ClientCredentials
 from ibex_context.client.memory import MemoryClient, MemoryClientError
 from ibex_context.client.memory_views import ORDERS, export_line
 from ibex_context.client.target import parse_target
@@ -38,6 +39,14 @@ _ORG = click.option("--org", "org_id", required=True)
 _AGENT = click.option("--agent", "agent_id", required=True)
 
 
+def client_credentials() -> dict[str, Any]:
+    """The ``ssl`` and ``token`` arguments of a client, from the top-level flags and env."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(ClientCredentials) if ctx is not None else None
+    credentials = found or ClientCredentials.from_env()
+    return {"ssl": credentials.ssl_context(), "token": credentials.token}
+
+
 def call_memory(
     target: str,
     work: Callable[[MemoryClient], Awaitable[T]],
@@ -48,7 +57,9 @@ def call_memory(
     """Run ``work`` with a ``MemoryClient``; its failure becomes the command's error message."""
 
     async def run() -> T:
-        async with MemoryClient(target, timeout=timeout, batch_size=batch_size) as client:
+        async with MemoryClient(
+            target, timeout=timeout, batch_size=batch_size, **client_credentials()
+        ) as client:
             return await work(client)
 
     try:

@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     # --- gRPC server -------------------------------------------------------------------
     grpc_host: str = _f("0.0.0.0", "Address the gRPC server binds.")
     grpc_port: int = _f(50051, "gRPC port (0 picks a free one).", ge=0, le=65535)
+    health_port: int | None = _f(
+        None,
+        "A second, plaintext gRPC port serving only grpc.health.v1 (the kubelet's gRPC probes cannot "
+        "speak TLS). Empty: none; 0 picks a free one.",
+        ge=0,
+        le=65535,
+    )
     grpc_reuse_port: bool = _f(False, "Bind with SO_REUSEPORT so several processes share the port.")
     workers: int = _f(
         1,
@@ -58,12 +65,41 @@ class Settings(BaseSettings):
         "", "Secret for the injection nonce (HMAC). Empty: random per process (stable per process only)."
     )
 
+    # --- security: TLS and callers (docs/security.md) --------------------------------
+    tls_cert_file: Path | None = _f(
+        None,
+        "PEM certificate (chain) served on the gRPC port; with tls_key_file turns TLS on. Re-read "
+        "when it changes (rotation without restart). Empty: plaintext.",
+    )
+    tls_key_file: Path | None = _f(None, "PEM private key of tls_cert_file.")
+    tls_client_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle: set, every client must present a certificate it verifies (mutual TLS); "
+        "its SANs (or CN) are the identities the credentials file names.",
+    )
+    auth_enabled: bool = _f(
+        True,
+        "Every call of the two services needs a credential with the method's role (assemble, write, "
+        "read, admin); gRPC health, reflection and /metrics stay open. Off only when set to false.",
+    )
+    auth_credentials_file: Path | None = _f(
+        None,
+        "YAML of the principals: roles, optional org, SHA-256 of bearer tokens and/or client "
+        "certificate identities (docs/security.md). Required when auth_enabled; reloaded on change.",
+    )
+    auth_reload_seconds: float = _f(1.0, "How often the credentials file is checked for changes.", gt=0)
+
     # --- stores -----------------------------------------------------------------------
     redis_url: str = _f(
         "redis://127.0.0.1:6379/0",
         "Redis: directive cache and hot sets. `redis://[[user]:password@]host[:port][/db]`, "
         "`rediss://...` (TLS, verified against the system's CAs) or "
         "`unix://[[user]:password@]/socket/path[?db=N]`; other query parameters are refused at start-up.",
+    )
+    redis_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle that verifies a `rediss://` server (host name included) instead of the system's "
+        "CAs: a private CA mounted from a file.",
     )
     redis_max_connections: int = _f(
         64,
@@ -73,6 +109,11 @@ class Settings(BaseSettings):
     )
     postgres_dsn: str = _f(
         "postgresql://ibex@127.0.0.1:5432/ibex", "PostgreSQL with pgvector: the source of truth."
+    )
+    postgres_ca_file: Path | None = _f(
+        None,
+        "PEM CA bundle: PostgreSQL only over TLS, its certificate verified against this CA and its host "
+        "name checked (libpq's sslmode=verify-full with sslrootcert). Empty: as the DSN says.",
     )
     postgres_pool_min: int = _f(2, "PostgreSQL pool: connections kept open.", ge=0)
     postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections.", ge=1)

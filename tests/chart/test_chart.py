@@ -200,10 +200,16 @@ def test_only_the_operator_mounts_a_service_account_token(rendered: Rendered) ->
 
 def test_server_probes_are_native_grpc_and_liveness_never_depends_on_the_stores(rendered: Rendered) -> None:
     c = server_container(rendered)
-    grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # The kubelet's gRPC probe speaks no TLS: with TLS on the gRPC port it asks the plaintext
+    # health-only port (IBEX_HEALTH_PORT).
+    probed = ports["grpc-health"] if "IBEX_TLS_CERT_FILE" in env else ports["grpc"]
+    if "IBEX_TLS_CERT_FILE" in env:
+        assert env["IBEX_HEALTH_PORT"] == str(probed) != str(ports["grpc"])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert set(c[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {"grpc"}, probe
-        assert c[probe]["grpc"]["port"] == grpc_port == 50051
+        assert c[probe]["grpc"]["port"] == probed
     # Readiness = overall health (the process accepts calls, stores or not); liveness = it answers.
     assert c["readinessProbe"]["grpc"]["service"] == ""
     assert c["livenessProbe"]["grpc"]["service"] == "liveness"
@@ -539,7 +545,9 @@ def test_network_policies_admit_grpc_from_configured_peers_and_isolate_the_opera
     operator = r.one("NetworkPolicy", f"{FULLNAME}-operator")
     assert operator["spec"]["ingress"] == []
     assert set(operator["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-    assert not render().of_kind("NetworkPolicy")
+    # On by default (issue 27); off only when asked.
+    assert render().maybe("NetworkPolicy", FULLNAME) is not None
+    assert not render(sets=("networkPolicy.enabled=false",)).of_kind("NetworkPolicy")
 
 
 def test_dashboard_configmap_carries_the_grafana_label_and_the_dashboard_json(

@@ -256,6 +256,10 @@ def server(
         f"IBEX_METRICS_PORT={metrics_port}",
         "--env",
         "IBEX_PROFILES_PATH=/etc/ibex-context/profiles/profiles.json",
+        # The image, not the callers, is under test here (tests/server/test_auth.py and
+        # tests/chart/test_security_defaults.py serve with TLS and authentication).
+        "--env",
+        "IBEX_AUTH_ENABLED=false",
         service_image,
         "serve",
     )

@@ -65,6 +65,7 @@ async def served(
         shutdown_grace_seconds=1.0,
         profiles_path=volume.path,
         profiles_poll_seconds=0.05,
+        auth_enabled=False,
     )
     service = ContextService(settings, encodings=encodings)
     await service.start()

@@ -53,6 +53,8 @@ def make_settings(redis_url: str, postgres_dsn: str, **overrides: Any) -> Settin
         "log_format": "text",
         "nonce_secret": "test-secret",
         "shutdown_grace_seconds": 2.0,
+        # These tests are about other things; tests/server/test_auth.py serves with auth on.
+        "auth_enabled": False,
     }
     values.update(overrides)
     return Settings(**values)

@@ -55,6 +55,7 @@ def _serve(redis_url: str, postgres_dsn: str, **settings: str) -> tuple[subproce
         IBEX_METRICS_PORT="0",
         IBEX_EMBEDDER="hashing",
         IBEX_LOG_FORMAT="text",
+        IBEX_AUTH_ENABLED="false",
     )
     env.update(settings)
     return subprocess.Popen([sys.executable, "-m", "ibex_context", "serve"], env=env), port

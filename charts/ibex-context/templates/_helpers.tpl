@@ -124,6 +124,16 @@ chose), minReplicas on first install, so the service does not run one pod until 
 
 {{/* Checks JSON Schema cannot express; included by the service Deployment. */}}
 {{- define "ibex-context.validate" -}}
+{{- $tls := .Values.security.tls }}
+{{- if and $tls.enabled $tls.certManager.enabled (not $tls.certManager.issuerRef.name) }}
+{{- fail "security.tls.certManager.issuerRef.name is required when security.tls.certManager.enabled" }}
+{{- end }}
+{{- if and $tls.clientCA.enabled (not $tls.clientCA.secretName) }}
+{{- fail "security.tls.clientCA.secretName is required when security.tls.clientCA.enabled" }}
+{{- end }}
+{{- if and $tls.clientCA.enabled (not $tls.enabled) }}
+{{- fail "security.tls.clientCA.enabled needs security.tls.enabled" }}
+{{- end }}
 {{- $as := .Values.autoscaling }}
 {{- if gt (int $as.minReplicas) (int $as.maxReplicas) }}
 {{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $as.minReplicas $as.maxReplicas) }}
@@ -212,3 +222,23 @@ Pass (dict "ctx" $ "key" "nonce-secret" "length" 48).
 {{- define "ibex-context.metricsPortName" -}}
 {{- if eq (int .) 0 -}}http-metrics{{- else -}}http-metrics-{{ . }}{{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the gRPC port's certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "ibex-context.tlsSecretName" -}}
+{{- .Values.security.tls.secretName | default (printf "%s-tls" (include "ibex-context.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret holding credentials.yaml. */}}
+{{- define "ibex-context.credentialsSecretName" -}}
+{{- .Values.security.auth.credentialsSecret | default (printf "%s-credentials" (include "ibex-context.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret holding the token `helm test` sends. */}}
+{{- define "ibex-context.testTokenSecretName" -}}
+{{- .Values.security.auth.testTokenSecret | default (printf "%s-test-token" (include "ibex-context.fullname" .)) }}
+{{- end }}
+
+{{/* The port the kubelet's gRPC probes use: the plaintext health port when the gRPC port speaks TLS. */}}
+{{- define "ibex-context.probePort" -}}
+{{- if .Values.security.tls.enabled }}{{ .Values.security.tls.healthPort }}{{ else }}{{ .Values.server.grpcPort }}{{ end }}
+{{- end }}

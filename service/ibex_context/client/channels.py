@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from grpclib.client import Channel, UnaryUnaryMethod
+from grpclib.config import Configuration
 
 log = logging.getLogger("ibex_context.client")
 
@@ -181,7 +182,10 @@ class DnsRoundRobin:
         for address in addresses:
             endpoint = known.pop(address, None)
             if endpoint is None:
-                endpoint = Endpoint(address, self._port, Channel(address, self._port, ssl=self._ssl))
+                # TLS: the certificate names the Service, not each pod's address.
+                config = Configuration(ssl_target_name_override=self._host) if self._ssl else None
+                channel = Channel(address, self._port, ssl=self._ssl, config=config)
+                endpoint = Endpoint(address, self._port, channel)
             endpoint.down = False
             endpoint.consecutive_timeouts = 0
             kept.append(endpoint)

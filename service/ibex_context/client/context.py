@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client.channels import DnsRoundRobin, Endpoint, Endpoints, SingleChannel
+from ibex_context.client.credentials import bearer_metadata
 from ibex_context.client.target import Target, parse_target
 from ibex_context.models import ChatMessage
 from ibex_context.observability.metrics import ASSEMBLY_BUCKETS
@@ -192,7 +193,11 @@ class ContextClient:
         tracer: trace.Tracer | None = None,
         logger: logging.Logger | None = None,
         refresh_seconds: float = 30.0,
+        token: str | None = None,
     ) -> None:
+        """``ssl``: TLS (``client.credentials.ClientCredentials.ssl_context``); ``token``:
+        the bearer token sent on every call (docs/security.md)."""
+        self._auth = bearer_metadata(token)
         self.target = parse_target(target) if isinstance(target, str) else target
         self.timeout = timeout
         if endpoints is not None:
@@ -321,7 +326,7 @@ class ContextClient:
             # e.g. a message whose content is not a string: the caller's bug.
             failure = _Failure(f"{CLIENT_ERROR}:bad_request", detail=type(exc).__name__)
             return self._fallback(original, failure, started, request_id)
-        metadata: dict[str, str] = {}
+        metadata: dict[str, str] = dict(self._auth)
         if request_id:
             metadata["x-request-id"] = request_id
         # The caller's current span (or ours) as W3C traceparent; a no-op without OTel.

@@ -22,6 +22,7 @@ from grpclib.exceptions import GRPCError
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client.channels import SingleChannel
 from ibex_context.client.context import classify_failure
+from ibex_context.client.credentials import bearer_metadata
 from ibex_context.client.memory_views import (
     ORDERS,
     DirectiveView,
@@ -141,7 +142,9 @@ class MemoryClient:
         timeout: float = DEFAULT_WRITE_TIMEOUT_SECONDS,
         ssl: ssl_module.SSLContext | None = None,
         batch_size: int = 500,
+        token: str | None = None,
     ) -> None:
+        self._auth = bearer_metadata(token)
         self.target = parse_target(target) if isinstance(target, str) else target
         self.timeout = timeout
         self.batch_size = batch_size
@@ -362,7 +365,7 @@ class MemoryClient:
         assert endpoint is not None
         unary = endpoint.unary(_SERVICE + method, type(request), reply_type)
         try:
-            return await unary(request, timeout=self.timeout)
+            return await unary(request, timeout=self.timeout, metadata=self._auth)
         except Exception as exc:
             failure = classify_failure(exc)
             status = exc.status if isinstance(exc, GRPCError) else None

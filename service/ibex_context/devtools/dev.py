@@ -48,6 +48,8 @@ async def run_dev(base: Settings, *, once: bool) -> None:
             "redis_url": stores.redis.url,
             "postgres_dsn": stores.postgres.dsn,
             "grpc_host": "127.0.0.1",
+            # A developer's loopback server: plaintext, every caller may call everything.
+            "auth_enabled": False,
         }
         fields = base.model_dump()
         if "IBEX_EMBEDDER" not in _env_keys():
@@ -69,6 +71,10 @@ async def run_dev(base: Settings, *, once: bool) -> None:
             click.echo(
                 f"\nibex-context is serving gRPC on 127.0.0.1:{service.port}"
                 f" and metrics on http://127.0.0.1:{service.metrics_port}/metrics"
+            )
+            click.echo(
+                "  plaintext and WITHOUT authentication (a development server on loopback only;"
+                " docs/security.md for TLS and credentials)"
             )
             click.echo("The stores, for your own tools:")
             click.echo(store_settings(stores.redis.url, stores.postgres.dsn))

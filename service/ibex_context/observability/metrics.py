@@ -283,6 +283,14 @@ class Metrics:
             ["replica"],
             registry=registry,
         )
+        self.auth_refusals = Counter(
+            "ibex_context_auth_refusals",
+            "Calls refused before their handler ran, by method and reason: unauthenticated (no "
+            "credential or an unknown one), role (the credential lacks the method's role), org "
+            "(bound to another org). No principal or tenant ids.",
+            ["method", "reason"],
+            registry=registry,
+        )
         self.gc_frozen_objects = Gauge(
             "ibex_context_gc_frozen_objects",
             "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
@@ -313,6 +321,9 @@ class Metrics:
         self._rpc_histograms: dict[str, Histogram] = {}
 
     # --- per call -----------------------------------------------------------------------
+    def record_auth_refusal(self, method: str, reason: str) -> None:
+        self.auth_refusals.labels(split_method(method)[1], reason).inc()
+
     def call_started(self) -> None:
         self.inflight_calls.inc()
 

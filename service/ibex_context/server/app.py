@@ -10,6 +10,7 @@ import asyncio
 import logging
 import secrets
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
@@ -47,10 +49,11 @@ from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.reflection import reflection_methods
 from ibex_context.server.rpc import service_names
+from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_embedding_dim
-from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
 from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import RedisContextCache
 from ibex_context.stores.repository import ContextRepository
@@ -87,15 +90,22 @@ class ContextService:
     profiles: ProfileStore = field(init=False)
     metrics: Metrics = field(init=False)
     port: int = field(init=False, default=0)
+    health_port: int | None = field(init=False, default=None)
+    health_server: ServiceServer | None = field(init=False, default=None)
     metrics_port: int = field(init=False, default=0)
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
     watcher: ProfileWatcher | None = field(init=False, default=None)
+    credentials: CredentialsFile | None = field(init=False, default=None)
+    tls: ServerTls | None = field(init=False, default=None)
     _injections: InjectionQueue = field(init=False)
     _stopping: bool = field(init=False, default=False)
     _gc_pauses: GcPauses | None = field(init=False, default=None)
 
     async def start(self) -> None:
         s = self.settings
+        # Refused before anything is opened: a misconfigured security setting must not serve.
+        self.tls = _server_tls(s)
+        self.credentials = _credentials_file(s)
         self.metrics = Metrics(self.metrics_registry)
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()
@@ -121,7 +131,7 @@ class ContextService:
                 f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
         self._closers.append(embedder.aclose)
-        await _check_database_dim(s.postgres_dsn, s.embedding_dim)
+        await _check_database_dim(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
         self.metrics.track_query_embedding_cache(query_embedder.counts)
 
@@ -241,11 +251,21 @@ class ContextService:
                 metrics=self.metrics, tracing=tracing, log=logging.getLogger("ibex_context.access")
             ),
             reuse_port=s.grpc_reuse_port,
+            guard=self._guard(),
+            credentials=self.tls.credentials() if self.tls is not None else None,
         )
         if s.gc_freeze:
             # Everything built so far lives as long as the process (see server/heap.py).
             self.metrics.gc_frozen_objects.set(freeze_startup_heap())
         self.port = await self.server.start(s.grpc_host, s.grpc_port)
+        if s.health_port is not None:
+            # Probes only: the same health state, no service method, no TLS.
+            self.health_server = ServiceServer(
+                self.health.methods(service_names(served)),
+                max_request_bytes=s.max_request_bytes,
+                reuse_port=s.grpc_reuse_port,
+            )
+            self.health_port = await self.health_server.start(s.grpc_host, s.health_port)
         metrics_server = start_metrics_server(
             s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
         )
@@ -256,7 +276,21 @@ class ContextService:
             _monitor_stores(self.health), name="ibex-store-monitor"
         )
         self._closers.append(store_monitor.cancel)
-        log.info("serving gRPC on port %d, metrics on port %d", self.port, self.metrics_port)
+        log.info(
+            "serving gRPC on port %d (%s, %s), metrics on port %d",
+            self.port,
+            "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext",
+            "authentication required" if self.credentials is not None else "NO authentication",
+            self.metrics_port,
+        )
+
+    def _guard(self) -> CallGuard | None:
+        credentials = self.credentials
+        if credentials is None:
+            return None
+        watch = asyncio.get_running_loop().create_task(credentials.run(), name="ibex-credentials-watch")
+        self._closers.append(watch.cancel)
+        return CallGuard(lambda: credentials.current, on_refused=self.metrics.record_auth_refusal)
 
     async def _health_detail(self) -> HealthStatus:
         # Ready while this process can answer (degraded answers count: ADR-0007); the
@@ -308,6 +342,8 @@ class ContextService:
         # GOAWAY on every connection (clients reconnect elsewhere); the calls still
         # running may finish within what is left of the grace, then are cancelled.
         await self.server.stop(max(0.0, ends - loop.time()))
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self.watcher is not None:
             await self.watcher.stop()
         await self._injections.drain(timeout=2.0)
@@ -332,6 +368,30 @@ class ContextService:
 
 
 _STORE_MONITOR_INTERVAL_SECONDS = 5.0
+
+
+def _server_tls(s: Settings) -> ServerTls | None:
+    if s.tls_cert_file is None and s.tls_key_file is None:
+        if s.tls_client_ca_file is not None:
+            raise ConfigurationError("tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file")
+        return None
+    if s.tls_cert_file is None or s.tls_key_file is None:
+        raise ConfigurationError("tls_cert_file, tls_key_file: set both (TLS) or neither (plaintext)")
+    return ServerTls(TlsFiles(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
+
+
+def _credentials_file(s: Settings) -> CredentialsFile | None:
+    if not s.auth_enabled:
+        log.warning("authentication is off (IBEX_AUTH_ENABLED=false): every caller may call every method")
+        return None
+    if s.auth_credentials_file is None:
+        raise ConfigurationError(
+            "auth_credentials_file: required while authentication is on (IBEX_AUTH_CREDENTIALS_FILE); "
+            "set IBEX_AUTH_ENABLED=false to serve without (docs/security.md)"
+        )
+    if s.tls_cert_file is None:
+        log.warning("authentication without TLS: bearer tokens cross the network in clear text")
+    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds)
 
 
 async def _monitor_stores(health: ServiceHealth) -> None:
@@ -361,8 +421,8 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         log.warning("warm-up assembly failed", exc_info=True)
 
 
-async def _check_database_dim(dsn: str, dim: int) -> None:
-    conn = await asyncpg.connect(dsn)
+async def _check_database_dim(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
+    conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
     try:
         await check_embedding_dim(conn, dim)
     finally:

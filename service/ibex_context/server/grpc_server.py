@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from ibex_context.observability.calls import CallObserver
-from ibex_context.server.rpc import Method, generic_handlers
+from ibex_context.server.rpc import Guard, Method, generic_handlers
 
 __all__ = ["ServiceServer"]
 
@@ -34,20 +34,27 @@ class ServiceServer:
         max_request_bytes: int,
         observer: CallObserver | None = None,
         reuse_port: bool = False,
+        guard: Guard | None = None,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
+        """``credentials``: TLS on the port (``server/tls.py``); None serves plaintext."""
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
         self._server = grpc.aio.server(options=options)
-        self._server.add_generic_rpc_handlers(generic_handlers(methods, observer))
+        self._server.add_generic_rpc_handlers(generic_handlers(methods, observer, guard))
+        self._credentials = credentials
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
         """Binds ``host:port`` (0: a free port), starts serving; returns the bound port."""
         # The core takes "[::1]:port" for IPv6 literals.
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._server.add_insecure_port(address)
+        if self._credentials is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            self.port = self._server.add_secure_port(address, self._credentials)
         await self._server.start()
         return self.port
 

@@ -10,7 +10,11 @@ method needs and none should repeat:
   ``context.abort``, which raises through grpc.aio's own handling), and anything else
   a handler raises to UNKNOWN, logged;
 * observes the call (``observability.calls.CallObserver``: metrics, spans, access log),
-  including calls cut by their deadline or their caller (the task is cancelled).
+  including calls cut by their deadline or their caller (the task is cancelled);
+* for the services' own methods, asks the ``Guard`` (``server/guard.py``) whether the
+  caller may make the call, after parsing (the org check needs the request's org_id)
+  and before the handler: a refused call reads and writes nothing. Health and
+  reflection are not guarded (probes and tools reach them without credentials).
 
 A handler may return already-serialized bytes (AssembleContext times its own
 serialization for the report); anything else is serialized here.
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CallError",
+    "Guard",
     "Method",
     "generic_handlers",
     "service_methods",
@@ -67,6 +72,16 @@ class Context(Protocol):
     def time_remaining(self) -> float | None: ...
     def set_code(self, code: grpc.StatusCode) -> None: ...
     def set_details(self, details: str) -> None: ...
+    def peer_identities(self) -> Sequence[bytes] | None: ...
+
+
+class Guard(Protocol):
+    """Decides whether the caller may make a call (``server/guard.py``)."""
+
+    def guards(self, path: str) -> bool: ...
+    def check(self, path: str, request: Any, context: Context) -> object:
+        """Returns if the call may go on; raises ``CallError`` if not."""
+        ...
 
 
 UnaryBehaviour = Callable[[Any, Context], Awaitable[Any]]
@@ -83,7 +98,7 @@ class Method:
     """One served method: its full path (``/package.Service/Method``) and its grpc.aio handler."""
 
     path: str
-    build: Callable[[CallObserver | None], grpc.RpcMethodHandler[Any, Any]]
+    build: Callable[[CallObserver | None, Guard | None], grpc.RpcMethodHandler[Any, Any]]
 
     @property
     def service(self) -> str:
@@ -118,12 +133,17 @@ def _fail(context: Context, path: str, exc: Exception) -> Status:
 
 
 def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Method:
-    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+    def build(observer: CallObserver | None, guard: Guard | None) -> grpc.RpcMethodHandler[Any, Any]:
+        check = guard.check if guard is not None and guard.guards(path) else None
+
         async def serve(data: bytes, context: Context) -> Any:
             state = _begin(observer, path, context)
             status = Status.OK
             try:
-                return await behaviour(_parse(request_type, data), context)
+                request = _parse(request_type, data)
+                if check is not None:
+                    check(path, request, context)
+                return await behaviour(request, context)
             except asyncio.CancelledError:
                 status = interrupted_status(state)
                 raise
@@ -140,7 +160,9 @@ def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Me
 
 
 def unary_stream(path: str, request_type: MessageType, behaviour: UnaryStreamBehaviour) -> Method:
-    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+    """A server-streaming method (health's Watch): never guarded."""
+
+    def build(observer: CallObserver | None, _guard: Guard | None) -> grpc.RpcMethodHandler[Any, Any]:
         async def serve(data: bytes, context: Context) -> AsyncIterator[Any]:
             def responses() -> AsyncIterator[Any]:
                 return behaviour(_parse(request_type, data), context)
@@ -155,7 +177,9 @@ def unary_stream(path: str, request_type: MessageType, behaviour: UnaryStreamBeh
 
 
 def stream_stream(path: str, request_type: MessageType, behaviour: StreamStreamBehaviour) -> Method:
-    def build(observer: CallObserver | None) -> grpc.RpcMethodHandler[Any, Any]:
+    """A bidirectional method (reflection): never guarded."""
+
+    def build(observer: CallObserver | None, _guard: Guard | None) -> grpc.RpcMethodHandler[Any, Any]:
         async def serve(requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
             async def parsed() -> AsyncIterator[Any]:
                 async for data in requests:
@@ -219,12 +243,13 @@ def service_methods(service: ServiceDescriptor, messages: ModuleType, implementa
 
 
 def generic_handlers(
-    methods: Sequence[Method], observer: CallObserver | None
+    methods: Sequence[Method], observer: CallObserver | None, guard: Guard | None = None
 ) -> list[grpc.GenericRpcHandler]:
-    """One generic handler per service, every method wrapped for ``observer``."""
+    """One generic handler per service, every method wrapped for ``observer`` and, where
+    ``guard`` guards it, checked by ``guard`` (None: every caller may call everything)."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
     for method in methods:
-        by_service.setdefault(method.service, {})[method.name] = method.build(observer)
+        by_service.setdefault(method.service, {})[method.name] = method.build(observer, guard)
     return [grpc.method_handlers_generic_handler(service, table) for service, table in by_service.items()]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import asyncpg
 
 from ibex_context.errors import ConfigurationError
+from ibex_context.stores.postgres import postgres_tls
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # An arbitrary constant shared by every migrator of this schema ("ibex" in ASCII).
@@ -119,9 +120,11 @@ async def apply_migrations(
     return applied
 
 
-async def migrate(dsn: str, embedding_dim: int) -> list[str]:
-    """Brings the schema at ``dsn`` up to date; returns the names of the migrations applied."""
-    conn = await asyncpg.connect(dsn)
+async def migrate(dsn: str, embedding_dim: int, *, ca_file: Path | None = None) -> list[str]:
+    """Brings the schema at ``dsn`` up to date; returns the names of the migrations applied.
+    ``ca_file``: verify-full against this CA (``Settings.postgres_ca_file``)."""
+    tls = postgres_tls(ca_file)
+    conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
     try:
         return await apply_migrations(conn, embedding_dim)
     finally:

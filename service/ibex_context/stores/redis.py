@@ -30,6 +30,8 @@ import json
 import struct
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -188,7 +190,7 @@ return deleted
 """
 
 
-def create_redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
+def create_redis_client(url: str, *, max_connections: int, ca_file: Path | None = None) -> aioredis.Redis:
     """The redis-py client (writes, rebuilds, health, purge; the request path's two
     reads use ``stores.redis_wire``): one immediate retry, no backoff.
 
@@ -196,13 +198,16 @@ def create_redis_client(url: str, *, max_connections: int) -> aioredis.Redis:
     into seconds of waiting per call; a request has milliseconds. The single retry
     replaces a pooled connection that died with a Redis restart. ``socket_timeout``
     is a backstop for background work; requests are bounded by their deadline.
+    ``ca_file`` verifies a ``rediss://`` server instead of the system's CAs.
     """
+    tls: dict[str, Any] = {"ssl_ca_certs": str(ca_file)} if ca_file and url.startswith("rediss:") else {}
     return aioredis.Redis.from_url(
         url,
         max_connections=max_connections,
         retry=Retry(NoBackoff(), 1),
         socket_connect_timeout=1.0,
         socket_timeout=2.0,
+        **tls,
     )
 
 
@@ -293,10 +298,12 @@ class RedisContextCache:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisContextCache:
-        client = create_redis_client(settings.redis_url, max_connections=settings.redis_max_connections)
+        client = create_redis_client(
+            settings.redis_url, max_connections=settings.redis_max_connections, ca_file=settings.redis_ca_file
+        )
         return cls(
             client,
-            PipelinedRedis.from_url(settings.redis_url),
+            PipelinedRedis.from_url(settings.redis_url, ca_file=settings.redis_ca_file),
             directive_ttl_seconds=settings.directive_cache_ttl_seconds,
             hot_set_size=settings.hot_set_size,
             hot_set_ttl_seconds=settings.hot_set_ttl_seconds,

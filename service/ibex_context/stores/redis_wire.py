@@ -33,6 +33,7 @@ import hashlib
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -64,9 +65,10 @@ class RedisEndpoint:
     tls: ssl.SSLContext | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> RedisEndpoint:
+    def from_url(cls, url: str, *, ca_file: Path | None = None) -> RedisEndpoint:
         """Parsed by redis-py's own ``parse_url`` (one source for the URL's meaning);
-        raises ConfigurationError, naming no credential, for what this client cannot honour."""
+        raises ConfigurationError, naming no credential, for what this client cannot honour.
+        ``ca_file``: the CA bundle that verifies a ``rediss://`` server (else the system's)."""
         try:
             fields = parse_url(url)
         except ValueError as exc:
@@ -91,7 +93,7 @@ class RedisEndpoint:
             db=db,
             username=username,
             password=password,
-            tls=ssl.create_default_context() if scheme == "rediss" else None,
+            tls=ssl.create_default_context(cafile=ca_file) if scheme == "rediss" else None,
         )
 
 
@@ -226,8 +228,8 @@ class PipelinedRedis:
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str) -> PipelinedRedis:
-        return cls(RedisEndpoint.from_url(url))
+    def from_url(cls, url: str, *, ca_file: Path | None = None) -> PipelinedRedis:
+        return cls(RedisEndpoint.from_url(url, ca_file=ca_file))
 
     async def get(self, key: str) -> bytes | None:
         reply = await self._request(_pack(("GET", key)))

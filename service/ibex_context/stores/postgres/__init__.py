@@ -7,7 +7,7 @@ them into ``PostgresMemoryStore``. The names most callers need are re-exported h
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
 from ibex_context.stores.postgres.counters import MemoryCounters
 from ibex_context.stores.postgres.feedback import FEEDBACK_ALPHA, FEEDBACK_TARGETS
-from ibex_context.stores.postgres.pool import create_pool
+from ibex_context.stores.postgres.pool import create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import DirectiveState
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL
 from ibex_context.stores.postgres.store import PostgresMemoryStore
@@ -24,4 +24,5 @@ __all__ = [
     "as_uuid",
     "create_pool",
     "decode_vectors",
+    "postgres_tls",
 ]

@@ -22,7 +22,9 @@ Connections are set up once (``codecs.init_connection``) with session settings:
 from __future__ import annotations
 
 import functools
+import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 import asyncpg
@@ -68,6 +70,14 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+def postgres_tls(ca_file: Path | None) -> ssl_module.SSLContext | None:
+    """libpq's ``sslmode=verify-full`` with ``sslrootcert=ca_file``: TLS required, the server's
+    certificate verified against ``ca_file`` and its host name checked. None: the DSN decides."""
+    if ca_file is None:
+        return None
+    return ssl_module.create_default_context(cafile=ca_file)
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -76,6 +86,7 @@ async def create_pool(
     ef_search: int,
     statement_timeout_ms: int = 30_000,
     server_settings: Mapping[str, str] | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections are ready for the stores' statements.
 
@@ -84,6 +95,7 @@ async def create_pool(
     try:
         pool: asyncpg.Pool = await asyncpg.create_pool(
             dsn,
+            **({"ssl": ssl} if ssl is not None else {}),
             min_size=min(min_size, max_size),
             max_size=max_size,
             init=init_connection,

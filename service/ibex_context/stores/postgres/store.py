@@ -10,6 +10,7 @@ AND ``agent_id``. Pool set-up and session settings: ``pool``; wire formats: ``co
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_module
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
-from ibex_context.stores.postgres.pool import create_pool, store_errors
+from ibex_context.stores.postgres.pool import create_pool, postgres_tls, store_errors
 from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
@@ -52,8 +53,10 @@ class PostgresMemoryStore:
         agent_sizes: AgentSizes | None = None,
         graph_width: GraphSearchWidth | None = None,
         agent_graphs: bool = False,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         self._pool = pool
+        self._ssl = ssl  # a read replica's pool verifies against the same CA
         self._ef_search = ef_search
         self._agent_graphs = agent_graphs
         token_counts = TokenCountsDecoder()
@@ -77,14 +80,17 @@ class PostgresMemoryStore:
     @classmethod
     async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
         ef_search = min(1000, max(settings.hnsw_ef_search, settings.cold_limit))
+        tls = postgres_tls(settings.postgres_ca_file)
         pool = await create_pool(
             settings.postgres_dsn,
             min_size=settings.postgres_pool_min,
             max_size=settings.postgres_pool_max,
             ef_search=ef_search,
+            ssl=tls,
         )
         return cls(
             pool,
+            ssl=tls,
             ef_search=ef_search,
             exact_max_memories=settings.cold_exact_max_memories,
             agent_graphs=settings.cold_agent_graphs,
@@ -128,7 +134,9 @@ class PostgresMemoryStore:
     async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
         """A pool on a read replica of this store's database with this store's session
         settings (the searches' ``on=``), warmed up as ``warm_up`` does."""
-        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search)
+        pool = await create_pool(
+            dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search, ssl=self._ssl
+        )
         try:
             await self._warm_up(pool)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
