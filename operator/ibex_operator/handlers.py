@@ -90,6 +90,11 @@ def _profile_ref(body: Mapping[str, Any]) -> kopf.Body:
     )
 
 
+def _carries(body: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    own = (body.get("metadata") or {}).get("labels") or {}
+    return all(own.get(k) == v for k, v in labels.items())
+
+
 def _condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any]:
     for c in (status or {}).get("conditions") or ():
         if c.get("type") == type_:
@@ -128,8 +133,14 @@ class Reconciler:
             return changes
 
     async def _reconcile(self, namespace: str) -> list[Change]:
-        bodies = await self._client.list(profiles_path(namespace))
-        bodies = [b for b in bodies if (b.get("metadata") or {}).get("namespace", namespace) == namespace]
+        selector = self._config.selector_labels
+        bodies = await self._client.list(profiles_path(namespace), label_selector=self._config.selector_text)
+        # Filter again: a server that ignored the selector must not hand us another release's profiles.
+        bodies = [
+            b
+            for b in bodies
+            if (b.get("metadata") or {}).get("namespace", namespace) == namespace and _carries(b, selector)
+        ]
         plan = plan_namespace(
             namespace,
             (ProfileView.from_body(b) for b in bodies),
@@ -137,6 +148,7 @@ class Reconciler:
             utc_now(),
             render_hpa_objects=self._config.render_hpa,
             inflight_metric=self._config.inflight_metric,
+            child_labels=selector,
         )
         changes = await self._apply_children(plan)
         changes += await self._delete_orphans(plan)
@@ -166,14 +178,16 @@ class Reconciler:
 
     async def _delete_orphans(self, plan: NamespacePlan) -> list[Change]:
         changes: list[Change] = []
-        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+        # Only our own children: another release's operator labels its children with its selector.
+        mine = {MANAGED_BY_LABEL: MANAGED_BY, **self._config.selector_labels}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(mine.items()))
         for path_of, kind in ((configmaps_path, "ConfigMap"), (hpas_path, "HorizontalPodAutoscaler")):
             # An HPA we made while autoscaling was on goes once it is off.
             wanted = {s.service for s in plan.services if kind == "ConfigMap" or s.hpa is not None}
             for obj in await self._client.list(path_of(plan.namespace), label_selector=selector):
                 labels = (obj.get("metadata") or {}).get("labels") or {}
                 # Filter again: a label selector the server ignores must not delete others' objects.
-                if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or SERVICE_LABEL not in labels:
+                if not _carries(obj, mine) or SERVICE_LABEL not in labels:
                     continue
                 if labels[SERVICE_LABEL] in wanted:
                     continue
@@ -287,9 +301,13 @@ def build_registry(
             await asyncio.gather(task, return_exceptions=True)
         await kube.close()
 
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    # Only this release's profiles trigger a reconcile (the DELETED watch below stays unfiltered: a
+    # re-render is cheap, and a profile relabelled away from us is caught there or by the drift loop).
+    mine = config.selector_labels or None
+
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, labels=mine)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, labels=mine)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, labels=mine)
     async def _reconcile(namespace: str | None, logger: Logger, **_: Any) -> None:
         changes = await reconciler.reconcile_namespace(namespace or "")
         for change in changes:
@@ -297,7 +315,7 @@ def build_registry(
 
     # Optional: kopf adds no finalizer for it. It runs when a deletion is held up by someone else's
     # finalizer (the plan leaves a profile with a deletionTimestamp out).
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True, labels=mine)
     async def _delete(namespace: str | None, logger: Logger, **_: Any) -> None:
         for change in await reconciler.reconcile_namespace(namespace or ""):
             logger.info("%s %s %s", change.action, change.kind, change.name)

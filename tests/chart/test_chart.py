@@ -33,6 +33,7 @@ from tests.chart.conftest import (
     VALIDATED_KUBERNETES_VERSION,
     VALUES_SETS,
     Rendered,
+    parse_manifests,
     run_helm,
     template_args,
 )
@@ -47,11 +48,19 @@ SERVER_LABELS = {
 LOCAL_STORES = CHART / "ci" / "local-stores-values.yaml"
 OBSERVABILITY = CHART / "ci" / "observability-values.yaml"
 FIXED_REPLICAS = CHART / "ci" / "fixed-replicas-values.yaml"
+EXTENSIONS = CHART / "ci" / "extensions-values.yaml"
 
 
 def values_of(path: Path) -> Mapping[str, Any]:
     loaded: Mapping[str, Any] = yaml.safe_load(path.read_text())
     return loaded
+
+
+def rendered_values(r: Rendered) -> Mapping[str, Any]:
+    """The values file a parametrized render used ({} for the defaults)."""
+    if r.values_name == "default":
+        return {}
+    return values_of(CHART / "ci" / r.values_name)
 
 
 def containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -134,10 +143,39 @@ def test_invalid_setting_values_are_rejected_naming_the_field(helm: str) -> None
     assert "embedder" in result.stderr
 
 
-def test_external_stores_without_a_secret_name_fail_with_a_clear_message(helm: str) -> None:
-    result = run_helm(helm, *template_args(sets=["secrets.existingSecret="]))
-    assert result.returncode != 0
-    assert "secrets.existingSecret is required" in result.stderr
+def test_the_stores_secret_and_the_default_profile_are_scoped_to_the_release(helm: str) -> None:
+    # Two releases in one namespace: no object of one has the name of an object of the other.
+    names = {}
+    for release in ("blue", "green"):
+        args = template_args()
+        args[1] = release
+        result = run_helm(helm, *args)
+        assert result.returncode == 0, result.stderr
+        manifests = parse_manifests(result.stdout)
+        names[release] = {
+            (m["kind"], m["metadata"]["name"]) for m in manifests if m["kind"] != "CustomResourceDefinition"
+        }
+        server = next(
+            m
+            for m in manifests
+            if m["kind"] == "Deployment" and m["metadata"]["name"] == f"{release}-ibex-context"
+        )
+        env = env_of(server["spec"]["template"]["spec"]["containers"][0])
+        assert env["IBEX_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{release}-ibex-context-stores"
+        profile = next(m for m in manifests if m["kind"] == "ContextProfile")
+        assert profile["metadata"]["name"] == f"{release}-ibex-context-default"
+        assert profile["metadata"]["labels"]["context.ibex.dev/release"] == release
+    assert not names["blue"] & names["green"]
+
+
+def test_each_releases_operator_selects_only_its_releases_profiles(render: Callable[..., Rendered]) -> None:
+    r = render()
+    c = r.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    profile = r.one("ContextProfile", f"{FULLNAME}-default")
+    assert config.selector_labels == {"context.ibex.dev/release": "rel"}
+    assert selects(config.selector_labels, profile["metadata"]["labels"])
 
 
 # --- pod security ---------------------------------------------------------------------------------
@@ -267,12 +305,17 @@ def test_static_profiles_without_the_operator_load_with_the_service_loader(
 def test_every_ibex_environment_variable_is_a_real_setting(rendered: Rendered) -> None:
     fields = set(Settings.model_fields)
     spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    extra_env = set(rendered_values(rendered).get("config", {}).get("extraEnv", {}))
     for c in containers(spec):
+        if not c["image"].split("@")[0].split(":")[0].endswith("ibex-context"):
+            continue  # a sidecar's environment is its own
         for name in env_of(c):
-            assert name.startswith("IBEX_"), name
-            assert name.removeprefix("IBEX_").lower() in fields, (
-                f"{c['name']}: {name} is not a Settings field"
-            )
+            if name.startswith("IBEX_"):
+                assert name.removeprefix("IBEX_").lower() in fields, (
+                    f"{c['name']}: {name} is not a Settings field"
+                )
+            else:
+                assert name in extra_env, f"{c['name']}: {name} is neither a setting nor the user's extraEnv"
 
 
 def test_store_urls_and_secrets_come_from_secrets_never_plain_values(rendered: Rendered) -> None:
@@ -288,11 +331,11 @@ def test_default_install_reads_external_store_urls_from_the_existing_secret(
 ) -> None:
     env = env_of(server_container(render()))
     assert env["IBEX_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "ibex-context-stores",
+        "name": f"{FULLNAME}-stores",
         "key": "redis-url",
     }
     assert env["IBEX_POSTGRES_DSN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "ibex-context-stores",
+        "name": f"{FULLNAME}-stores",
         "key": "postgres-dsn",
     }
 
@@ -316,7 +359,7 @@ def test_in_chart_stores_are_wired_to_their_services_automatically(render: Calla
         "key": "postgres-dsn",
     }
     pg = r.one("StatefulSet", f"{FULLNAME}-postgresql")["spec"]["template"]["spec"]["containers"][0]
-    assert pg["image"] == "pgvector/pgvector:pg17"
+    assert pg["image"] == "docker.io/pgvector/pgvector:pg17"
     assert env_of(pg)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "postgres-password"
 
 
@@ -405,7 +448,9 @@ def test_every_service_selects_exactly_one_workloads_pods_on_a_declared_port(ren
         ]
         assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)} workloads"
         port_names = {
-            p["name"] for c in matched[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+            p["name"]
+            for c in matched[0]["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
         }
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in port_names, f"{svc['metadata']['name']}: {port['targetPort']}"
@@ -624,7 +669,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
     render: Callable[..., Rendered],
     files: tuple[Path, ...],
 ) -> None:
-    profile = render(files).one("ContextProfile", "default")
+    profile = render(files).one("ContextProfile", f"{FULLNAME}-default")
     # CRD schemas are OpenAPI 3.0 (boolean exclusiveMinimum): JSON Schema draft 4 semantics.
     jsonschema.Draft4Validator(_crd_schema()).validate(profile)
     assert profile["spec"]["selector"] == {"default": True}
@@ -632,7 +677,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
         {**profile, "metadata": {**profile["metadata"], "generation": 1, "uid": "u1"}}
     )
     plan = plan_namespace(NAMESPACE, [view], FULLNAME, "2026-11-22T00:00:00Z")
-    ready = next(c for c in plan.statuses["default"]["conditions"] if c["type"] == "Ready")
+    ready = next(c for c in plan.statuses[f"{FULLNAME}-default"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True", ready
     (objects,) = plan.services
     assert objects.hpa["metadata"]["name"] == FULLNAME
@@ -642,7 +687,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
 
 
 def test_default_contextprofile_spec_overrides_are_merged(render: Callable[..., Rendered]) -> None:
-    profile = render([OBSERVABILITY]).one("ContextProfile", "default")
+    profile = render([OBSERVABILITY]).one("ContextProfile", f"{FULLNAME}-default")
     assert profile["spec"]["budget"] == {"maxMemoryTokens": 3000}
     assert profile["spec"]["service"] == FULLNAME
 
@@ -681,3 +726,100 @@ def test_the_assembly_cap_is_a_value_the_service_reads(render: Callable[..., Ren
 def test_a_negative_assembly_cap_is_refused_by_the_schema(helm: str) -> None:
     result = run_helm(helm, *template_args((), ["config.maxConcurrentAssemblies=-1"]))
     assert result.returncode != 0 and "maxConcurrentAssemblies" in result.stderr
+
+
+# --- extension points: environment, volumes, sidecars, registries -----------------------------------
+
+
+def test_extra_env_takes_any_name_with_a_value_or_a_value_from(render: Callable[..., Rendered]) -> None:
+    env = env_of(server_container(render([EXTENSIONS])))
+    assert env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+    assert env["PROMETHEUS_DISABLE_CREATED_SERIES"]["value"] == "true"
+    assert env["IBEX_HOT_LIMIT"]["value"] == "30"
+    assert env["IBEX_OPENAI_BASE_URL"] == {
+        "name": "IBEX_OPENAI_BASE_URL",
+        "valueFrom": {"configMapKeyRef": {"name": "embeddings-endpoint", "key": "base-url"}},
+    }
+    operator = render([EXTENSIONS]).one("Deployment", f"{FULLNAME}-operator")
+    operator_env = env_of(operator["spec"]["template"]["spec"]["containers"][0])
+    assert operator_env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+
+
+def test_extra_env_refuses_a_value_from_without_a_source(helm: str) -> None:
+    result = run_helm(
+        helm, *template_args(sets=["config.extraEnv.FOO.valueFrom=null", "config.extraEnv.FOO.x=1"])
+    )
+    assert result.returncode != 0 and "extraEnv" in result.stderr
+
+
+def test_extra_volumes_mounts_env_from_and_sidecars_reach_the_server_and_the_operator(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([EXTENSIONS])
+    for name, volume, mount_path, env_from, sidecar in (
+        (
+            FULLNAME,
+            "stores-ca",
+            "/etc/ibex-context/ca",
+            {"configMapRef": {"name": "ibex-tuning"}},
+            "log-shipper",
+        ),
+        (
+            f"{FULLNAME}-operator",
+            "api-ca",
+            "/etc/ibex-operator/ca",
+            {"secretRef": {"name": "operator-extra"}},
+            "proxy",
+        ),
+    ):
+        spec = r.one("Deployment", name)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volume in volumes and "tmp" in volumes, name
+        ours = spec["containers"][0]
+        assert {"name": volume, "mountPath": mount_path, "readOnly": True} in ours["volumeMounts"], name
+        assert ours["envFrom"] == [env_from], name
+        assert [c["name"] for c in spec["containers"]][1:] == [sidecar], name
+
+
+def test_the_private_ca_is_mounted_where_the_migrations_run_too(render: Callable[..., Rendered]) -> None:
+    r = render([EXTENSIONS])
+    for _, _, spec in r.pod_specs:
+        for c in containers(spec):
+            if c.get("args", [None])[0] == "migrate":
+                assert any(m["name"] == "stores-ca" for m in c["volumeMounts"])
+                return
+    pytest.fail("no migrations container rendered")
+
+
+@pytest.mark.parametrize("name", ["tmp", "profiles"])
+def test_extra_volumes_cannot_shadow_the_charts_own(helm: str, name: str) -> None:
+    result = run_helm(
+        helm,
+        *template_args(sets=[f"server.extraVolumes[0].name={name}", "server.extraVolumes[0].emptyDir=null"]),
+    )
+    assert result.returncode != 0 and "extraVolumes" in result.stderr
+
+
+def test_every_pod_pulls_with_the_global_and_the_charts_pull_secrets(render: Callable[..., Rendered]) -> None:
+    for files in ((EXTENSIONS,), (EXTENSIONS, LOCAL_STORES)):
+        r = render(files)
+        assert r.pod_specs
+        for workload, _, spec in r.pod_specs:
+            assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "platform-pull"}], workload
+
+
+def test_global_image_registry_replaces_the_registry_of_every_image_but_the_users_sidecars(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([EXTENSIONS, LOCAL_STORES])
+    sidecars = {"log-shipper", "proxy"}
+    images = {c["name"]: c["image"] for _, _, spec in r.pod_specs for c in containers(spec)}
+    assert images.pop("redis") == "mirror.example.com/library/redis:7.4-alpine"
+    assert images.pop("postgresql") == "mirror.example.com/pgvector/pgvector:pg17"
+    for name, image in images.items():
+        if name not in sidecars:
+            assert image.startswith("mirror.example.com/") and image.endswith(":0.1.0"), (name, image)
+    # Without a mirror the stores come from Docker Hub, named in full.
+    plain = render([LOCAL_STORES])
+    stores = {c["name"]: c["image"] for _, _, spec in plain.pod_specs for c in containers(spec)}
+    assert stores["redis"] == "docker.io/library/redis:7.4-alpine"
