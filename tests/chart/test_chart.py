@@ -368,18 +368,47 @@ def test_in_chart_stores_are_opt_in(render: Callable[..., Rendered]) -> None:
         assert not render(files).of_kind("StatefulSet")
 
 
-def test_migrations_run_before_the_server_with_the_same_store_settings(
+def test_migrations_run_once_per_install_and_upgrade_as_a_hook_job_with_the_servers_store_settings(
     render: Callable[..., Rendered],
 ) -> None:
-    spec = render().one("Deployment", FULLNAME)["spec"]["template"]["spec"]
-    migrate = spec["initContainers"][0]
+    r = render([EXTENSIONS])
+    job = r.one("Job", f"{FULLNAME}-migrate")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    # Kept after it ran (its logs), replaced by the next upgrade's run.
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    # The chart's ServiceAccount does not exist before install: the namespace default, without a token.
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    (migrate,) = pod["containers"]
     assert migrate["args"] == ["migrate"]
     assert "migrate" in cli_main.commands
-    server_env = env_of(spec["containers"][0])
-    for name in ("IBEX_POSTGRES_DSN", "IBEX_EMBEDDING_DIM"):
+    server_env = env_of(server_container(r))
+    for name in ("IBEX_POSTGRES_DSN", "IBEX_EMBEDDING_DIM", "IBEX_OPENAI_BASE_URL"):
         assert env_of(migrate)[name] == server_env[name]
-    fixed = render([FIXED_REPLICAS]).one("Deployment", FULLNAME)["spec"]["template"]["spec"]
-    assert "initContainers" not in fixed
+    # Not in every pod start any more: the server has no migrations init container.
+    deployment = r.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert "initContainers" not in deployment
+    fixed = render([FIXED_REPLICAS])
+    assert (
+        not fixed.of_kind("Job")
+        and "initContainers" not in fixed.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    )
+
+
+def test_with_the_in_chart_postgresql_each_server_pod_migrates_in_an_init_container(
+    render: Callable[..., Rendered],
+) -> None:
+    # The in-chart database does not exist before install, so a pre-install hook could not reach it.
+    r = render([LOCAL_STORES])
+    assert not r.of_kind("Job")
+    spec = r.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    migrate = spec["initContainers"][0]
+    assert migrate["args"] == ["migrate"]
+    assert env_of(migrate)["IBEX_POSTGRES_DSN"] == env_of(spec["containers"][0])["IBEX_POSTGRES_DSN"]
 
 
 # --- replicas, HPA, PDB ---------------------------------------------------------------------------
