@@ -39,7 +39,7 @@ from tests.chart.conftest import (
 )
 
 CHART_CRD = CHART / "crds" / "contextprofiles.context.ibex.dev.yaml"
-CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor"}
+CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor", "PrometheusRule"}
 SERVER_LABELS = {
     "app.kubernetes.io/name": "ibex-context",
     "app.kubernetes.io/instance": "rel",
