@@ -734,6 +734,8 @@ def test_helm_test_pod_checks_health_then_makes_one_assemble_call(render: Callab
     assemble = pod["spec"]["containers"][0]["args"]
     assert health[:3] == ["health", "--target", target]
     assert assemble[:3] == ["assemble", "--target", target]
+    # The assemble step fails on a fallback or a degraded answer (a plain call exits 0 on those).
+    assert "--require-full" in assemble
     assert r.one("Service", FULLNAME)["spec"]["ports"][0]["port"] == 50051
 
 
