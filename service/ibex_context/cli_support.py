@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import click
-from pydantic import ValidationError
+from pydantic import AliasChoices, BaseModel, ValidationError
 
 ENV_PREFIX = "IBEX_"
 
@@ -29,13 +29,34 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, ensure_ascii=False, default=str))
 
 
-def settings_error_message(exc: ValidationError) -> str:
-    """One line naming each invalid ``IBEX_*`` variable and what is wrong with it (not its value)."""
+def _variable_names(model: type[BaseModel]) -> dict[str, str]:
+    """Field name or alias -> the variables that set it ("OTEL_A or OTEL_B" for aliased fields)."""
+    names: dict[str, str] = {}
+    for field_name, field in model.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            choices = [str(choice) for choice in alias.choices]
+            for key in (field_name, *choices):
+                names[key] = " or ".join(choices)
+    return names
+
+
+def settings_error_message(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line naming each invalid variable (``IBEX_*``, or the ``OTEL_*`` names of a field read
+    from them) and what is wrong with it, never its value."""
+    aliased = _variable_names(model or _settings_model())
     parts = []
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"]) or "?"
-        parts.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']}")
+        name = aliased.get(field) or f"{ENV_PREFIX}{field.upper()}"
+        parts.append(f"{name}: {error['msg']}")
     return "invalid settings: " + "; ".join(parts)
+
+
+def _settings_model() -> type[BaseModel]:
+    from ibex_context.settings import Settings
+
+    return Settings
 
 
 def describe_dsn(dsn: str) -> str:

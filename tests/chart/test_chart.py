@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from ibex_context.cli import main as cli_main
+from ibex_context.observability.tracing import SDK_READ_VARIABLES
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.settings import Settings
 from ibex_operator.config import OperatorConfig
@@ -304,8 +305,15 @@ def test_static_profiles_without_the_operator_load_with_the_service_loader(
 
 def test_every_ibex_environment_variable_is_a_real_setting(rendered: Rendered) -> None:
     fields = set(Settings.model_fields)
+    # The standard OpenTelemetry names some settings are read from (AliasChoices).
+    aliases = {
+        str(choice)
+        for field in Settings.model_fields.values()
+        for choice in getattr(field.validation_alias, "choices", ())
+    }
     spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
-    extra_env = set(rendered_values(rendered).get("config", {}).get("extraEnv", {}))
+    extra_env = set(rendered_values(rendered).get("config", {}).get("extraEnv", {})) | aliases
+    extra_env |= SDK_READ_VARIABLES
     for c in containers(spec):
         if not c["image"].split("@")[0].split(":")[0].endswith("ibex-context"):
             continue  # a sidecar's environment is its own
