@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from tests.chart.conftest import CHART, FULLNAME, REPO, Rendered
-from tests.observability.test_dashboard import exposed_sample_names as dashboard_sample_names
+from tests.observability.test_dashboard import exposed_sample_names
 
 SCRIPT = REPO / "scripts" / "chart_docs.py"
 RULES = CHART / "alerts" / "ibex-context.rules.yaml"
@@ -26,16 +26,6 @@ def run_chart_docs(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, timeout=60
     )
-
-
-def exposed_sample_names() -> set[str]:
-    """What the dashboard check sees, plus the store gauges (set by the first store probe)."""
-    from ibex_context.observability.metrics import Metrics
-    from prometheus_client import CollectorRegistry
-
-    metrics = Metrics(CollectorRegistry())
-    metrics.record_store_up("redis", True)
-    return dashboard_sample_names() | set(metrics.metric_names())
 
 
 def rules() -> list[Mapping[str, Any]]:
