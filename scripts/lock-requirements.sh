@@ -35,7 +35,10 @@ lock() {  # lock <python-platform> <output>
   local compile=("${uv}" pip compile --quiet --generate-hashes --python-version 3.11
     --python-platform "${platform}" --only-binary :all: --no-header --no-annotate "${upgrade[@]}")
   # Preferences: the current lock's pins (the hash-free lines are enough for uv).
-  [[ -f "${out}" ]] && grep -E '^[A-Za-z0-9_.-]+==' "${out}" | sed 's/ *\\$//' > "${work}/prefer.txt" || : > "${work}/prefer.txt"
+  : > "${work}/prefer.txt"
+  if [[ -f "${out}" ]]; then
+    grep -E '^[A-Za-z0-9_.-]+==' "${out}" | sed 's/ *\\$//' > "${work}/prefer.txt"
+  fi
   cat > "${work}/image.in" <<EOF
 ${ROOT}[operator,loadtest,minilm]
 setuptools
