@@ -26,6 +26,11 @@ class OperatorConfig:
     # Reconcile only the ContextProfiles carrying these labels (and label the children with them), so
     # two releases in one namespace never render or delete each other's objects. Empty: every profile.
     profile_selector: tuple[tuple[str, str], ...] = ()
+    # Serve the operator's own metrics on this port (/metrics); None: none.
+    metrics_port: int | None = 8081
+    # The KopfPeering object (in each watched namespace) the replicas elect a leader through; None:
+    # standalone (exactly one replica). docs/adr/0004-context-profiles.md.
+    peering: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -40,6 +45,8 @@ class OperatorConfig:
             render_hpa=_flag(env, "IBEX_OPERATOR_HPA", True),
             inflight_metric=_flag(env, "IBEX_OPERATOR_INFLIGHT_METRIC", False),
             profile_selector=parse_selector(env.get("IBEX_OPERATOR_PROFILE_SELECTOR", "")),
+            metrics_port=_port(env, "IBEX_OPERATOR_METRICS_PORT", 8081),
+            peering=env.get("IBEX_OPERATOR_PEERING", "").strip() or None,
         )
 
     @property
@@ -63,6 +70,18 @@ def parse_selector(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"IBEX_OPERATOR_PROFILE_SELECTOR={text!r}: expected key=value[,key=value]")
         pairs.append((key.strip(), value.strip()))
     return tuple(sorted(pairs))
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int | None:
+    """A TCP port; 0 or "" turns the endpoint off."""
+    value = env.get(name, str(default)).strip() or "0"
+    try:
+        port = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a port number (0 to turn it off)") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{name}={value!r}: expected a port number (0 to turn it off)")
+    return port or None
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -40,6 +40,8 @@ from ibex_operator.kube import (
     hpas_path,
     profiles_path,
 )
+from ibex_operator.leadership import is_leader, peering_path
+from ibex_operator.metrics import OperatorMetrics
 from ibex_operator.reconcile import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -103,12 +105,36 @@ def _condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any
 
 
 class Reconciler:
-    def __init__(self, client: KubeClient, config: OperatorConfig, *, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        config: OperatorConfig,
+        *,
+        clock: Any = time.monotonic,
+        metrics: OperatorMetrics | None = None,
+        identity: str = "",
+        priority: int = 0,
+    ) -> None:
         self._client = client
         self._config = config
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self.stats = ReconcileStats()
+        self.metrics = metrics or OperatorMetrics()
+        self.identity = identity
+        self.priority = priority
+
+    async def leads(self) -> bool:
+        """Whether this replica works (always, standalone). kopf pauses its own handlers on the
+        peering; this answers for what kopf does not run: the drift loop."""
+        if self._config.peering is None:
+            return True
+        namespace = next(iter(self._config.namespaces), "")
+        peering = await self._client.get(peering_path(namespace, self._config.peering))
+        status = (peering or {}).get("status") or {}
+        leading = is_leader(status, self.identity, self.priority, datetime.datetime.now(datetime.UTC))
+        self.metrics.leader.set(1 if leading else 0)
+        return leading
 
     def recently_reconciled(self, namespace: str, within_s: float) -> bool:
         last = self.stats.last_by_namespace.get(namespace)
@@ -119,13 +145,21 @@ class Reconciler:
         async with lock:
             if self._client.closed:  # timers may still fire while the operator stops
                 return []
+            started = time.perf_counter()
             try:
                 changes = await self._reconcile(namespace)
             except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
                 self.stats.last_error = f"{namespace}: {exc}"[:500]
+                self.metrics.reconciles.labels("error").inc()
                 raise kopf.TemporaryError(
                     f"reconcile of namespace {namespace} failed: {exc}", delay=5
                 ) from exc
+            finally:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+            self.metrics.reconciles.labels("success").inc()
+            self.metrics.last_success.set(time.time())
+            for change in changes:
+                self.metrics.changes.labels(change.kind, change.action).inc()
             self.stats.reconciles += 1
             self.stats.writes += len(changes)
             self.stats.last_success = utc_now()
@@ -256,6 +290,12 @@ async def drift_loop(reconciler: Reconciler, config: OperatorConfig, logger: Log
     children. One loop per operator, not a kopf timer per profile: timers force a finalizer."""
     while True:
         await asyncio.sleep(config.drift_interval_s)
+        try:
+            if not await reconciler.leads():
+                continue  # another replica works; kopf has paused our handlers too
+        except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
+            logger.warning("reading the peering %s failed: %s", config.peering, exc)
+            continue
         for namespace in sorted(set(config.namespaces) | set(reconciler.stats.last_by_namespace)):
             if reconciler.recently_reconciled(namespace, config.drift_interval_s / 2):
                 continue
@@ -265,16 +305,24 @@ async def drift_loop(reconciler: Reconciler, config: OperatorConfig, logger: Log
                 logger.warning("drift check of %s failed: %s", namespace, exc)
                 continue
             for change in changes:
+                reconciler.metrics.drift_repairs.inc()
                 logger.warning("drift repaired: %s %s %s", change.action, change.kind, change.name)
 
 
 def build_registry(
-    config: OperatorConfig, credentials: Credentials, client: KubeClient | None = None
+    config: OperatorConfig,
+    credentials: Credentials,
+    client: KubeClient | None = None,
+    *,
+    metrics: OperatorMetrics | None = None,
+    identity: str = "",
+    priority: int = 0,
 ) -> tuple[kopf.OperatorRegistry, Reconciler]:
-    """A fresh kopf registry with every handler bound to ``config`` and one ``Reconciler``."""
+    """A fresh kopf registry with every handler bound to ``config`` and one ``Reconciler``.
+    ``identity``/``priority``: this replica's in the peering (``config.peering``)."""
     registry = kopf.OperatorRegistry()
     kube = client or KubeClient(credentials)
-    reconciler = Reconciler(kube, config)
+    reconciler = Reconciler(kube, config, metrics=metrics, identity=identity, priority=priority)
 
     @kopf.on.startup(registry=registry)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -40,7 +40,7 @@ from tests.chart.conftest import (
 )
 
 CHART_CRD = CHART / "crds" / "contextprofiles.context.ibex.dev.yaml"
-CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor", "PrometheusRule"}
+CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor", "PrometheusRule", "PodMonitor", "KopfPeering"}
 SERVER_LABELS = {
     "app.kubernetes.io/name": "ibex-context",
     "app.kubernetes.io/instance": "rel",
@@ -589,7 +589,8 @@ def test_network_policies_admit_grpc_from_configured_peers_and_isolate_the_opera
     egress_ports = {p["port"] for rule in server["spec"]["egress"] for p in rule["ports"]}
     assert {53, 6379, 5432} <= egress_ports
     operator = r.one("NetworkPolicy", f"{FULLNAME}-operator")
-    assert operator["spec"]["ingress"] == []
+    # The operator admits its metrics scrape only.
+    assert operator["spec"]["ingress"] == [{"ports": [{"port": "http-metrics", "protocol": "TCP"}]}]
     assert set(operator["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     assert not render().of_kind("NetworkPolicy")
 
@@ -862,3 +863,51 @@ def test_global_image_registry_replaces_the_registry_of_every_image_but_the_user
     plain = render([LOCAL_STORES])
     stores = {c["name"]: c["image"] for _, _, spec in plain.pod_specs for c in containers(spec)}
     assert stores["redis"] == "docker.io/library/redis:7.4-alpine"
+
+
+# --- the operator's replicas and metrics -------------------------------------------------------------
+
+
+def test_operator_replicas_elect_a_leader_through_a_kopf_peering_object(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([OBSERVABILITY])
+    deployment = r.one("Deployment", f"{FULLNAME}-operator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    peering = r.one("KopfPeering", f"{FULLNAME}-operator")
+    assert config.peering == peering["metadata"]["name"]
+    assert peering["apiVersion"] == "kopf.dev/v1" and peering["metadata"]["namespace"] == NAMESPACE
+    crd = r.one("CustomResourceDefinition", "kopfpeerings.kopf.dev")
+    assert crd["spec"]["names"]["kind"] == "KopfPeering" and crd["spec"]["scope"] == "Namespaced"
+    rules = r.one("Role", f"{FULLNAME}-operator")["rules"]
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    } in rules
+    # One replica: standalone, no peering object, no peering rights.
+    single = render()
+    assert not single.of_kind("KopfPeering")
+    c = single.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert "IBEX_OPERATOR_PEERING" not in env_of(c)
+
+
+def test_operator_metrics_are_served_and_scraped_by_a_pod_monitor(render: Callable[..., Rendered]) -> None:
+    r = render([OBSERVABILITY])
+    deployment = r.one("Deployment", f"{FULLNAME}-operator")
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http-metrics")
+    assert config.metrics_port == port
+    monitor = r.one("PodMonitor", f"{FULLNAME}-operator")
+    assert selects(
+        monitor["spec"]["selector"]["matchLabels"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http-metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not render().of_kind("PodMonitor")
