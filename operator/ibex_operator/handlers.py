@@ -40,6 +40,8 @@ from ibex_operator.kube import (
     hpas_path,
     profiles_path,
 )
+from ibex_operator.leadership import is_leader, peering_path
+from ibex_operator.metrics import OperatorMetrics
 from ibex_operator.reconcile import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -90,6 +92,11 @@ def _profile_ref(body: Mapping[str, Any]) -> kopf.Body:
     )
 
 
+def _carries(body: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    own = (body.get("metadata") or {}).get("labels") or {}
+    return all(own.get(k) == v for k, v in labels.items())
+
+
 def _condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any]:
     for c in (status or {}).get("conditions") or ():
         if c.get("type") == type_:
@@ -98,12 +105,36 @@ def _condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any
 
 
 class Reconciler:
-    def __init__(self, client: KubeClient, config: OperatorConfig, *, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        config: OperatorConfig,
+        *,
+        clock: Any = time.monotonic,
+        metrics: OperatorMetrics | None = None,
+        identity: str = "",
+        priority: int = 0,
+    ) -> None:
         self._client = client
         self._config = config
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self.stats = ReconcileStats()
+        self.metrics = metrics or OperatorMetrics()
+        self.identity = identity
+        self.priority = priority
+
+    async def leads(self) -> bool:
+        """Whether this replica works (always, standalone). kopf pauses its own handlers on the
+        peering; this answers for what kopf does not run: the drift loop."""
+        if self._config.peering is None:
+            return True
+        namespace = next(iter(self._config.namespaces), "")
+        peering = await self._client.get(peering_path(namespace, self._config.peering))
+        status = (peering or {}).get("status") or {}
+        leading = is_leader(status, self.identity, self.priority, datetime.datetime.now(datetime.UTC))
+        self.metrics.leader.set(1 if leading else 0)
+        return leading
 
     def recently_reconciled(self, namespace: str, within_s: float) -> bool:
         last = self.stats.last_by_namespace.get(namespace)
@@ -114,13 +145,21 @@ class Reconciler:
         async with lock:
             if self._client.closed:  # timers may still fire while the operator stops
                 return []
+            started = time.perf_counter()
             try:
                 changes = await self._reconcile(namespace)
             except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
                 self.stats.last_error = f"{namespace}: {exc}"[:500]
+                self.metrics.reconciles.labels("error").inc()
                 raise kopf.TemporaryError(
                     f"reconcile of namespace {namespace} failed: {exc}", delay=5
                 ) from exc
+            finally:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+            self.metrics.reconciles.labels("success").inc()
+            self.metrics.last_success.set(time.time())
+            for change in changes:
+                self.metrics.changes.labels(change.kind, change.action).inc()
             self.stats.reconciles += 1
             self.stats.writes += len(changes)
             self.stats.last_success = utc_now()
@@ -128,8 +167,14 @@ class Reconciler:
             return changes
 
     async def _reconcile(self, namespace: str) -> list[Change]:
-        bodies = await self._client.list(profiles_path(namespace))
-        bodies = [b for b in bodies if (b.get("metadata") or {}).get("namespace", namespace) == namespace]
+        selector = self._config.selector_labels
+        bodies = await self._client.list(profiles_path(namespace), label_selector=self._config.selector_text)
+        # Filter again: a server that ignored the selector must not hand us another release's profiles.
+        bodies = [
+            b
+            for b in bodies
+            if (b.get("metadata") or {}).get("namespace", namespace) == namespace and _carries(b, selector)
+        ]
         plan = plan_namespace(
             namespace,
             (ProfileView.from_body(b) for b in bodies),
@@ -137,6 +182,7 @@ class Reconciler:
             utc_now(),
             render_hpa_objects=self._config.render_hpa,
             inflight_metric=self._config.inflight_metric,
+            child_labels=selector,
         )
         changes = await self._apply_children(plan)
         changes += await self._delete_orphans(plan)
@@ -166,14 +212,16 @@ class Reconciler:
 
     async def _delete_orphans(self, plan: NamespacePlan) -> list[Change]:
         changes: list[Change] = []
-        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+        # Only our own children: another release's operator labels its children with its selector.
+        mine = {MANAGED_BY_LABEL: MANAGED_BY, **self._config.selector_labels}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(mine.items()))
         for path_of, kind in ((configmaps_path, "ConfigMap"), (hpas_path, "HorizontalPodAutoscaler")):
             # An HPA we made while autoscaling was on goes once it is off.
             wanted = {s.service for s in plan.services if kind == "ConfigMap" or s.hpa is not None}
             for obj in await self._client.list(path_of(plan.namespace), label_selector=selector):
                 labels = (obj.get("metadata") or {}).get("labels") or {}
                 # Filter again: a label selector the server ignores must not delete others' objects.
-                if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or SERVICE_LABEL not in labels:
+                if not _carries(obj, mine) or SERVICE_LABEL not in labels:
                     continue
                 if labels[SERVICE_LABEL] in wanted:
                     continue
@@ -242,6 +290,12 @@ async def drift_loop(reconciler: Reconciler, config: OperatorConfig, logger: Log
     children. One loop per operator, not a kopf timer per profile: timers force a finalizer."""
     while True:
         await asyncio.sleep(config.drift_interval_s)
+        try:
+            if not await reconciler.leads():
+                continue  # another replica works; kopf has paused our handlers too
+        except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
+            logger.warning("reading the peering %s failed: %s", config.peering, exc)
+            continue
         for namespace in sorted(set(config.namespaces) | set(reconciler.stats.last_by_namespace)):
             if reconciler.recently_reconciled(namespace, config.drift_interval_s / 2):
                 continue
@@ -251,16 +305,24 @@ async def drift_loop(reconciler: Reconciler, config: OperatorConfig, logger: Log
                 logger.warning("drift check of %s failed: %s", namespace, exc)
                 continue
             for change in changes:
+                reconciler.metrics.drift_repairs.inc()
                 logger.warning("drift repaired: %s %s %s", change.action, change.kind, change.name)
 
 
 def build_registry(
-    config: OperatorConfig, credentials: Credentials, client: KubeClient | None = None
+    config: OperatorConfig,
+    credentials: Credentials,
+    client: KubeClient | None = None,
+    *,
+    metrics: OperatorMetrics | None = None,
+    identity: str = "",
+    priority: int = 0,
 ) -> tuple[kopf.OperatorRegistry, Reconciler]:
-    """A fresh kopf registry with every handler bound to ``config`` and one ``Reconciler``."""
+    """A fresh kopf registry with every handler bound to ``config`` and one ``Reconciler``.
+    ``identity``/``priority``: this replica's in the peering (``config.peering``)."""
     registry = kopf.OperatorRegistry()
     kube = client or KubeClient(credentials)
-    reconciler = Reconciler(kube, config)
+    reconciler = Reconciler(kube, config, metrics=metrics, identity=identity, priority=priority)
 
     @kopf.on.startup(registry=registry)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -287,9 +349,13 @@ def build_registry(
             await asyncio.gather(task, return_exceptions=True)
         await kube.close()
 
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    # Only this release's profiles trigger a reconcile (the DELETED watch below stays unfiltered: a
+    # re-render is cheap, and a profile relabelled away from us is caught there or by the drift loop).
+    mine = config.selector_labels or None
+
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, labels=mine)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, labels=mine)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, labels=mine)
     async def _reconcile(namespace: str | None, logger: Logger, **_: Any) -> None:
         changes = await reconciler.reconcile_namespace(namespace or "")
         for change in changes:
@@ -297,7 +363,7 @@ def build_registry(
 
     # Optional: kopf adds no finalizer for it. It runs when a deletion is held up by someone else's
     # finalizer (the plan leaves a profile with a deletionTimestamp out).
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True, labels=mine)
     async def _delete(namespace: str | None, logger: Logger, **_: Any) -> None:
         for change in await reconciler.reconcile_namespace(namespace or ""):
             logger.info("%s %s %s", change.action, change.kind, change.name)

@@ -139,8 +139,9 @@ def render_profiles_json(service: str, entries: Sequence[Obj]) -> str:
     return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def _labels(service: str) -> dict[str, str]:
+def _labels(service: str, extra: Mapping[str, str]) -> dict[str, str]:
     return {
+        **extra,
         MANAGED_BY_LABEL: MANAGED_BY,
         "app.kubernetes.io/name": "ibex-context",
         "app.kubernetes.io/component": "context-profiles",
@@ -165,7 +166,9 @@ def _owner_references(views: Iterable[ProfileView]) -> list[Obj]:
     ]
 
 
-def render_configmap(namespace: str, service: str, valid: Sequence[_Valid]) -> Obj:
+def render_configmap(
+    namespace: str, service: str, valid: Sequence[_Valid], labels: Mapping[str, str] | None = None
+) -> Obj:
     ordered = sorted(valid, key=lambda v: precedence_key(v.view))
     text = render_profiles_json(service, [v.entry for v in ordered])
     return {
@@ -174,7 +177,7 @@ def render_configmap(namespace: str, service: str, valid: Sequence[_Valid]) -> O
         "metadata": {
             "name": configmap_name(service),
             "namespace": namespace,
-            "labels": _labels(service),
+            "labels": _labels(service, labels or {}),
             "annotations": {CHECKSUM_ANNOTATION: hashlib.sha256(text.encode()).hexdigest()},
             "ownerReferences": _owner_references(v.view for v in valid),
         },
@@ -193,7 +196,14 @@ def aggregate_autoscaling(specs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     }
 
 
-def render_hpa(namespace: str, service: str, valid: Sequence[_Valid], *, inflight_metric: bool) -> Obj:
+def render_hpa(
+    namespace: str,
+    service: str,
+    valid: Sequence[_Valid],
+    *,
+    inflight_metric: bool,
+    labels: Mapping[str, str] | None = None,
+) -> Obj:
     """The HPA of ``service``: CPU always; in-flight calls per pod only with ``inflight_metric``, i.e.
     when a custom-metrics adapter serves ``ibex_context_inflight_calls`` (an HPA with a metric nobody
     serves reports it missing and never scales down)."""
@@ -227,7 +237,7 @@ def render_hpa(namespace: str, service: str, valid: Sequence[_Valid], *, infligh
         "metadata": {
             "name": service,
             "namespace": namespace,
-            "labels": _labels(service),
+            "labels": _labels(service, labels or {}),
             "ownerReferences": _owner_references(v.view for v in valid),
         },
         "spec": {
@@ -286,7 +296,7 @@ def _resolve_claims(ordered: Sequence[_Valid]) -> tuple[dict[str, str], dict[str
 
 
 def _valid_status(
-    v: _Valid, winners: Mapping[str, str], contenders: Mapping[str, list[str]], now: str
+    v: _Valid, winners: Mapping[str, str], contenders: Mapping[str, list[str]], now: str, *, hpa: bool
 ) -> Obj:
     mine = claims(v.spec["selector"])
     won = [k for k in mine if winners[k] == v.view.name]
@@ -304,7 +314,10 @@ def _valid_status(
             "Ready",
             True,
             "Rendered",
-            f"rendered into ConfigMap {configmap_name(v.service)} and HPA {v.service}",
+            # Say what was really rendered: no HPA exists with autoscaling off.
+            f"rendered into ConfigMap {configmap_name(v.service)} and HPA {v.service}"
+            if hpa
+            else f"rendered into ConfigMap {configmap_name(v.service)} (no HPA: autoscaling is off)",
             v.view,
             now,
         )
@@ -333,11 +346,13 @@ def plan_namespace(
     *,
     render_hpa_objects: bool = True,
     inflight_metric: bool = False,
+    child_labels: Mapping[str, str] | None = None,
 ) -> NamespacePlan:
     """Desired children and profile statuses for one namespace. ``now``: RFC 3339 UTC.
 
     ``render_hpa_objects=False``: no HPA at all (autoscaling off; the Deployment's replicas are fixed).
     ``inflight_metric``: the HPA also scales on in-flight calls per pod (needs a custom-metrics adapter).
+    ``child_labels``: added to the children's labels (the operator's profile selector).
     """
     views = sorted((p for p in profiles if not p.deleting), key=precedence_key)
     statuses: dict[str, Obj] = {}
@@ -363,13 +378,15 @@ def plan_namespace(
         valid = by_service[service]
         winners, contenders = _resolve_claims(valid)
         for v in valid:
-            statuses[v.view.name] = _valid_status(v, winners, contenders, now)
+            statuses[v.view.name] = _valid_status(v, winners, contenders, now, hpa=render_hpa_objects)
         services.append(
             ServiceObjects(
                 service=service,
-                configmap=render_configmap(namespace, service, valid),
+                configmap=render_configmap(namespace, service, valid, child_labels),
                 hpa=(
-                    render_hpa(namespace, service, valid, inflight_metric=inflight_metric)
+                    render_hpa(
+                        namespace, service, valid, inflight_metric=inflight_metric, labels=child_labels
+                    )
                     if render_hpa_objects
                     else None
                 ),

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 from google.protobuf import json_format
@@ -25,6 +25,15 @@ from ibex_context.cli_memory import (
     export,
     memories,
     purge,
+)
+from ibex_context.cli_support import (
+    JSON_OPTION,
+    CommandGroup,
+    Progress,
+    describe_dsn,
+    echo_json,
+    one_line,
+    settings_error_message,
 )
 from ibex_context.client.memory_views import EXPORT_ONLY_FIELDS
 from ibex_context.settings import Settings
@@ -56,10 +65,12 @@ def _run(
 
 
 def _settings(**overrides: Any) -> Settings:
+    from pydantic import ValidationError
+
     try:
         return Settings(**overrides)
-    except Exception as exc:  # pydantic's ValidationError names the variable
-        raise click.ClickException(f"invalid settings: {exc}") from None
+    except ValidationError as exc:
+        raise click.ClickException(settings_error_message(exc)) from None
 
 
 def _setup_logging(settings: Settings, *, quiet: bool = False) -> None:
@@ -77,8 +88,14 @@ _VERBOSE_HELP = "Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
 _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-@click.group()
+@click.group(cls=CommandGroup)
 @click.version_option(package_name="ibex-context")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="IBEX_DEBUG",
+    help="Show the traceback of an unexpected error (default: one line).",
+)
 @click.option("--tls", is_flag=True, help="Client commands: TLS, the server verified by the system's CAs.")
 @click.option(
     "--tls-ca", type=_PATH, help="Client commands: TLS, the server verified by this CA bundle [IBEX_TLS_CA]."
@@ -89,15 +106,20 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.pass_context
 def main(
     ctx: click.Context,
+    debug: bool,
     tls: bool,
     tls_ca: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     token_file: Path | None,
 ) -> None:
-    """ibex-context: context assembly for LLM agents."""
+    """ibex-context: context assembly for LLM agents.
+
+    The client commands read --target from IBEX_TARGET when it is not given.
+    """
     from ibex_context.client.credentials import ClientCredentials
 
+    ctx.meta["ibex.debug"] = debug
     # What the client commands present (docs/security.md); flags before the command.
     ctx.obj = ClientCredentials.from_env().with_overrides(
         ca_file=tls_ca, cert_file=tls_cert, key_file=tls_key, token_file=token_file, tls=tls
@@ -137,17 +159,32 @@ async def _serve(settings: Settings) -> None:
 
 
 @main.command()
-def migrate() -> None:
+@JSON_OPTION
+@click.pass_context
+def migrate(ctx: click.Context, as_json: bool) -> None:
     """Apply the SQL migrations to IBEX_POSTGRES_DSN (idempotent)."""
+    import asyncpg
+
     from ibex_context.stores.migrate import migrate as run_migrations
 
     settings = _settings()
-    applied = _run(
-        lambda: run_migrations(
-            settings.postgres_dsn, settings.embedding_dim, ca_file=settings.postgres_ca_file
+    try:
+        applied = _run(
+            lambda: run_migrations(
+                settings.postgres_dsn, settings.embedding_dim, ca_file=settings.postgres_ca_file
+            )
         )
-    )
-    click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        if ctx.meta.get("ibex.debug"):
+            raise
+        where = describe_dsn(settings.postgres_dsn)
+        raise click.ClickException(
+            f"cannot migrate the database at IBEX_POSTGRES_DSN ({where}): {one_line(exc)}"
+        ) from None
+    if as_json:
+        echo_json({"applied": applied})
+    else:
+        click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
 @main.command()
@@ -198,44 +235,95 @@ def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
 
 
 @main.command("import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("source", type=click.File("r", encoding="utf-8"), default="-", metavar="[PATH|-]")
 @TARGET_OPTION
 @click.option("--org", "org_id", default="", help="Default org id for lines without one.")
 @click.option("--agent", "agent_id", default="", help="Default agent id for lines without one.")
-@click.option("--batch", default=200, show_default=True)
-def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: int) -> None:
-    """Import memories from JSONL: {"content", "category", ["org_id", "agent_id", "id", "confidence",
-    "usefulness", "metadata", "occurred_at" (RFC 3339, e.g. "2023-05-08T13:56:00Z"), "embedding"]}
-    per line; `ibex-context export` writes this format."""
-    groups: dict[tuple[str, str], list[pb.MemoryInput]] = {}
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise click.ClickException(f"{path}:{n}: not JSON: {exc.msg}") from None
-            key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
-            for name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
-                row.pop(name, None)
-            if not all(key):
-                raise click.ClickException(f"{path}:{n}: no org_id/agent_id (give --org/--agent)")
-            item = pb.MemoryInput()
-            try:
-                json_format.ParseDict(row, item)
-            except json_format.ParseError as exc:
-                raise click.ClickException(f"{path}:{n}: {exc}") from None
-            groups.setdefault(key, []).append(item)
+@click.option("--batch", type=click.IntRange(1, 10_000), default=200, show_default=True)
+@click.option("--progress/--no-progress", default=True, help="Report progress on stderr.")
+@JSON_OPTION
+def import_memories(
+    source: TextIO, target: str, org_id: str, agent_id: str, batch: int, progress: bool, as_json: bool
+) -> None:
+    """Import memories from JSONL (a file, or - / nothing for stdin): {"content", "category",
+    ["org_id", "agent_id", "id", "confidence", "usefulness", "metadata", "occurred_at" (RFC 3339, e.g.
+    "2023-05-08T13:56:00Z"), "embedding"]} per line; `ibex-context export` writes this format.
+
+    Streams: at most --batch memories are held at once (any file size). A bad line stops the import
+    there; the lines before it are written (the message says how many; lines with an "id" re-import
+    idempotently)."""
+    name = getattr(source, "name", "<stdin>")
+    total_bytes = _file_size(source)
+    meter = Progress("imported", total_bytes=total_bytes, enabled=progress)
 
     async def work(client: MemoryClient) -> int:
-        total = 0
-        for (org, agent), items in groups.items():
-            total += len(await client.upsert_memories(org, agent, items))
-        return total
+        written = 0
+        pending: list[pb.MemoryInput] = []
+        pending_key: tuple[str, str] = ("", "")
 
-    count = call_memory(target, work, timeout=60.0, batch_size=batch)
-    click.echo(f"imported {count} memories")
+        async def flush() -> None:
+            nonlocal written
+            if pending:
+                written += len(await client.upsert_memories(*pending_key, pending))
+                meter.advance(count=len(pending))
+                pending.clear()
+
+        for n, line in enumerate(source, 1):
+            meter.advance(bytes_done=len(line.encode("utf-8")))
+            if not line.strip():
+                continue
+            key, item = _parse_import_line(line, f"{name}:{n}", org_id, agent_id, written)
+            if key != pending_key:
+                await flush()
+                pending_key = key
+            pending.append(item)
+            if len(pending) >= batch:
+                await flush()
+        await flush()
+        return written
+
+    try:
+        count = call_memory(target, work, timeout=60.0, batch_size=batch)
+    finally:
+        meter.finish()
+    if as_json:
+        echo_json({"imported": count})
+    else:
+        click.echo(f"imported {count} memories")
+
+
+def _file_size(source: TextIO) -> int | None:
+    """Bytes of a regular file (for a percentage); None for a pipe or a terminal."""
+    try:
+        size = os.fstat(source.fileno()).st_size
+    except (OSError, ValueError, AttributeError):
+        return None
+    import stat
+
+    return size if stat.S_ISREG(os.fstat(source.fileno()).st_mode) and size > 0 else None
+
+
+def _parse_import_line(
+    line: str, where: str, org_id: str, agent_id: str, written: int
+) -> tuple[tuple[str, str], pb.MemoryInput]:
+    done = f" ({written} memories before it were imported)" if written else ""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"{where}: not JSON: {exc.msg}{done}") from None
+    if not isinstance(row, dict):
+        raise click.ClickException(f"{where}: expected a JSON object{done}")
+    key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
+    for field_name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
+        row.pop(field_name, None)
+    if not all(key):
+        raise click.ClickException(f"{where}: no org_id/agent_id (give --org/--agent){done}")
+    item = pb.MemoryInput()
+    try:
+        json_format.ParseDict(row, item)
+    except json_format.ParseError as exc:
+        raise click.ClickException(f"{where}: {exc}{done}") from None
+    return key, item
 
 
 @main.command()
@@ -247,6 +335,18 @@ def import_memories(path: Path, target: str, org_id: str, agent_id: str, batch: 
 @click.option("--system", default="", help="A system message to send first.")
 @click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole response as JSON.")
+@click.option(
+    "--require-full",
+    is_flag=True,
+    help="Exit 1 unless the assembly was full: not degraded, no fallback (unreachable, refusing).",
+)
+@click.option(
+    "--attempts",
+    type=click.IntRange(1, 10),
+    default=1,
+    show_default=True,
+    help="With --require-full: calls to make until one is full (a cold start may degrade the first).",
+)
 @click.argument("message", nargs=-1, required=True)
 def assemble(
     target: str,
@@ -257,11 +357,14 @@ def assemble(
     system: str,
     timeout: float,
     as_json: bool,
+    require_full: bool,
+    attempts: int,
     message: tuple[str, ...],
 ) -> None:
     """Make one AssembleContext call and print the enriched messages and the metadata.
 
-    MESSAGE is the user's message (words are joined).
+    MESSAGE is the user's message (words are joined). Without --require-full the command succeeds on
+    a degraded answer or a client fallback, as the proxy would (the metadata says why).
     """
     from ibex_context.cli_render import render_result, result_json
     from ibex_context.client import ContextClient
@@ -283,9 +386,17 @@ def assemble(
             )
 
     result = _run(run)
+    for attempt in range(2, attempts + 1):
+        if not (require_full and result.degraded):
+            break
+        click.echo(f"attempt {attempt - 1}: fallback_reason={result.fallback_reason}; again", err=True)
+        result = _run(run)
     click.echo(result_json(result) if as_json else render_result(result))
     if result.fallback_reason.startswith("client_invalid_argument"):
         raise SystemExit(2)
+    if require_full and result.degraded:
+        click.echo(f"error: the assembly was not full: fallback_reason={result.fallback_reason}", err=True)
+        raise SystemExit(1)
 
 
 @main.group()
@@ -300,27 +411,38 @@ def directive() -> None:
 @click.option(
     "--file", "file", type=click.File("r"), default=None, help="Read the directive from a file (- for stdin)."
 )
+@JSON_OPTION
 @click.argument("text", nargs=-1)
-def directive_set(target: str, org_id: str, agent_id: str, file: Any, text: tuple[str, ...]) -> None:
+def directive_set(
+    target: str, org_id: str, agent_id: str, file: Any, as_json: bool, text: tuple[str, ...]
+) -> None:
     content = file.read() if file is not None else " ".join(text)
     version = call_memory(target, lambda c: c.set_directive(org_id, agent_id, content), timeout=10.0)
-    click.echo(f"directive set (version {version})")
+    if as_json:
+        echo_json({"version": version})
+    else:
+        click.echo(f"directive set (version {version})")
 
 
 @directive.command("clear")
 @TARGET_OPTION
 @click.option("--org", "org_id", required=True)
 @click.option("--agent", "agent_id", required=True)
-def directive_clear(target: str, org_id: str, agent_id: str) -> None:
+@JSON_OPTION
+def directive_clear(target: str, org_id: str, agent_id: str, as_json: bool) -> None:
     cleared = call_memory(target, lambda c: c.clear_directive(org_id, agent_id), timeout=10.0)
-    click.echo("directive cleared" if cleared else "no directive was set")
+    if as_json:
+        echo_json({"cleared": cleared})
+    else:
+        click.echo("directive cleared" if cleared else "no directive was set")
 
 
 @main.command()
 @TARGET_OPTION
 @click.option("--service", default="", help="Service name to check ('' = overall, 'liveness').")
 @click.option("--timeout", type=float, default=2.0, show_default=True)
-def health(target: str, service: str, timeout: float) -> None:
+@JSON_OPTION
+def health(target: str, service: str, timeout: float, as_json: bool) -> None:
     """Check gRPC health; exits 0 only when SERVING."""
     from ibex_context.client import ContextClient
 
@@ -332,7 +454,10 @@ def health(target: str, service: str, timeout: float) -> None:
         name = _run(run)
     except (GRPCError, OSError, TimeoutError) as exc:
         raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
-    click.echo(name)
+    if as_json:
+        echo_json({"service": service, "status": name})
+    else:
+        click.echo(name)
     if name != "SERVING":
         raise SystemExit(1)
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from ibex_context.client.credentials import ClientCredentials
+from ibex_context.cli_support import Progress, echo_json
 from ibex_context.client.memory import MemoryClient, MemoryClientError
 from ibex_context.client.memory_views import ORDERS, export_line
 from ibex_context.client.target import parse_target
@@ -34,7 +35,19 @@ def _check_target(_ctx: click.Context, _param: click.Parameter, value: str) -> s
     return value
 
 
-TARGET_OPTION = click.option("--target", default="127.0.0.1:50051", show_default=True, callback=_check_target)
+TARGET_OPTION = click.option(
+    "--target",
+    default="127.0.0.1:50051",
+    show_default=True,
+    envvar="IBEX_TARGET",
+    show_envvar=True,
+    callback=_check_target,
+    help="The service: host:port, [v6]:port or dns:///name:port.",
+)
+# These commands print JSON already; --json is accepted so scripts can pass it to every command.
+_JSON_ALREADY = click.option(
+    "--json", "as_json", is_flag=True, help="JSON output (this command's only format)."
+)
 _ORG = click.option("--org", "org_id", required=True)
 _AGENT = click.option("--agent", "agent_id", required=True)
 
@@ -68,10 +81,6 @@ def call_memory(
         raise click.ClickException(str(exc)) from None
 
 
-def _echo(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False, default=str))
-
-
 def _time(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
@@ -91,12 +100,15 @@ def memories() -> None:
 @_ORG
 @_AGENT
 @click.option("--embedding", is_flag=True, help="Include the embeddings.")
+@_JSON_ALREADY
 @click.argument("ids", nargs=-1, required=True)
-def memories_get(target: str, org_id: str, agent_id: str, embedding: bool, ids: tuple[str, ...]) -> None:
+def memories_get(
+    target: str, org_id: str, agent_id: str, embedding: bool, as_json: bool, ids: tuple[str, ...]
+) -> None:
     """Print the memories with these IDS (one JSON object per line)."""
     found = call_memory(target, lambda c: c.get_memories(org_id, agent_id, ids, include_embedding=embedding))
     for memory in found:
-        _echo(asdict(memory))
+        echo_json(asdict(memory))
 
 
 @memories.command("list")
@@ -112,6 +124,7 @@ def memories_get(target: str, org_id: str, agent_id: str, embedding: bool, ids: 
 @click.option("--page-size", default=100, show_default=True)
 @click.option("--page-token", default="", help="Continue from a previous page.")
 @click.option("--all", "every_page", is_flag=True, help="Follow the pages to the end.")
+@_JSON_ALREADY
 def memories_list(
     target: str,
     org_id: str,
@@ -125,6 +138,7 @@ def memories_list(
     page_size: int,
     page_token: str,
     every_page: bool,
+    as_json: bool,
 ) -> None:
     """Print a page of the agent's memories (JSON lines); the next page's token goes to stderr."""
     created = (_time(created_after, "--created-after"), _time(created_before, "--created-before"))
@@ -146,7 +160,7 @@ def memories_list(
                 occurred_before=occurred[1],
             )
             for memory in page.memories:
-                _echo(asdict(memory))
+                echo_json(asdict(memory))
             token = page.next_page_token
             if not every_page or not token:
                 return token
@@ -161,12 +175,15 @@ def memories_list(
 @_ORG
 @_AGENT
 @click.option("--top-k", default=10, show_default=True)
+@_JSON_ALREADY
 @click.argument("query", nargs=-1, required=True)
-def memories_search(target: str, org_id: str, agent_id: str, top_k: int, query: tuple[str, ...]) -> None:
+def memories_search(
+    target: str, org_id: str, agent_id: str, top_k: int, as_json: bool, query: tuple[str, ...]
+) -> None:
     """Print what the cold retrieval finds for QUERY, best first, with its relevance components."""
     hits = call_memory(target, lambda c: c.search_memories(org_id, agent_id, " ".join(query), top_k=top_k))
     for hit in hits:
-        _echo(
+        echo_json(
             {
                 "id": hit.memory.id,
                 "similarity": round(hit.similarity, 4),
@@ -182,9 +199,10 @@ def memories_search(target: str, org_id: str, agent_id: str, top_k: int, query: 
 @TARGET_OPTION
 @_ORG
 @_AGENT
-def directive_get(target: str, org_id: str, agent_id: str) -> None:
+@_JSON_ALREADY
+def directive_get(target: str, org_id: str, agent_id: str, as_json: bool) -> None:
     """Print the agent's directive with its version (JSON)."""
-    _echo(asdict(call_memory(target, lambda c: c.get_directive(org_id, agent_id))))
+    echo_json(asdict(call_memory(target, lambda c: c.get_directive(org_id, agent_id))))
 
 
 @click.command("export")
@@ -193,8 +211,14 @@ def directive_get(target: str, org_id: str, agent_id: str) -> None:
 @click.option("--agent", "agent_id", default="", help="Only this agent (default: every agent of the org).")
 @click.option("--embeddings", is_flag=True, help="Include the embeddings (import then skips embedding).")
 @click.option("--page-size", default=500, show_default=True)
-def export(target: str, org_id: str, agent_id: str, embeddings: bool, page_size: int) -> None:
-    """Write the org's (or one agent's) memories as JSONL to stdout, for `ibex-context import`."""
+@click.option("--progress/--no-progress", default=True, help="Report progress on stderr.")
+@_JSON_ALREADY
+def export(
+    target: str, org_id: str, agent_id: str, embeddings: bool, page_size: int, progress: bool, as_json: bool
+) -> None:
+    """Write the org's (or one agent's) memories as JSONL to stdout, for `ibex-context import`;
+    progress and the count go to stderr."""
+    meter = Progress("exported", enabled=progress)
 
     async def work(client: MemoryClient) -> int:
         count = 0
@@ -205,10 +229,14 @@ def export(target: str, org_id: str, agent_id: str, embeddings: bool, page_size:
                 "".join(json.dumps(export_line(org_id, m), ensure_ascii=False) + "\n" for m in page)
             )
             count += len(page)
+            meter.advance(count=len(page))
         sys.stdout.flush()
         return count
 
-    count = call_memory(target, work)
+    try:
+        count = call_memory(target, work)
+    finally:
+        meter.finish()
     click.echo(f"exported {count} memories", err=True)
 
 
@@ -217,7 +245,8 @@ def export(target: str, org_id: str, agent_id: str, embeddings: bool, page_size:
 @_ORG
 @click.option("--agent", "agent_id", default="", help="Only this agent (default: the whole org).")
 @click.option("--yes", is_flag=True, help="Do it (without it, nothing is deleted).")
-def purge(target: str, org_id: str, agent_id: str, yes: bool) -> None:
+@_JSON_ALREADY
+def purge(target: str, org_id: str, agent_id: str, yes: bool, as_json: bool) -> None:
     """Delete every memory, directive, counter and cache entry of an agent or a whole org."""
     if not yes:
         scope = f"agent {agent_id} of org {org_id}" if agent_id else f"every agent of org {org_id}"
@@ -228,4 +257,4 @@ def purge(target: str, org_id: str, agent_id: str, yes: bool) -> None:
             return await client.purge_agent(org_id, agent_id)
         return await client.purge_org(org_id)
 
-    _echo(asdict(call_memory(target, work, timeout=120.0)))
+    echo_json(asdict(call_memory(target, work, timeout=120.0)))

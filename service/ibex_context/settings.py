@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -19,7 +19,11 @@ def _f(default: Any, description: str, **bounds: Any) -> Any:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="IBEX_", frozen=True, extra="ignore")
+    # validate_by_name: code and tests pass fields by name; the environment uses the IBEX_* names, or
+    # the OpenTelemetry standard OTEL_* names where a field has aliases (the first one set wins).
+    model_config = SettingsConfigDict(
+        env_prefix="IBEX_", frozen=True, extra="ignore", validate_by_name=True, validate_by_alias=True
+    )
 
     # --- gRPC server -------------------------------------------------------------------
     grpc_host: str = _f("0.0.0.0", "Address the gRPC server binds.")
@@ -255,14 +259,62 @@ class Settings(BaseSettings):
     metrics_port: int = _f(9464, "HTTP port of /metrics and /healthz (0 picks a free one).", ge=0, le=65535)
     log_level: str = _f("INFO", "Log level.")
     log_format: Literal["json", "text"] = _f("json", "json (one object per line) or text.")
+    # Tracing follows the OpenTelemetry environment (OTEL_*); the older IBEX_* names still work
+    # (deprecated, an OTEL_* name set beside one wins). docs/observability.md "Settings".
     tracing_exporter: Literal["none", "console", "otlp"] = _f(
-        "none", "Where spans go: none, console or otlp."
+        "none",
+        "Where spans go: none, console or otlp (IBEX_TRACING_EXPORTER: deprecated).",
+        validation_alias=AliasChoices("OTEL_TRACES_EXPORTER", "IBEX_TRACING_EXPORTER"),
     )
     tracing_sample_ratio: float = _f(
-        0.01, "Share of ordinary calls traced (errors, fallbacks, slow: all).", ge=0, le=1
+        0.01,
+        "Deprecated: share of ordinary calls traced (errors, fallbacks, slow: all); "
+        "OTEL_TRACES_SAMPLER(_ARG) override it.",
+        ge=0,
+        le=1,
+        validation_alias=AliasChoices("IBEX_TRACING_SAMPLE_RATIO"),
+    )
+    traces_sampler: Literal[
+        "",
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    ] = _f(
+        "",
+        "Sets the share of ordinary calls traced: (parentbased_)always_on 1, always_off 0, "
+        "traceidratio the ARG; a sampled caller's, failed, degraded and slow calls are traced "
+        "regardless.",
+        validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"),
+    )
+    traces_sampler_arg: float | None = _f(
+        None,
+        "The ratio of the traceidratio samplers (default 1.0).",
+        ge=0,
+        le=1,
+        validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG"),
     )
     tracing_slow_ms: float = _f(40.0, "Calls slower than this are always traced.", gt=0)
-    otlp_endpoint: str = _f("http://127.0.0.1:4318/v1/traces", "OTLP/HTTP endpoint for spans.")
+    otlp_endpoint: str = _f(
+        "",
+        "Deprecated: a full traces URL. Empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, as the OpenTelemetry SDK reads them (default: localhost, "
+        "4318/v1/traces over HTTP, 4317 over gRPC).",
+        validation_alias=AliasChoices("IBEX_OTLP_ENDPOINT"),
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = _f(
+        "http/protobuf",
+        "OTLP transport: http/protobuf or grpc.",
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    )
+    service_name: str = _f(
+        "",
+        "service.name of the spans; empty: service.name from OTEL_RESOURCE_ATTRIBUTES (merged into "
+        "the spans' resource), else ibex-context.",
+        validation_alias=AliasChoices("OTEL_SERVICE_NAME"),
+    )
 
     # --- embedded mode (ibex-context dev) -----------------------------------------------
     data_dir: Path = _f(Path(".ibex"), "Where `ibex-context dev` keeps its Redis and PostgreSQL data.")

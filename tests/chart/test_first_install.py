@@ -53,7 +53,7 @@ def operator_config(r: Rendered) -> OperatorConfig:
 def planned_hpa(r: Rendered) -> Mapping[str, Any] | None:
     """The HPA the real operator planner renders from the chart's default ContextProfile, configured by
     the operator environment the chart renders."""
-    profile = r.one("ContextProfile", "default")
+    profile = r.one("ContextProfile", f"{FULLNAME}-default")
     view = ProfileView.from_body(
         {**profile, "metadata": {**profile["metadata"], "generation": 1, "uid": "u1"}}
     )
@@ -353,7 +353,7 @@ def test_with_the_operator_the_deployment_starts_at_min_replicas_not_one(
 ) -> None:
     r = render(sets=["autoscaling.minReplicas=3", "autoscaling.maxReplicas=9"])
     assert r.one("Deployment", FULLNAME)["spec"]["replicas"] == 3
-    assert r.one("ContextProfile", "default")["spec"]["autoscaling"]["minReplicas"] == 3
+    assert r.one("ContextProfile", f"{FULLNAME}-default")["spec"]["autoscaling"]["minReplicas"] == 3
 
 
 def test_the_notes_say_where_the_minilm_weights_are_and_what_hashing_is(helm: str) -> None:

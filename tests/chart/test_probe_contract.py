@@ -87,3 +87,28 @@ async def test_helm_test_health_arguments_work_against_a_serving_server(
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, output.decode()
     assert output.decode().strip() == "SERVING"
+
+
+async def _helm_test_assemble(render: Callable[..., Rendered], target: str) -> tuple[int, str]:
+    pod = render().one("Pod", f"{FULLNAME}-test-grpc")
+    args = list(pod["spec"]["containers"][0]["args"])
+    args[args.index("--target") + 1] = target
+    process = await asyncio.create_subprocess_exec(
+        CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, output.decode()
+
+
+async def test_helm_tests_assemble_step_fails_when_the_service_refuses_or_is_unreachable(
+    render: Callable[..., Rendered], health_server: tuple[ServiceHealth, int]
+) -> None:
+    # A server that answers health but refuses AssembleContext (UNIMPLEMENTED here).
+    _, port = health_server
+    code, output = await _helm_test_assemble(render, f"127.0.0.1:{port}")
+    assert code == 1, output
+    assert "the assembly was not full: fallback_reason=client_" in output
+    code, output = await _helm_test_assemble(render, "127.0.0.1:1")
+    assert code == 1, output
+    assert "fallback_reason=client_unavailable" in output

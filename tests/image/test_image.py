@@ -404,10 +404,12 @@ def test_the_helm_test_pod_commands_with_the_default_values_pass(
 
 
 def _lock() -> dict[str, str]:
+    """name -> version of the hashed lock (`name==version \\` then its `--hash=` lines)."""
     pins: dict[str, str] = {}
     for line in LOCK.read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
+        line = line.strip()
+        if line and not line.startswith(("#", "--hash=")):
+            name, version = line.removesuffix("\\").strip().split("==")
             pins[canonicalize_name(name)] = version
     return pins
 

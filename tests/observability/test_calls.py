@@ -51,9 +51,9 @@ async def test_a_call_cut_by_the_client_deadline_leaves_nothing_in_flight(observ
     await wait_for_gauge(observed, 0)
     samples = await observed.scrape()
     codes = {
-        dict(labels)["code"]: value
+        dict(labels)["grpc_code"]: value
         for (name, labels), value in samples.items()
-        if name == "ibex_context_grpc_requests_total" and value
+        if name == "grpc_server_handled_total" and value
     }
     # Which side notices first is racy (server deadline vs the client's reset).
     assert sum(codes.values()) == 1
@@ -151,10 +151,11 @@ async def test_health_probes_are_counted_but_neither_traced_nor_logged(
     assert (
         sample(
             samples,
-            "ibex_context_grpc_requests_total",
-            service="grpc.health.v1.Health",
-            method="Check",
-            code="OK",
+            "grpc_server_handled_total",
+            grpc_type="unary",
+            grpc_service="grpc.health.v1.Health",
+            grpc_method="Check",
+            grpc_code="OK",
         )
         == 1
     )

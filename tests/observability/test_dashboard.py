@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 DASHBOARD = (
     Path(__file__).resolve().parents[2] / "charts" / "ibex-context" / "dashboards" / "ibex-context.json"
 )
-METRIC = re.compile(r"\b(ibex_context_[a-z0-9_]+)")
+# Ours, the conventional gRPC server metrics and the standard process metrics.
+METRIC = re.compile(r"\b((?:ibex_context|grpc_server|process)_[a-z0-9_]+)")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,7 @@ def exposed_sample_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.record_call("/ibex.context.v1.ContextAssemblyService/AssembleContext", Status.OK, 0.01)
+    metrics.record_store_up("redis", True)  # the store gauges appear with the first probe
     names = set(metrics.metric_names())
     _ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))
     names |= {s.name for family in registry.collect() for s in family.samples}
@@ -61,6 +63,11 @@ def test_the_panels_the_issue_asks_for_are_there(dashboard: dict[str, Any]) -> N
     assert "ibex_context_inflight_calls" in exprs
     assert "ibex_context_profile_reload_last_success_timestamp_seconds" in exprs
     assert "ibex_context_retrieval_failures_total" in exprs
+    # Store health, CPU, memory and replicas.
+    assert "min by (store) (ibex_context_store_up" in exprs
+    assert "sum by (pod) (rate(process_cpu_seconds_total" in exprs
+    assert "sum by (pod) (process_resident_memory_bytes" in exprs
+    assert "count(count by (pod) (up{" in exprs
 
 
 def test_the_datasource_is_a_template_variable_used_by_every_query(dashboard: dict[str, Any]) -> None:

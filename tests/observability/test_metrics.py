@@ -16,7 +16,11 @@ from prometheus_client import CollectorRegistry
 from tests.observability.harness import Observed, sample
 
 MESSAGES = [ChatMessage("user", "What do I like to drink?")]
-ASSEMBLE = {"service": "ibex.context.v1.ContextAssemblyService", "method": "AssembleContext"}
+ASSEMBLE = {
+    "grpc_type": "unary",
+    "grpc_service": "ibex.context.v1.ContextAssemblyService",
+    "grpc_method": "AssembleContext",
+}
 
 
 async def call(client: ContextClient, model: str) -> None:
@@ -171,10 +175,17 @@ def test_no_label_can_carry_an_id() -> None:
         "reason",
         "source",
         "kind",
-        "service",
-        "method",
-        "code",
+        "grpc_type",
+        "grpc_service",
+        "grpc_method",
+        "grpc_code",
         "generation",
+        # python_info: the interpreter's version, a fixed set.
+        "implementation",
+        "major",
+        "minor",
+        "patchlevel",
+        "version",
         "plan",
         "target",
         "replica",
@@ -245,7 +256,7 @@ async def test_real_calls_move_the_counts_and_buckets_seen_by_a_scrape(
     assert sample(after, count, outcome="full") - sample(before, count, outcome="full") == 3
     inf = sample(after, "ibex_context_assembly_duration_seconds_bucket", outcome="full", le="+Inf")
     assert inf == 3
-    assert sample(after, "ibex_context_grpc_requests_total", code="OK", **ASSEMBLE) == 3
+    assert sample(after, "grpc_server_handled_total", grpc_code="OK", **ASSEMBLE) == 3
     assert sample(after, "ibex_context_memories_injected_sum") == 6
     assert sample(after, "ibex_context_candidates_evaluated_sum") == 21
     # Every stage the handler timed, serialize included (added after the report was attached).
@@ -276,8 +287,8 @@ async def test_rejected_and_crashed_calls_are_counted_by_grpc_code(
     await call(client, scripted.CRASH)
     samples = await observed.scrape()
 
-    assert sample(samples, "ibex_context_grpc_requests_total", code="INVALID_ARGUMENT", **ASSEMBLE) == 1
-    assert sample(samples, "ibex_context_grpc_requests_total", code="UNKNOWN", **ASSEMBLE) == 1
+    assert sample(samples, "grpc_server_handled_total", grpc_code="INVALID_ARGUMENT", **ASSEMBLE) == 1
+    assert sample(samples, "grpc_server_handled_total", grpc_code="UNKNOWN", **ASSEMBLE) == 1
     assert sample(samples, "ibex_context_assembly_duration_seconds_count", outcome="invalid") == 1
     assert sample(samples, "ibex_context_inflight_calls") == 0
 

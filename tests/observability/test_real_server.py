@@ -42,7 +42,11 @@ MEMORY = "Our Reykjavik office door code is Heron-Tamarind-8842"
 DIRECTIVE = "Sign every answer as Commander Pelican-7719"
 QUESTION = "What is the Reykjavik office door code? Ask Gladys-Umber-3390"
 DISTINCTIVE = ("Heron", "Tamarind", "Pelican", "Gladys", "Umber", "8842", "7719", "3390")
-ASSEMBLE = {"service": "ibex.context.v1.ContextAssemblyService", "method": "AssembleContext"}
+ASSEMBLE = {
+    "grpc_type": "unary",
+    "grpc_service": "ibex.context.v1.ContextAssemblyService",
+    "grpc_method": "AssembleContext",
+}
 
 
 # Sources get the most time a profile allows, so a FULL assembly does not depend on
@@ -169,10 +173,10 @@ async def test_a_real_assembly_is_measured_traced_and_logged_without_its_content
     # ...the metrics saw the call...
     outcome = "full" if not result.fallback_reason else "degraded"
     assert sample(samples, "ibex_context_assembly_duration_seconds_count", outcome=outcome) == 1
-    assert sample(samples, "ibex_context_grpc_requests_total", code="OK", **ASSEMBLE) == 1
-    writes = {"service": "ibex.context.v1.MemoryService", "code": "OK"}
-    assert sample(samples, "ibex_context_grpc_requests_total", method="UpsertMemories", **writes) == 1
-    assert sample(samples, "ibex_context_grpc_requests_total", method="SetDirective", **writes) == 1
+    assert sample(samples, "grpc_server_handled_total", grpc_code="OK", **ASSEMBLE) == 1
+    writes = {"grpc_type": "unary", "grpc_service": "ibex.context.v1.MemoryService", "grpc_code": "OK"}
+    assert sample(samples, "grpc_server_handled_total", grpc_method="UpsertMemories", **writes) == 1
+    assert sample(samples, "grpc_server_handled_total", grpc_method="SetDirective", **writes) == 1
     assert sample(samples, "ibex_context_memories_injected_sum") == result.metadata.memories_injected
     for stage in ("budget", "directive", "hot", "score", "pack", "format", "serialize"):
         assert sample(samples, "ibex_context_stage_duration_seconds_count", stage=stage) == 1, stage
@@ -217,7 +221,7 @@ async def test_a_rejected_request_is_counted_logged_and_returned_as_a_client_fal
 
     assert result.fallback_reason == "client_invalid_argument"
     assert result.messages == (ChatMessage("user", QUESTION),)
-    assert sample(samples, "ibex_context_grpc_requests_total", code="INVALID_ARGUMENT", **ASSEMBLE) == 1
+    assert sample(samples, "grpc_server_handled_total", grpc_code="INVALID_ARGUMENT", **ASSEMBLE) == 1
     assert sample(samples, "ibex_context_assembly_duration_seconds_count", outcome="invalid") == 1
     (access,) = [line for line in running.lines() if line["msg"] == "rpc"]
     assert access["outcome"] == "invalid"

@@ -11,7 +11,7 @@ import pytest
 from ibex_operator.config import OperatorConfig
 from ibex_operator.crd import GROUP
 from kopf_harness import NAMESPACE, eventually
-from test_operator_e2e import CM, HPA, create_profile, live
+from test_operator_e2e import CM, HPA, condition, create_profile, live
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator
@@ -43,3 +43,12 @@ async def test_no_hpa_and_an_earlier_operator_made_hpa_is_deleted(k8s: Any, oper
 
     await eventually(lambda: live(k8s, CM, "ibex-context-profiles") is not None)
     await eventually(lambda: live(k8s, HPA, "ibex-context") is None)
+
+
+async def test_ready_says_no_hpa_was_rendered(k8s: Any, operator: Any) -> None:
+    await create_profile(k8s, "default", {"selector": {"default": True}}, created="2026-11-01T10:00:00Z")
+
+    ready = await eventually(lambda: condition(k8s, "default", "Ready"))
+    assert ready["status"] == "True"
+    assert "ibex-context-profiles" in ready["message"]
+    assert "no HPA" in ready["message"] and "and HPA" not in ready["message"]

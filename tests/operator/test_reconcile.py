@@ -7,6 +7,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.profiles.registry import ProfileRegistry
 from ibex_operator.reconcile import (
@@ -417,3 +418,18 @@ def test_status_patch_removes_nulls_and_skips_equal_values() -> None:
         "effective": None
     }
     assert status_patch(None, {"service": "svc", "configMap": None}) == {"service": "svc"}
+
+
+def test_the_profile_selector_parses_equality_pairs_and_refuses_anything_else() -> None:
+    from ibex_operator.config import OperatorConfig, parse_selector
+
+    assert parse_selector("") == ()
+    assert parse_selector(" context.ibex.dev/release=blue , a=b") == (
+        ("a", "b"),
+        ("context.ibex.dev/release", "blue"),
+    )
+    config = OperatorConfig.from_env({"IBEX_OPERATOR_PROFILE_SELECTOR": "context.ibex.dev/release=blue"})
+    assert config.selector_text == "context.ibex.dev/release=blue"
+    for bad in ("release", "release!=blue", "=blue", "a==b"):
+        with pytest.raises(ValueError, match="IBEX_OPERATOR_PROFILE_SELECTOR"):
+            parse_selector(bad)

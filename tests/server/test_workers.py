@@ -85,7 +85,7 @@ async def _assembled_by_worker(metrics_ports: list[int]) -> list[float]:
                     s.value
                     for family in text_string_to_metric_families(text)
                     for s in family.samples
-                    if s.name == "ibex_context_grpc_requests_total" and s.labels.get("method") == ASSEMBLE
+                    if s.name == "grpc_server_handled_total" and s.labels.get("grpc_method") == ASSEMBLE
                 )
             )
     return counts

@@ -75,6 +75,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-profiles" (include "ibex-context.fullname" .) }}
 {{- end }}
 
+{{/* The Secret holding the external stores' URLs (and optional keys): the user's, release-scoped by default. */}}
+{{- define "ibex-context.storesSecretName" -}}
+{{- default (printf "%s-stores" (include "ibex-context.fullname" .)) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* The label that puts a ContextProfile under this release's operator. */}}
+{{- define "ibex-context.profileSelectorLabel" -}}
+context.ibex.dev/release: {{ .Release.Name | quote }}
+{{- end }}
+
+{{- define "ibex-context.defaultProfileName" -}}
+{{- default (printf "%s-default" (include "ibex-context.fullname" .)) .Values.defaultProfile.name }}
+{{- end }}
+
 {{/* The chart-owned Secret: generated nonce secret and the in-chart stores' URLs. */}}
 {{- define "ibex-context.generatedSecretName" -}}
 {{- printf "%s-generated" (include "ibex-context.fullname" .) }}
@@ -92,14 +106,53 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-postgresql" (include "ibex-context.fullname" .) }}
 {{- end }}
 
+{{/*
+An image reference: [registry/]repository(@digest|:tag). global.imageRegistry, when set, replaces every
+image's registry (a mirror or pull-through cache). Pass (dict "ctx" $ "image" .Values.redis.image).
+*/}}
+{{- define "ibex-context.imageRef" -}}
+{{- $image := .image }}
+{{- $registry := default ($image.registry | default "") ((.ctx.Values.global).imageRegistry) }}
+{{- $repository := $image.repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (toString $image.tag) }}
+{{- end }}
+{{- end }}
+
 {{/* No default repository: a bare name would resolve to docker.io, where no image is published. */}}
 {{- define "ibex-context.image" -}}
-{{- $repository := required "image.repository is required: the registry/name you pushed the ibex-context image to (no public image is published)" .Values.image.repository }}
-{{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- $_ := required "image.repository is required: the registry/name you pushed the ibex-context image to (no public image is published)" .Values.image.repository }}
+{{- $image := merge (dict "tag" (default .Chart.AppVersion .Values.image.tag)) .Values.image }}
+{{- include "ibex-context.imageRef" (dict "ctx" . "image" $image) }}
+{{- end }}
+
+{{/* The pod's imagePullSecrets: global.imagePullSecrets then imagePullSecrets (every pod, test pod too). */}}
+{{- define "ibex-context.imagePullSecrets" -}}
+{{- $secrets := concat (((.Values.global).imagePullSecrets) | default list) .Values.imagePullSecrets }}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment entries from a map of NAME: value, where a value is a scalar (rendered as `value`) or
+{valueFrom: {...}} (a Secret or ConfigMap key, a field or resource reference).
+*/}}
+{{- define "ibex-context.envEntries" -}}
+{{- range $name, $value := . }}
+- name: {{ $name }}
+{{- if kindIs "map" $value }}
+  valueFrom:
+    {{- toYaml $value.valueFrom | nindent 4 }}
 {{- else }}
-{{- printf "%s:%s" $repository $tag }}
+  value: {{ $value | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -174,7 +227,7 @@ Pass (dict "ctx" $ "key" "nonce-secret" "length" 48).
       name: {{ include "ibex-context.generatedSecretName" . }}
       key: redis-url
       {{- else }}
-      name: {{ required "secrets.existingSecret is required when redis.enabled=false" .Values.secrets.existingSecret }}
+      name: {{ include "ibex-context.storesSecretName" . }}
       key: {{ .Values.secrets.keys.redisUrl }}
       {{- end }}
 - name: IBEX_POSTGRES_DSN
@@ -184,7 +237,7 @@ Pass (dict "ctx" $ "key" "nonce-secret" "length" 48).
       name: {{ include "ibex-context.generatedSecretName" . }}
       key: postgres-dsn
       {{- else }}
-      name: {{ required "secrets.existingSecret is required when postgresql.enabled=false" .Values.secrets.existingSecret }}
+      name: {{ include "ibex-context.storesSecretName" . }}
       key: {{ .Values.secrets.keys.postgresDsn }}
       {{- end }}
 - name: IBEX_EMBEDDER

@@ -16,7 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from grpclib.const import Status
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -114,6 +121,11 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry, *, known_reasons: frozenset[str] = KNOWN_REASONS) -> None:
         self.registry = registry
+        # The standard process_* series (CPU seconds, resident memory, open fds, start time) and
+        # python_info, which only the default registry has built in. Read at scrape time, per process:
+        # with serve --workers each worker reports its own.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self._known_reasons = known_reasons
 
         self.assembly_duration = Histogram(
@@ -192,16 +204,19 @@ class Metrics:
             "gRPC calls being handled right now (the HPA scales on this).",
             registry=registry,
         )
+        # gRPC server metrics under the names and labels of go-grpc-prometheus / py-grpc-prometheus
+        # (grpc_server_handled_total, grpc_server_handling_seconds), so the dashboards and alerts
+        # platform teams already run for gRPC servers work unchanged. Every method is unary.
         self.grpc_requests = Counter(
-            "ibex_context_grpc_requests",
+            "grpc_server_handled",
             "Finished gRPC calls by method and status code.",
-            ["service", "method", "code"],
+            ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
             registry=registry,
         )
         self.grpc_duration = Histogram(
-            "ibex_context_grpc_request_duration_seconds",
+            "grpc_server_handling_seconds",
             "Server-side wall time of gRPC calls, request received to trailers sent.",
-            ["service", "method"],
+            ["grpc_type", "grpc_service", "grpc_method"],
             buckets=RPC_BUCKETS,
             registry=registry,
         )
@@ -336,12 +351,14 @@ class Metrics:
         if counter is None:
             service, name = split_method(method)
             counter = self._rpc_counters[(method, status)] = self.grpc_requests.labels(
-                service, name, status.name
+                "unary", service, name, status.name
             )
         counter.inc()
         histogram = self._rpc_histograms.get(method)
         if histogram is None:
-            histogram = self._rpc_histograms[method] = self.grpc_duration.labels(*split_method(method))
+            histogram = self._rpc_histograms[method] = self.grpc_duration.labels(
+                "unary", *split_method(method)
+            )
         histogram.observe(duration_seconds)
 
     def record_assembly(

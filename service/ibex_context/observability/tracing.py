@@ -106,6 +106,65 @@ def sampling_decision(
     return None
 
 
+DEFAULT_SERVICE_NAME = "ibex-context"
+# Read by the OpenTelemetry SDK itself (Settings reads the others: exporter, protocol, sampler,
+# service name); docs/observability.md lists them.
+SDK_READ_VARIABLES = frozenset(
+    {
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+        "OTEL_RESOURCE_ATTRIBUTES",
+    }
+)
+
+
+def service_resource(service_name: str = "") -> Resource:
+    """The spans' resource: OTEL_RESOURCE_ATTRIBUTES (read by the SDK) with service.version, and
+    service.name from OTEL_SERVICE_NAME, else the attributes' service.name, else ibex-context."""
+    attributes: dict[str, str] = {"service.version": _version()}
+    if service_name:
+        attributes["service.name"] = service_name
+    resource = Resource.create(attributes)
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+def sample_ratio(settings: Settings) -> float:
+    """The share of ordinary calls traced: OTEL_TRACES_SAMPLER(_ARG) when set, else
+    IBEX_TRACING_SAMPLE_RATIO. The parent-based variants act like the plain ones: a caller's
+    decision is always followed (``sampling_decision``), and failed, degraded and slow calls are
+    kept whatever the sampler says."""
+    sampler = settings.traces_sampler.removeprefix("parentbased_")
+    if not sampler:
+        return settings.tracing_sample_ratio
+    if sampler == "always_on":
+        return 1.0
+    if sampler == "always_off":
+        return 0.0
+    return 1.0 if settings.traces_sampler_arg is None else settings.traces_sampler_arg
+
+
+def otlp_exporter(settings: Settings) -> SpanExporter:
+    """OTLP over HTTP (protobuf) or gRPC. Without the deprecated IBEX_OTLP_ENDPOINT the SDK reads
+    the endpoint, headers, certificate, timeout and compression from the OTEL_EXPORTER_OTLP_*
+    variables itself, with the standard's semantics (a base endpoint gets /v1/traces over HTTP)."""
+    endpoint = settings.otlp_endpoint or None
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint)
+
+
 class _PresetTraceIds(IdGenerator):
     """Hands out the trace id chosen at call start for the next root span.
 
@@ -140,7 +199,7 @@ class Tracing:
         sample_ratio: float = 0.01,
         slow_ms: float = 40.0,
         batch: bool = True,
-        service_name: str = "ibex-context",
+        service_name: str = "",
     ) -> None:
         self.sample_ratio = sample_ratio
         self.slow_ms = slow_ms
@@ -149,7 +208,7 @@ class Tracing:
         self._provider: TracerProvider | None = None
         self._tracer: trace.Tracer | None = None
         if exporter is not None:
-            resource = Resource.create({"service.name": service_name, "service.version": _version()})
+            resource = service_resource(service_name)
             self._provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=self._ids)
             processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
             self._provider.add_span_processor(processor)
@@ -159,9 +218,7 @@ class Tracing:
     def from_settings(cls, settings: Settings) -> Tracing:
         exporter: SpanExporter | None
         if settings.tracing_exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint)
+            exporter = otlp_exporter(settings)
         elif settings.tracing_exporter == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -170,9 +227,10 @@ class Tracing:
             exporter = None
         return cls(
             exporter,
-            sample_ratio=settings.tracing_sample_ratio,
+            sample_ratio=sample_ratio(settings),
             slow_ms=settings.tracing_slow_ms,
             batch=settings.tracing_exporter == "otlp",
+            service_name=settings.service_name,
         )
 
     @property
