@@ -86,12 +86,13 @@ GO_MODULE="github.com/ibex-context/ibex-context/clients/go"
 
 # use_go_gopath: GOPATH-mode environment for clients/go, built offline against
 # Debian's sources: a GOPATH of its own (under .tools) holding a link to clients/go
-# at its import path, then /usr/share/gocode. Prints the package directory to cd to.
+# at its import path, then /usr/share/gocode. Exports GO_PACKAGE_DIR: where to cd
+# for go commands (the module seen through its import path).
 use_go_gopath() {
   local gopath="$TOOLS/gopath" link
   link="$gopath/src/$GO_MODULE"
   mkdir -p "$(dirname "$link")"
   ln -sfn "$ROOT/clients/go" "$link"
-  export GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode"
-  GO_PACKAGE_DIR="$link"
+  export GO111MODULE=off GOPROXY=off GOFLAGS='' GOPATH="$gopath:/usr/share/gocode"
+  export GO_PACKAGE_DIR="$link"
 }
