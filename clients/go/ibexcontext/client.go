@@ -182,21 +182,24 @@ func (c *ContextClient) assemble(ctx context.Context, req Request) Result {
 }
 
 // outgoingMetadata adds the request id and the trace context (of the client's
-// span) to whatever metadata the caller's context already carries.
+// span) to whatever metadata the caller's context already carries. A propagator
+// with no fields (the global one until the application sets one) costs nothing.
 func (c *ContextClient) outgoingMetadata(ctx context.Context, requestID string) context.Context {
-	md := metadata.MD{}
+	var pairs []string
 	if requestID != "" {
-		md.Set("x-request-id", requestID)
+		pairs = append(pairs, "x-request-id", requestID)
 	}
-	c.propagator.Inject(ctx, metadataCarrier(md))
-	if len(md) == 0 {
-		return ctx
-	}
-	pairs := make([]string, 0, 2*len(md))
-	for key, values := range md {
-		for _, value := range values {
-			pairs = append(pairs, key, value)
+	if len(c.propagator.Fields()) > 0 {
+		md := metadata.MD{}
+		c.propagator.Inject(ctx, metadataCarrier(md))
+		for key, values := range md {
+			for _, value := range values {
+				pairs = append(pairs, key, value)
+			}
 		}
+	}
+	if len(pairs) == 0 {
+		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, pairs...)
 }
