@@ -63,32 +63,38 @@ type ContextClient struct {
 // (round robin over its addresses) or "127.0.0.1:50051". It does not wait for
 // the connection: errors are for options only. Close it when done.
 func NewContextClient(target string, opts ...Option) (*ContextClient, error) {
-	if target == "" {
-		return nil, errors.New("ibexcontext: empty target")
-	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	dial := []grpc.DialOption{grpc.WithDefaultServiceConfig(roundRobin)}
-	switch {
-	case cfg.tls != nil:
-		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg.tls)))
-	case cfg.token != nil:
-		return nil, errors.New("ibexcontext: WithBearerToken needs WithTLS")
-	default:
-		dial = append(dial, grpc.WithInsecure()) //nolint:staticcheck // grpc 1.33 has no insecure.NewCredentials
-	}
-	if cfg.token != nil {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearerToken{cfg.token}))
-	}
-	conn, err := grpc.Dial(target, append(dial, cfg.dialOptions...)...)
+	conn, err := dial(target, cfg)
 	if err != nil {
 		return nil, err
 	}
 	client := newClient(conn, cfg)
 	client.conn = conn
 	return client, nil
+}
+
+// dial connects to target as the options say: round robin, TLS or plaintext, a
+// bearer token (over TLS only), then the caller's own dial options.
+func dial(target string, cfg *config) (*grpc.ClientConn, error) {
+	if target == "" {
+		return nil, errors.New("ibexcontext: empty target")
+	}
+	opts := []grpc.DialOption{grpc.WithDefaultServiceConfig(roundRobin)}
+	switch {
+	case cfg.tls != nil:
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.tls)))
+	case cfg.token != nil:
+		return nil, errors.New("ibexcontext: WithBearerToken needs WithTLS")
+	default:
+		opts = append(opts, grpc.WithInsecure()) //nolint:staticcheck // grpc 1.33 has no insecure.NewCredentials
+	}
+	if cfg.token != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken{cfg.token}))
+	}
+	return grpc.Dial(target, append(opts, cfg.dialOptions...)...)
 }
 
 // NewContextClientFromConn calls AssembleContext over a connection the caller

@@ -10,6 +10,7 @@ package ibexcontext
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ibex-context/ibex-context/clients/go/contextv1"
 )
@@ -146,6 +150,16 @@ func (s *realService) stop(t *testing.T) {
 	}
 }
 
+func newUUID(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
 func demoRequest(requestID string) Request {
 	return Request{
 		OrgID: demoOrg, AgentID: demoAgent, Model: "gpt-4o", RequestID: requestID,
@@ -230,6 +244,53 @@ func TestAgainstTheRealService(t *testing.T) {
 			t.Fatalf("FallbackReason %q (%v), want %q", result.FallbackReason, result.Err, ReasonInvalidArgument)
 		}
 		assertOriginal(t, result, req.Messages)
+	})
+
+	t.Run("MemoryClient writes, reads back, and the assembly uses it", func(t *testing.T) {
+		memory, err := NewMemoryClient(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer memory.Close()
+		ctx := context.Background()
+		org, agent := newUUID(t), newUUID(t)
+		const directive = "Always answer as Captain Nebula-9946."
+
+		if _, err := memory.SetDirective(ctx, &contextv1.SetDirectiveRequest{OrgId: org, AgentId: agent, Content: directive}); err != nil {
+			t.Fatalf("SetDirective: %v", err)
+		}
+		upserted, err := memory.UpsertMemories(ctx, &contextv1.UpsertMemoriesRequest{OrgId: org, AgentId: agent,
+			Memories: []*contextv1.MemoryInput{{Content: "The customer keeps a parrot named Kiwi-5521.", Category: "factual"}}})
+		if err != nil || len(upserted.GetResults()) != 1 || upserted.GetResults()[0].GetOutcome() != contextv1.UpsertOutcome_UPSERT_OUTCOME_CREATED {
+			t.Fatalf("UpsertMemories = %v, %v", upserted, err)
+		}
+		id := upserted.GetResults()[0].GetId()
+		got, err := memory.GetMemories(ctx, &contextv1.GetMemoriesRequest{OrgId: org, AgentId: agent, Ids: []string{id}})
+		if err != nil || len(got.GetMemories()) != 1 || !strings.Contains(got.GetMemories()[0].GetContent(), "Kiwi-5521") {
+			t.Fatalf("GetMemories = %v, %v", got, err)
+		}
+		other, err := memory.GetMemories(ctx, &contextv1.GetMemoriesRequest{OrgId: newUUID(t), AgentId: agent, Ids: []string{id}})
+		if err != nil || len(other.GetMemories()) != 0 {
+			t.Errorf("another org read %v (%v)", other.GetMemories(), err)
+		}
+		_, err = memory.SetDirective(ctx, &contextv1.SetDirectiveRequest{OrgId: "not-a-uuid", AgentId: agent, Content: directive})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "org_id") {
+			t.Errorf("SetDirective for a bad org: %v, want INVALID_ARGUMENT naming org_id", err)
+		}
+
+		result := client.Assemble(ctx, Request{OrgID: org, AgentID: agent, Model: "gpt-4o",
+			Messages: []*contextv1.Message{{Role: "user", Content: "What is my parrot called?"}}})
+
+		if !result.FromService {
+			t.Fatalf("fell back: %s (%v)", result.FallbackReason, result.Err)
+		}
+		injected := result.Messages[0].GetContent()
+		if result.Metadata.GetDirectiveInjected() != strings.Contains(injected, directive) {
+			t.Errorf("directive_injected=%v but the system message is %q", result.Metadata.GetDirectiveInjected(), injected)
+		}
+		if ids := result.Metadata.GetMemoryIds(); len(ids) > 0 && (ids[0] != id || !strings.Contains(injected, "Kiwi-5521")) {
+			t.Errorf("injected %v, want the parrot %s", ids, id)
+		}
 	})
 
 	t.Run("slow: frozen past the 45 ms cap", func(t *testing.T) {

@@ -20,6 +20,7 @@ type Option func(*config) error
 
 type config struct {
 	timeout     time.Duration
+	timeoutSet  bool
 	tls         *tls.Config
 	token       TokenSource
 	dialOptions []grpc.DialOption
@@ -48,14 +49,16 @@ func (c *config) dials() bool {
 	return c.tls != nil || c.token != nil || len(c.dialOptions) > 0
 }
 
-// WithTimeout sets the cap on every call's deadline (DefaultTimeout when not
-// given). A caller's context with an earlier deadline keeps it.
+// WithTimeout sets, for a ContextClient, the cap on every call's deadline
+// (DefaultTimeout when not given; a caller's earlier deadline is kept); for a
+// MemoryClient, the deadline of a call whose context has none
+// (DefaultMemoryTimeout when not given).
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
 			return errors.New("ibexcontext: timeout must be positive")
 		}
-		c.timeout = d
+		c.timeout, c.timeoutSet = d, true
 		return nil
 	}
 }
@@ -94,7 +97,7 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	}
 }
 
-// WithTracerProvider records spans with tp (the global provider when not given).
+// WithTracerProvider records a ContextClient's spans with tp (the global provider when not given).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) error {
 		if tp == nil {
