@@ -64,9 +64,10 @@ ensure_shellcheck() {
 # golang-github-golang-protobuf-1-5-dev: grpc-go 1.33's codec goes through
 # github.com/golang/protobuf, and only its 1.4+ (APIv2-backed) encodes the
 # messages protoc-gen-go 1.28 generates (Debian's default, 1.3, panics on them).
+# gcc and libc6-dev: cgo, for go test -race.
 GO_DEBIAN_PACKAGES=(golang-go golang-google-grpc-dev golang-google-protobuf-dev
   golang-github-golang-protobuf-1-5-dev golang-opentelemetry-otel-dev
-  protoc-gen-go protoc-gen-go-grpc protobuf-compiler)
+  protoc-gen-go protoc-gen-go-grpc protobuf-compiler gcc libc6-dev)
 
 ensure_go() {
   local missing=() pkg
