@@ -42,7 +42,8 @@ type Result struct {
 	FromService    bool
 	Elapsed        time.Duration
 	// Err is why the client fell back (nil otherwise), for the caller's log: a
-	// gRPC status whose message may name a field, never a value of the request.
+	// gRPC status. INVALID_ARGUMENT's message names the field and may quote a
+	// preview of the rejected value (e.g. a malformed org_id), never content.
 	Err error
 }
 
