@@ -58,3 +58,42 @@ ensure_shellcheck() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq shellcheck >/dev/null
   fi
 }
+
+# The Go client (clients/go) builds offline from Debian's Go packages: no Go module
+# proxy is reachable in CI. GOPATH mode over /usr/share/gocode (see scripts/go-env).
+# golang-github-golang-protobuf-1-5-dev: grpc-go 1.33's codec goes through
+# github.com/golang/protobuf, and only its 1.4+ (APIv2-backed) encodes the
+# messages protoc-gen-go 1.28 generates (Debian's default, 1.3, panics on them).
+# gcc and libc6-dev: cgo, for go test -race.
+GO_DEBIAN_PACKAGES=(golang-go golang-google-grpc-dev golang-google-protobuf-dev
+  golang-github-golang-protobuf-1-5-dev golang-opentelemetry-otel-dev
+  protoc-gen-go protoc-gen-go-grpc protobuf-compiler gcc libc6-dev)
+
+ensure_go() {
+  local missing=() pkg
+  for pkg in "${GO_DEBIAN_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing the Go toolchain and libraries (Debian): ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+GO_MODULE="github.com/ibex-context/ibex-context/clients/go"
+
+# use_go_gopath: GOPATH-mode environment for clients/go, built offline against
+# Debian's sources: a GOPATH of its own (under .tools) holding a link to clients/go
+# at its import path, then /usr/share/gocode. Exports GO_PACKAGE_DIR: where to cd
+# for go commands (the module seen through its import path).
+use_go_gopath() {
+  local gopath="$TOOLS/gopath" link
+  link="$gopath/src/$GO_MODULE"
+  mkdir -p "$(dirname "$link")"
+  ln -sfn "$ROOT/clients/go" "$link"
+  export GO111MODULE=off GOPROXY=off GOFLAGS='' GOPATH="$gopath:/usr/share/gocode"
+  export GO_PACKAGE_DIR="$link"
+}

@@ -19,6 +19,8 @@ SCRIPTS = [
     TEST,
     REPO / "scripts" / "bootstrap.sh",
     REPO / "scripts" / "dev",
+    REPO / "scripts" / "test-go",
+    REPO / "scripts" / "codegen-go",
     REPO / ".ci" / "run",
 ]
 
@@ -42,6 +44,7 @@ def test_the_readme_test_command_runs_the_image_check_before_pytest() -> None:
     text = TEST.read_text()
     check = text.index('"$ROOT/scripts/image-check"')
     assert check < text.index("exec pytest")
+    assert '"$ROOT/scripts/test-go"' in text  # the Go client, before the image and pytest
     assert "--ignore=tests/image" in text  # run once, inside image-check, against the images it built
     assert "scripts/test" in (REPO / ".ci" / "run").read_text()
 
