@@ -10,8 +10,8 @@ AND ``agent_id``. Pool set-up and session settings: ``pool``; wire formats: ``co
 from __future__ import annotations
 
 import asyncio
-import ssl as ssl_module
 import logging
+import ssl as ssl_module
 import uuid
 from collections.abc import Mapping, Sequence
 
