@@ -367,7 +367,7 @@ def test_read_replicas_come_from_an_optional_secret_key_and_their_bounds_from_va
 ) -> None:
     env = env_of(server_container(render()))
     assert env["IBEX_POSTGRES_READ_DSNS"]["valueFrom"]["secretKeyRef"] == {
-        "name": "ibex-context-stores",
+        "name": f"{FULLNAME}-stores",
         "key": "postgres-read-dsns",
         "optional": True,
     }

@@ -190,7 +190,8 @@ def test_cert_manager_mutual_tls_and_a_private_stores_ca_are_mounted_where_the_s
     assert mounted_secret(r, env["IBEX_TLS_CLIENT_CA_FILE"])[0] == "client-ca"
     assert mounted_secret(r, env["IBEX_REDIS_CA_FILE"])[0] == "stores-ca"
     assert mounted_secret(r, env["IBEX_POSTGRES_CA_FILE"])[0] == "stores-ca"
-    migrate = server_pod(r)["initContainers"][0]
+    # The migrations run once, in the pre-install/pre-upgrade Job, against the same CA.
+    migrate = r.one("Job", f"{FULLNAME}-migrate")["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in migrate["env"]}["IBEX_POSTGRES_CA_FILE"] == env[
         "IBEX_POSTGRES_CA_FILE"
     ]
