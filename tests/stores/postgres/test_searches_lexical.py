@@ -170,7 +170,7 @@ async def test_a_word_held_by_most_memories_is_read_to_the_bound_not_left_out(
     assert set(await _ranked(postgres_dsn, tenant, "Caroline telescope", 7)) == {
         m.id for m in [*common, rare]
     }
-    # The store's default bound (200) is above any small agent: every match is ranked.
+    # The store's default bound (500) is above any small agent: every match is ranked.
     found = records(await pg_store.search_lexical(tenant.org_id, tenant.agent_id, "Caroline telescope", 10))
     assert len(found) == 7 and found[0].id == rare.id
 

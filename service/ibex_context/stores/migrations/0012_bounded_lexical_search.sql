@@ -18,7 +18,8 @@
 --   lexeme, whatever the estimates. The score is computed exactly from tf, dl, df and
 --   the agent's current average length; only which postings of a common word are read
 --   is approximate. Against exact BM25 on the LoCoMo dev set the top 50 overlap
---   0.99 at 200 per word (benchmarks/results/lexical_overlap-2026-11-28.md).
+--   0.999 per conversation and 0.970 with all five as one 2,760-memory agent at 500
+--   per word (0.969 / 0.846 at 200; benchmarks/results/lexical_overlap-2026-11-28.md).
 -- * No word is skipped: skipping the words held by most memories (speakers' names in
 --   LoCoMo) dropped the overlap to 0.60, and the bound already caps their cost.
 --
@@ -165,13 +166,13 @@ END
 $$;
 
 -- BM25 (k1 = 1.2, b = 0.75) of the agent's memories holding any of the query's lexemes,
--- best first. Each lexeme's df comes from the lexicon, then at most p_term_postings (200)
+-- best first. Each lexeme's df comes from the lexicon, then at most p_term_postings (500)
 -- of its postings are read, best first, by one index range scan each. Generic plan, made
 -- once per connection: with the LATERAL probes there is no other plan to choose.
 DROP FUNCTION IF EXISTS ibex_bm25(uuid, uuid, text, integer, integer);
 
 CREATE OR REPLACE FUNCTION ibex_bm25(
-    p_org uuid, p_agent uuid, p_query text, p_limit integer, p_term_postings integer DEFAULT 200
+    p_org uuid, p_agent uuid, p_query text, p_limit integer, p_term_postings integer DEFAULT 500
 )
 RETURNS TABLE (memory_id uuid, bm25 double precision)
 LANGUAGE sql STABLE

@@ -188,14 +188,18 @@ class PostgresMemoryStore:
             await self._promote_if_grown(org_id, agent_id)
         return results
 
-    @store_errors
     async def _promote_if_grown(self, org_id: str, agent_id: str) -> None:
         """Starts building the agent's own graph in the background once it is past the
-        limit (one build per agent at a time; ``graphs.AgentGraphs`` records it)."""
+        limit (one build per agent at a time; ``graphs.AgentGraphs`` records it). The
+        write has committed: a failure here is logged, never the write's."""
         key = (org_id, agent_id)
         if key in self._promotions:
             return
-        row = await self._pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
+        try:
+            row = await self._pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("an agent's size could not be read after a write: %s", type(exc).__name__)
+            return
         if row is None or row[0] <= self.graphs.min_memories or row[1]:
             return
         task: asyncio.Task[bool] = asyncio.ensure_future(self.graphs.promote(org_id, agent_id))
