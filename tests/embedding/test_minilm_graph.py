@@ -15,6 +15,8 @@ def test_the_graph_is_built_into_the_directory_and_runs(tmp_path: Path) -> None:
     main([str(tmp_path)])
     [built] = [p for p in tmp_path.iterdir()]
     assert built.name == graph_file_name() and f"-g{GRAPH_VERSION}.onnx" in built.name
+    # Readable by every user: the image builds it as root and serves it as uid 10001.
+    assert built.stat().st_mode & 0o777 == 0o644
     model = onnx.load(str(built))
     onnx.checker.check_model(model)
     assert [o.version for o in model.opset_import if o.domain == ""] == [OPSET]

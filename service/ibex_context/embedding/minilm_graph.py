@@ -173,6 +173,8 @@ def ensure_graph(model_dir: Path, graph_dir: Path) -> Path:
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(serialized)
+        # mkstemp makes it 0600: the image builds it as root and serves it as uid 10001.
+        os.chmod(temporary, 0o644)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
