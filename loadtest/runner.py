@@ -109,8 +109,14 @@ def _run_with_stores(
             time.sleep(args.warmup)
             side_export = None
             if args.export_during:
+                # --secure: the CLI's top-level flags present the run's CA and token.
+                secure = (
+                    ["--tls-ca", str(server.client.ca_file), "--token-file", str(server.client.token_file)]
+                    if server.client is not None
+                    else []
+                )
                 side_export = SideExport(
-                    [*taskset(args.locust_cpus), str(BIN / "ibex-context")],
+                    [*taskset(args.locust_cpus), str(BIN / "ibex-context"), *secure],
                     f"127.0.0.1:{server.grpc_port}",
                     orgs_of(agents_file),
                     prefix.parent,

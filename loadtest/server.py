@@ -60,7 +60,8 @@ class ServerProcess:
 
 def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
     """TLS and authentication for the run (docs/security.md): a CA and a server certificate
-    made here, a token with the assemble role. The server's IBEX_* settings and the client's files."""
+    made here, a token with the assemble and read roles. The server's IBEX_* settings and the
+    client's files."""
     import secrets
 
     import yaml
@@ -78,7 +79,12 @@ def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
     ca_file.write_bytes(ca.cert_pem)
     token = secrets.token_urlsafe(32)
     token_file.write_text(token)
-    principal = {"name": "loadtest", "roles": ["assemble"], "token_sha256": [token_digest(token).hex()]}
+    # assemble for locust, read for --export-during's `ibex-context export`.
+    principal = {
+        "name": "loadtest",
+        "roles": ["assemble", "read"],
+        "token_sha256": [token_digest(token).hex()],
+    }
     credentials.write_text(yaml.safe_dump({"principals": [principal]}))
     env = {
         "IBEX_TLS_CERT_FILE": str(cert),

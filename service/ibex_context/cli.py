@@ -147,7 +147,12 @@ def serve(workers: int | None) -> None:
             raise click.ClickException("--workers needs a fixed IBEX_GRPC_PORT (0 would give each its own)")
         raise SystemExit(Supervisor.for_serve(count, settings.metrics_port).run())
     _setup_logging(settings)
-    _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop, timed_loop=True)
+    from ibex_context.errors import ConfigurationError
+
+    try:
+        _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop, timed_loop=True)
+    except ConfigurationError as exc:  # e.g. authentication on without a credentials file
+        raise click.ClickException(str(exc)) from None
 
 
 async def _serve(settings: Settings) -> None:

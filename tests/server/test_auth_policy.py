@@ -120,3 +120,21 @@ def test_the_guard_fails_closed_for_a_method_without_a_role() -> None:
     with pytest.raises(CallError) as refused:
         guard.check("/ibex.context.v1.MemoryService/SomethingNew", Request(), Context())  # type: ignore[arg-type]
     assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_serve_without_credentials_refuses_to_start_and_says_how() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IBEX_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ibex_context", "serve"],
+        env={**env, "IBEX_GRPC_PORT": "0", "IBEX_METRICS_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "IBEX_AUTH_CREDENTIALS_FILE" in done.stderr and "IBEX_AUTH_ENABLED=false" in done.stderr
+    assert "Traceback" not in done.stderr
