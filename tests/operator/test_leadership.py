@@ -117,10 +117,17 @@ async def test_a_replica_waits_while_a_live_peer_outranks_it_and_takes_over_when
     assert response.status == 200, await response.text()
     await eventually(lambda: live(peered_k8s, CM, "ibex-context-profiles") is not None, timeout=20)
     assert await follower.leads()
-    # The reconcile that wrote the ConfigMap is counted once it has finished (statuses come after).
-    created = 'ibex_operator_changes_total{action="created",kind="ConfigMap"} 1.0'
-    await eventually(lambda: created in generate_latest(follower.metrics.registry).decode())
-    exposed = generate_latest(follower.metrics.registry).decode()
-    assert "ibex_operator_leader 1.0" in exposed
-    assert 'ibex_operator_reconciles_total{result="error"} 0.0' in exposed
-    assert "process_cpu_seconds_total" in exposed
+    registry = follower.metrics.registry
+    await eventually(
+        lambda: registry.get_sample_value("ibex_operator_reconciles_total", {"result": "success"})
+    )
+    assert registry.get_sample_value("ibex_operator_leader") == 1
+    # Each change a reconcile makes is counted by kind and action: delete the ConfigMap, reconcile.
+    labels = {"kind": "ConfigMap", "action": "created"}
+    before = registry.get_sample_value("ibex_operator_changes_total", labels) or 0
+    response = await peered_k8s.delete(f"/api/v1/namespaces/{NAMESPACE}/configmaps/ibex-context-profiles")
+    assert response.status == 200, await response.text()
+    await follower.reconcile_namespace(NAMESPACE)  # or the drift loop's, whichever runs first
+    await eventually(lambda: live(peered_k8s, CM, "ibex-context-profiles") is not None)
+    await eventually(lambda: (registry.get_sample_value("ibex_operator_changes_total", labels) or 0) > before)
+    assert "process_cpu_seconds_total" in generate_latest(registry).decode()
