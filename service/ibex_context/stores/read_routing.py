@@ -1,5 +1,5 @@
 """Which PostgreSQL answers a call's searches: a read replica when it holds the agent's
-writes, else the primary (ADR-0011).
+writes, else the primary (ADR-0013).
 
 The API promises that a memory upserted is injected on the next call. A replica
 replays the primary's WAL a little later, so each write of an agent records the
