@@ -57,6 +57,14 @@ class ServerProcess:
     log_path: Path
     client: ClientSecrets | None = None
 
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
 
 def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
     """TLS and authentication for the run (docs/security.md): a CA and a server certificate
@@ -93,14 +101,6 @@ def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
         "IBEX_AUTH_CREDENTIALS_FILE": str(credentials),
     }
     return env, ClientSecrets(ca_file, token_file)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Path, log: Any) -> ServerProcess:
