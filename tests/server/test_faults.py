@@ -249,6 +249,7 @@ async def test_calls_over_the_concurrency_limit_get_their_messages_back_at_once(
         assert [m.content for m in reply.messages] == [reply.messages[0].content]  # the question alone
         assert not reply.metadata.directive_injected and reply.metadata.memories_injected == 0
     assert all(r.metadata.memories_injected > 0 for r in assembled)
-    # The slot is released: a call on its own is assembled again.
+    # The slot is released: a call on its own is assembled again, not shed. (Whether its cold
+    # search beats its own deadline on a loaded machine is not what this test is about.)
     reply = await _assemble(service.port, tenant, "hours in city 3?")
-    assert reply.metadata.fallback_reason == "" and reply.metadata.memories_injected > 0
+    assert reply.metadata.fallback_reason != "overloaded" and reply.metadata.memories_injected > 0
