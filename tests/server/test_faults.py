@@ -212,7 +212,13 @@ async def test_an_embedder_returning_malformed_vectors_degrades_cold_search_and_
     # set-up can outlast the cold deadline, which would report a timeout, not the error.
     await _assemble(service.port, tenant, "when does the warehouse in city 4 open?")
 
-    response = await _assemble(service.port, tenant, "BROKEN when does the warehouse in city 4 open?")
+    # What is under test is how the error is classified once the cold stage completes; a
+    # loaded CI machine can still end a call's cold stage by its deadline first (CI saw
+    # cold_timeout twice), so only a timeout is asked again, at most twice.
+    for _ in range(3):
+        response = await _assemble(service.port, tenant, "BROKEN when does the warehouse in city 4 open?")
+        if response.metadata.fallback_reason != "cold_timeout":
+            break
 
     md = response.metadata
     assert md.fallback_reason == "cold_error", list(md.degradation_reasons)

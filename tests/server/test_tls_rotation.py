@@ -92,7 +92,9 @@ async def test_a_rotated_certificate_serves_new_connections_and_no_call_fails(
     await asyncio.gather(*workers)
     assert calls > 20
     assert failures == [], f"{len(failures)} of {calls} calls failed during the rotation"
-    assert service.tls is not None and service.tls.reloads == 1
+    # At least the one rotation (a handshake that came between the two file replacements may
+    # have loaded the settled pair once more); the mismatched pair was never served: no failures.
+    assert service.tls is not None and service.tls.reloads >= 1
 
 
 async def test_tls_settings_must_come_in_pairs(start_service: StartService, tmp_path: Path) -> None:
