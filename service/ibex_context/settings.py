@@ -119,8 +119,15 @@ class Settings(BaseSettings):
         "PEM CA bundle: PostgreSQL only over TLS, its certificate verified against this CA and its host "
         "name checked (libpq's sslmode=verify-full with sslrootcert). Empty: as the DSN says.",
     )
-    postgres_pool_min: int = _f(2, "PostgreSQL pool: connections kept open.", ge=0)
-    postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections.", ge=1)
+    postgres_pool_min: int = _f(
+        8,
+        "PostgreSQL pool: connections opened at start and kept open. Each is prepared before it"
+        " serves (~0.1 s: its first plans open every partition), so a call that makes the pool"
+        " grow past this waits for that: keep it at the calls' usual concurrency (a call runs up"
+        " to four statements at once).",
+        ge=0,
+    )
+    postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections, none closed when idle.", ge=1)
     postgres_read_dsns: tuple[str, ...] = _f(
         (),
         "Streaming read replicas of IBEX_POSTGRES_DSN, as a JSON list of DSNs: the request path's"

@@ -146,13 +146,12 @@ class ContextService:
             self.metrics.track_replicas(read_routing.statuses, [r.name for r in read_routing.statuses()])
         repository = ContextRepository(postgres, redis, read_routing=read_routing)
         self._closers.append(repository.aclose)
-        # Prepared statements and Lua scripts on every pooled connection; a store that
-        # is down now is reported by health, not fatal.
-        for store in (postgres, redis):
-            try:
-                await store.warm_up()
-            except Exception as exc:
-                log.warning("warming up %s failed: %s", type(store).__name__, type(exc).__name__)
+        # Lua scripts loaded on the pooled connections (PostgreSQL's prepare themselves as
+        # they open: ``prepare_request_path``); Redis down now is reported by health, not fatal.
+        try:
+            await redis.warm_up()
+        except Exception as exc:
+            log.warning("warming up %s failed: %s", type(redis).__name__, type(exc).__name__)
 
         self.profiles = ProfileStore()
         if s.profiles_path is not None:

@@ -1,6 +1,9 @@
 """The asyncpg pool the stores' statements run on, and how driver errors leave them.
 
-Connections are set up once (``codecs.init_connection``) with session settings:
+Connections are set up once (``codecs.init_connection``, then the caller's ``prepare``:
+the store plans the request path's statements there, so no connection serves a request
+before it is warm, whether it was opened at start, to grow the pool, or to replace one
+that broke) with session settings:
 
 * ``hnsw.ef_search``: HNSW returns at most ef_search rows, so a smaller value
   silently truncates the top K. A search asking for more, or of a large agent
@@ -87,19 +90,30 @@ async def create_pool(
     statement_timeout_ms: int = 30_000,
     server_settings: Mapping[str, str] | None = None,
     ssl: ssl_module.SSLContext | None = None,
+    prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections are ready for the stores' statements.
 
     ``server_settings`` adds or overrides session settings (e.g. ``work_mem``).
+    ``prepare`` runs on each new connection after its codecs, before it is first used.
+    Idle connections are kept (no inactivity timeout): a reopened one pays its
+    preparation again.
     """
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)
+        if prepare is not None:
+            await prepare(conn)
+
     try:
         pool: asyncpg.Pool = await asyncpg.create_pool(
             dsn,
             **({"ssl": ssl} if ssl is not None else {}),
             min_size=min(min_size, max_size),
             max_size=max_size,
-            init=init_connection,
+            init=init,
             reset=_keep_session,
+            max_inactive_connection_lifetime=0,
             server_settings={
                 "application_name": "ibex-context",
                 "hnsw.ef_search": str(ef_search),

@@ -60,10 +60,13 @@ class MemoryReads:
         self._pool = pool
         self._token_counts = token_counts or TokenCountsDecoder()
 
-    async def warm_up(self, conn: asyncpg.Connection) -> None:
-        """Prepares the directive's statement on ``conn`` (a tenant that does not exist)."""
+    @staticmethod
+    async def prepare(conn: asyncpg.Connection) -> None:
+        """Runs the directive's and the hot set's statements on ``conn`` for a tenant that
+        does not exist."""
         nobody = uuid.UUID(int=0)
         await conn.fetchrow(DIRECTIVE_SQL, nobody, nobody)
+        await conn.fetch(HOT_SET_SQL, nobody, nobody, 0.0, 1)
 
     @store_errors
     async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState:

@@ -104,8 +104,9 @@ class MemorySearches:
         self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
         self._token_counts = token_counts or TokenCountsDecoder()
 
-    async def warm_up(self, conn: asyncpg.Connection, probe: FloatVector) -> None:
-        """Prepares the searches' statements on ``conn`` (a tenant that does not exist)."""
+    @staticmethod
+    async def prepare(conn: asyncpg.Connection, probe: FloatVector) -> None:
+        """Runs the searches' statements on ``conn`` for a tenant that does not exist."""
         nobody = uuid.UUID(int=0)
         for statement in SEARCH_ARRAYS_SQL.values():
             await conn.fetch(statement, nobody, nobody, probe, 1)

@@ -28,12 +28,26 @@ from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
-from ibex_context.stores.postgres.pool import create_pool, postgres_tls, store_errors
+from ibex_context.stores.postgres.pool import create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
 
 log = logging.getLogger(__name__)
+
+
+EMBEDDING_DIM_SQL = "SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"
+
+
+async def prepare_request_path(conn: asyncpg.Connection) -> None:
+    """Runs every statement of the request path once on a new pooled connection, for a
+    tenant that does not exist: asyncpg keeps each prepared, and the backend has planned
+    it. A backend's first plan of a search opens every partition of ``memories`` and
+    their indexes (0008: 64 of each): 50-60 ms measured for the exact search on a new
+    connection, which a request's cold deadline cannot absorb; 1 ms after."""
+    probe = np.zeros(int(await conn.fetchval(EMBEDDING_DIM_SQL)), dtype=np.float32)
+    await MemorySearches.prepare(conn, probe)
+    await MemoryReads.prepare(conn)
 
 
 class PostgresMemoryStore:
@@ -87,6 +101,7 @@ class PostgresMemoryStore:
             max_size=settings.postgres_pool_max,
             ef_search=ef_search,
             ssl=tls,
+            prepare=prepare_request_path,
         )
         return cls(
             pool,
@@ -112,37 +127,20 @@ class PostgresMemoryStore:
         """The pool, for the memory API's statements (``stores.tenant_data``)."""
         return self._pool
 
-    @store_errors
-    async def warm_up(self) -> None:
-        """Runs the read statements once on every idle pooled connection for a tenant that
-        does not exist: asyncpg then has them prepared per connection, so the first
-        requests pay no parse round trip."""
-        await self._warm_up(self._pool)
-
-    async def _warm_up(self, pool: asyncpg.Pool) -> None:
-        dim = int(await pool.fetchval("SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"))
-        probe = np.zeros(dim, dtype=np.float32)
-        connections = [await pool.acquire() for _ in range(pool.get_idle_size())]
-        try:
-            for conn in connections:
-                await self.searches.warm_up(conn, probe)
-                await self.reads.warm_up(conn)
-        finally:
-            for conn in connections:
-                await pool.release(conn)
-
     async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
         """A pool on a read replica of this store's database with this store's session
-        settings (the searches' ``on=``), warmed up as ``warm_up`` does."""
-        pool = await create_pool(
-            dsn, min_size=min_size, max_size=max_size, ef_search=self._ef_search, ssl=self._ssl
-        )
+        settings and prepared connections (the searches' ``on=``)."""
         try:
-            await self._warm_up(pool)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            await pool.close()
+            return await create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                ef_search=self._ef_search,
+                ssl=self._ssl,
+                prepare=prepare_request_path,
+            )
+        except asyncpg.InterfaceError as exc:
             raise StoreUnavailable(f"postgres replica: {type(exc).__name__}") from None
-        return pool
 
     # ---------------------------------------------------------------- reads
 
