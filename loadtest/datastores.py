@@ -186,6 +186,14 @@ def warm_postgres(dsn: str, agents_file: Path, log: Any) -> None:
     log(f"warmed PostgreSQL's buffers with each agent's rows in {asyncio.run(warm()):.1f} s")
 
 
+def _migrate(dsn: str, dim: int) -> list[str]:
+    import asyncio
+
+    from ibex_context.stores.migrate import migrate
+
+    return asyncio.run(migrate(dsn, dim))
+
+
 def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any) -> tuple[Path, str]:
     agents_file = data_dir / "agents.json"
     marker = data_dir / "seeded.json"
@@ -207,6 +215,11 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
     previous.get("params", {}).setdefault("embedding_storage", "schema")  # markers written before the option
     if not args.reseed and previous.get("params") == wanted:
         log(f"reusing seeded data in {data_dir}")
+        # Seeded by an older build: brought to this build's schema (the service refuses
+        # to serve on a database that lacks one of its migrations).
+        applied = _migrate(dsn, args.dim)
+        if applied:
+            log(f"  migrated the reused data: {', '.join(applied)}")
         return agents_file, str(previous.get("output", ""))
     cmd = [
         PYTHON,

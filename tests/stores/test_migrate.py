@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from ibex_context.errors import ConfigurationError
-from ibex_context.stores.migrate import apply_migrations, load_migrations, migrate, render
+from ibex_context.stores.migrate import apply_migrations, check_schema, load_migrations, migrate, render
 
 
 async def test_the_session_database_has_every_migration_recorded_and_its_dim(postgres_dsn: str) -> None:
@@ -22,6 +22,25 @@ async def test_the_session_database_has_every_migration_recorded_and_its_dim(pos
     assert [r["name"] for r in versions] == [m.name for m in load_migrations()]
     assert [r["version"] for r in versions] == sorted(r["version"] for r in versions)
     assert dim == "384"
+
+
+async def test_a_database_lacking_a_migration_of_this_build_is_refused_naming_it(
+    empty_database_dsn: str,
+) -> None:
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        with pytest.raises(ConfigurationError, match=f"lacks {len(load_migrations())} migration"):
+            await check_schema(conn, 384)
+        *older, newest = load_migrations()
+        await apply_migrations(conn, 384, older)
+        with pytest.raises(ConfigurationError, match=rf"\({newest.name}\): run `ibex-context migrate`"):
+            await check_schema(conn, 384)
+        await apply_migrations(conn, 384)
+        await check_schema(conn, 384)
+        with pytest.raises(ConfigurationError, match="embedding_dim"):
+            await check_schema(conn, 1024)
+    finally:
+        await conn.close()
 
 
 def test_the_dimension_is_substituted_without_touching_other_braces() -> None:

@@ -52,7 +52,7 @@ from ibex_context.server.rpc import service_names
 from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import check_embedding_dim
+from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
 from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import RedisContextCache
@@ -102,6 +102,26 @@ class ContextService:
     _gc_pauses: GcPauses | None = field(init=False, default=None)
 
     async def start(self) -> None:
+        """Opens everything and serves; on a failure, closes what it had opened and raises."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._abandon_start()
+            raise
+
+    async def _abandon_start(self) -> None:
+        """Closes what a failed start had opened (nothing was served: no drain)."""
+        for server in (self.health_server, getattr(self, "server", None)):
+            if server is not None:
+                await server.stop(0)
+        if self.watcher is not None:
+            await self.watcher.stop()
+        injections: InjectionQueue | None = getattr(self, "_injections", None)
+        if injections is not None:
+            await injections.drain(timeout=0.5)
+        await self._close_opened()
+
+    async def _start(self) -> None:
         s = self.settings
         # Refused before anything is opened: a misconfigured security setting must not serve.
         self.tls = _server_tls(s)
@@ -131,7 +151,7 @@ class ContextService:
                 f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
         self._closers.append(embedder.aclose)
-        await _check_database_dim(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
+        await _check_database(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
         query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
         self.metrics.track_query_embedding_cache(query_embedder.counts)
 
@@ -346,6 +366,9 @@ class ContextService:
         if self.watcher is not None:
             await self.watcher.stop()
         await self._injections.drain(timeout=2.0)
+        await self._close_opened()
+
+    async def _close_opened(self) -> None:
         for close in reversed(self._closers):
             result = close()
             if asyncio.iscoroutine(result):
@@ -353,6 +376,7 @@ class ContextService:
                     await asyncio.wait_for(result, 5.0)
                 except Exception:
                     log.warning("closing %s failed", getattr(close, "__qualname__", close), exc_info=True)
+        self._closers.clear()
         if self.tracing is not None:
             self.tracing.shutdown()
 
@@ -420,10 +444,10 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         log.warning("warm-up assembly failed", exc_info=True)
 
 
-async def _check_database_dim(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
+async def _check_database(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
     conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
     try:
-        await check_embedding_dim(conn, dim)
+        await check_schema(conn, dim)
     finally:
         await conn.close()
 

@@ -83,6 +83,22 @@ async def check_embedding_dim(conn: asyncpg.Connection, dim: int) -> None:
         )
 
 
+async def check_schema(conn: asyncpg.Connection, dim: int) -> None:
+    """Raises ConfigurationError unless the database has every migration this build
+    carries and vectors of ``dim`` dimensions: a service must not serve on a schema
+    whose statements it cannot prepare (``stores.postgres.store.prepare_request_path``)."""
+    await check_embedding_dim(conn, dim)
+    applied: set[int] = set()
+    if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        applied = {row[0] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+    pending = [m.name for m in load_migrations() if m.version not in applied]
+    if pending:
+        raise ConfigurationError(
+            f"postgres_dsn: the database lacks {len(pending)} migration(s) of this build"
+            f" ({', '.join(pending)}): run `ibex-context migrate` (the chart's migrations Job) first"
+        )
+
+
 async def apply_migrations(
     conn: asyncpg.Connection, embedding_dim: int, migrations: list[Migration] | None = None
 ) -> list[str]:

@@ -1,0 +1,40 @@
+"""Starting the service (``server.app``): what it refuses to serve on."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+from ibex_context.errors import ConfigurationError
+from ibex_context.server.app import ContextService
+from ibex_context.tokens.encodings import EncodingRegistry
+
+from .conftest import StartService, make_settings
+
+
+async def test_a_database_without_this_builds_migrations_is_refused_at_start_with_what_to_run(
+    start_service: StartService, empty_database_dsn: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="run `ibex-context migrate`"):
+        await start_service(postgres_dsn=empty_database_dsn)
+
+
+async def test_a_failed_start_closes_what_it_had_opened(
+    redis_url: str, postgres_dsn: str, empty_database_dsn: str, encodings: EncodingRegistry
+) -> None:
+    service = ContextService(make_settings(redis_url, empty_database_dsn), encodings=encodings)
+    callbacks_before = list(gc.callbacks)
+    tasks_before = asyncio.all_tasks()
+    with pytest.raises(ConfigurationError):
+        await service.start()
+    # The collector hook and the loop-lag probe were installed before the schema check.
+    assert gc.callbacks == callbacks_before
+    assert asyncio.all_tasks() - tasks_before == set()
+    # And a service on the same settings with a migrated database starts and serves.
+    started = ContextService(make_settings(redis_url, postgres_dsn), encodings=encodings)
+    await started.start()
+    try:
+        assert started.port > 0
+    finally:
+        await started.stop(grace=0.5)
