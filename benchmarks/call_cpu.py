@@ -70,7 +70,7 @@ def _requests(workload: Workload, n: int, seed: int) -> list[tuple[str, Any]]:
     weights = parse_weights(DEFAULT_WEIGHTS)
     out = []
     for _ in range(n):
-        scenario = rng.choices(SCENARIOS, [weights[s] for s in SCENARIOS])[0]
+        scenario = rng.choices(SCENARIOS, [weights.get(s, 0) for s in SCENARIOS])[0]
         out.append((scenario, build_request(workload, caller, rng, scenario)))
     return out
 

@@ -1,0 +1,147 @@
+"""The embedding queue (``embedding.batching``): queued queries run together, a write's
+texts a few at a time with queries first, abandoned jobs are not computed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import CancelledError, Future
+
+import numpy as np
+import pytest
+from ibex_context.embedding.batching import EmbeddingQueue
+from ibex_context.models import FloatVector
+
+WAIT = 5.0  # seconds: every wait is bounded
+
+
+class Recorder:
+    """An embedding function that records each turn's texts; ``hold`` blocks the next turn."""
+
+    def __init__(self) -> None:
+        self.turns: list[list[str]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.fail_on: str | None = None
+
+    def hold(self) -> None:
+        self.started.clear()
+        self.release.clear()
+
+    def __call__(self, texts: list[str]) -> list[FloatVector]:
+        self.turns.append(list(texts))
+        self.started.set()
+        assert self.release.wait(WAIT)
+        if self.fail_on in texts:
+            raise RuntimeError("inference failed")
+        return [np.full(2, float(len(t)), dtype=np.float32) for t in texts]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def queue(recorder: Recorder) -> Iterator[EmbeddingQueue]:
+    q = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed")
+    yield q
+    recorder.release.set()
+    q.close()
+
+
+def lengths(future: Future[list[FloatVector]]) -> list[float]:
+    return [float(v[0]) for v in future.result(WAIT)]
+
+
+def test_each_job_gets_its_own_vectors_in_order(queue: EmbeddingQueue) -> None:
+    assert lengths(queue.submit(["a", "bbb", "cc"])) == [1, 3, 2]
+    assert queue.submit([]).result(WAIT) == []
+
+
+def test_queries_that_queue_behind_a_turn_run_together_in_the_next(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["first"])
+    assert recorder.started.wait(WAIT)
+    waiting = [queue.submit([text]) for text in ("x", "yy", "zzz", "wwww", "vvvvv")]
+    recorder.release.set()
+    assert lengths(first) == [5]
+    assert [lengths(f) for f in waiting] == [[1], [2], [3], [4], [5]]
+    # Four fit a turn; the fifth waits for the next one.
+    assert recorder.turns == [["first"], ["x", "yy", "zzz", "wwww"], ["vvvvv"]]
+
+
+def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    write = queue.submit([f"m{i}" for i in range(10)])
+    assert recorder.started.wait(WAIT)  # the write's first chunk is being computed
+    query = queue.submit(["question"])
+    recorder.release.set()
+    assert lengths(query) == [8]
+    assert lengths(write) == [2.0] * 10
+    assert recorder.turns == [
+        ["m0", "m1", "m2", "m3"],
+        ["question"],
+        ["m4", "m5", "m6", "m7"],
+        ["m8", "m9"],
+    ]
+
+
+def test_a_job_cancelled_before_its_turn_is_not_computed(queue: EmbeddingQueue, recorder: Recorder) -> None:
+    recorder.hold()
+    first = queue.submit(["first"])
+    assert recorder.started.wait(WAIT)
+    abandoned = queue.submit(["abandoned"])
+    abandoned_write = queue.submit([f"m{i}" for i in range(6)])
+    assert abandoned.cancel() and abandoned_write.cancel()
+    kept = queue.submit(["kept"])
+    recorder.release.set()
+    assert lengths(first) == [5] and lengths(kept) == [4]
+    assert recorder.turns == [["first"], ["kept"]]
+
+
+def test_a_failed_turn_fails_every_job_in_it_and_only_those(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["first"])
+    assert recorder.started.wait(WAIT)
+    recorder.fail_on = "bad"
+    bad, neighbour = queue.submit(["bad"]), queue.submit(["neighbour"])
+    recorder.release.set()
+    assert lengths(first) == [5]
+    for future in (bad, neighbour):
+        with pytest.raises(RuntimeError, match="inference failed"):
+            future.result(WAIT)
+    recorder.fail_on = None
+    assert lengths(queue.submit(["after"])) == [5]
+
+
+def test_a_write_whose_chunk_fails_fails_once_and_its_other_chunks_are_dropped(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.fail_on = "m1"
+    write = queue.submit([f"m{i}" for i in range(12)])
+    with pytest.raises(RuntimeError):
+        write.result(WAIT)
+    recorder.fail_on = None
+    assert lengths(queue.submit(["after"])) == [5]
+    assert ["m4", "m5", "m6", "m7"] not in recorder.turns
+
+
+def test_closing_cancels_what_is_queued_and_refuses_more(queue: EmbeddingQueue, recorder: Recorder) -> None:
+    recorder.hold()
+    queue.submit(["first"])
+    assert recorder.started.wait(WAIT)
+    queued = queue.submit(["queued"])
+    queue.close()
+    recorder.release.set()
+    with pytest.raises(CancelledError):
+        queued.result(WAIT)
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.submit(["late"])
