@@ -252,7 +252,7 @@ async def test_refused_calls_read_and_write_nothing(tls_channel: grpc.aio.Channe
 
 
 async def test_health_and_reflection_stay_open_without_credentials(tls_channel: grpc.aio.Channel) -> None:
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
     check = tls_channel.unary_unary(
         "/grpc.health.v1.Health/Check",
@@ -266,7 +266,7 @@ async def test_health_and_reflection_stay_open_without_credentials(tls_channel: 
 async def test_the_plaintext_health_port_answers_probes_and_serves_nothing_else(
     secured: ContextService,
 ) -> None:
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
     assert secured.health_port is not None and secured.health_port != secured.port
     async with grpc.aio.insecure_channel(f"127.0.0.1:{secured.health_port}") as ch:
@@ -468,18 +468,18 @@ async def test_the_clients_present_tls_and_a_token(secured: ContextService, pki:
 
     target = f"127.0.0.1:{secured.port}"
     agent = str(uuid.uuid4())  # this test's own agent: the others purge and clear ORG's
-    ssl = ClientCredentials(ca_file=pki.ca_file).ssl_context()
-    async with MemoryClient(target, ssl=ssl, token=TOKENS["write"]) as writer:
+    tls = ClientCredentials(ca_file=pki.ca_file)
+    async with MemoryClient(target, credentials=tls, token=TOKENS["write"]) as writer:
         assert await writer.set_directive(ORG, agent, "be brief") >= 1
         with pytest.raises(MemoryClientError) as refused:
             await writer.get_directive(ORG, agent)
         assert "PERMISSION_DENIED" in str(refused.value)
     messages = [ChatMessage("user", "hello")]
-    async with ContextClient(target, ssl=ssl, token=TOKENS["assemble"], timeout=5.0) as proxy:
+    async with ContextClient(target, credentials=tls, token=TOKENS["assemble"], timeout=5.0) as proxy:
         result = await proxy.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert result.from_service and "be brief" in result.messages[0].content
     # Refused: the proxy contract holds, the caller's messages go on unassembled.
-    async with ContextClient(target, ssl=ssl, timeout=5.0) as anonymous:
+    async with ContextClient(target, credentials=tls, timeout=5.0) as anonymous:
         result = await anonymous.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert not result.from_service and result.fallback_reason == "client_error:UNAUTHENTICATED"
 
