@@ -514,6 +514,43 @@ async def test_the_cli_takes_tls_and_a_token_from_flags_and_env(
     assert anonymous.exit_code != 0 and "UNAUTHENTICATED" in anonymous.output
 
 
+async def test_the_clients_and_the_cli_present_a_client_certificate(
+    mutual: ContextService, pki: Pki, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+    from ibex_context.cli import main
+    from ibex_context.client import ContextClient, MemoryClient
+    from ibex_context.client.credentials import ClientCredentials
+    from ibex_context.client.memory import MemoryClientError
+    from ibex_context.models import ChatMessage
+
+    cert, key = pki.ca.issue("ignored-cn", dns=("reader.clients.test",)).write(tmp_path, "reader")
+    target = f"127.0.0.1:{mutual.port}"
+    reader = ClientCredentials(ca_file=pki.ca_file, cert_file=cert, key_file=key)
+    async with MemoryClient(target, credentials=reader) as client:
+        await client.get_directive(ORG, AGENT)  # a reader: answered, not refused
+        with pytest.raises(MemoryClientError) as refused:
+            await client.set_directive(ORG, AGENT, "not mine to set")
+        assert refused.value.status is grpc.StatusCode.PERMISSION_DENIED
+    messages = [ChatMessage("user", "hello")]
+    async with ContextClient(target, credentials=reader, timeout=5.0) as proxy:
+        result = await proxy.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+    assert not result.from_service and result.fallback_reason == "client_error:PERMISSION_DENIED"
+    # Without the certificate the handshake itself fails: the proxy contract still holds.
+    async with ContextClient(target, credentials=ClientCredentials(ca_file=pki.ca_file), timeout=5.0) as none:
+        result = await none.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+    assert not result.from_service and result.fallback_reason == "client_unavailable"
+
+    flags = ["--tls-ca", str(pki.ca_file), "--tls-cert", str(cert), "--tls-key", str(key)]
+    ids = ["--target", target, "--org", ORG, "--agent", AGENT]
+    runner = CliRunner()
+    by_flags = await asyncio.to_thread(runner.invoke, main, [*flags, "directive", "get", *ids])
+    assert by_flags.exit_code == 0, by_flags.output
+    env = {"IBEX_TLS_CA": str(pki.ca_file), "IBEX_TLS_CERT": str(cert), "IBEX_TLS_KEY": str(key)}
+    by_env = await asyncio.to_thread(runner.invoke, main, ["directive", "get", *ids], env=env)
+    assert by_env.exit_code == 0, by_env.output
+
+
 async def test_no_token_or_tenant_id_reaches_a_span(
     redis_url: str, postgres_dsn: str, pki: Pki, tmp_path: Path, encodings: EncodingRegistry
 ) -> None:
