@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from grpclib.const import Status
+import grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.devtools.scripted_service import scripted_server
@@ -181,7 +181,7 @@ async def bench_observer(iterations: int, rounds: int, tracing_mode: str) -> dic
                 # "dropped" needs an ordinary call: a degraded one is always kept.
                 state.report = a_report(degraded=tracing_mode != "dropped")
                 t2 = time.perf_counter_ns()
-                observer.end(state, Status.OK)
+                observer.end(state, grpc.StatusCode.OK)
                 t3 = time.perf_counter_ns()
                 deferred.run()
                 t4 = time.perf_counter_ns()
@@ -212,7 +212,7 @@ def bench_scrape(rounds: int, *, created_series: bool) -> tuple[Sample, int, int
     metrics = Metrics(CollectorRegistry())
     for _ in range(10_000):
         metrics.record_assembly(a_report())
-        metrics.record_call(ASSEMBLE_CONTEXT_METHOD, Status.OK, 0.01)
+        metrics.record_call(ASSEMBLE_CONTEXT_METHOD, grpc.StatusCode.OK, 0.01)
     samples = sum(len(family.samples) for family in metrics.registry.collect())
     times: list[int] = []
     size = 0

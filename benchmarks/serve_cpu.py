@@ -1,6 +1,6 @@
 """Server CPU per AssembleContext call of the real service over a real socket: two
-source trees of ``ibex-context serve`` (e.g. the grpclib server before a change and
-the grpc.aio server after it), same stores, same data, same driver, back to back.
+source trees of ``ibex-context serve`` (e.g. the server before a change and after it),
+same stores, same data, same driver, back to back.
 
 Starts its own Redis and PostgreSQL (embedded, throwaway), migrates, seeds
 ``--agents`` agents of ``--memories`` memories each through MemoryService (hashing
@@ -153,7 +153,7 @@ def _env(tree: Path, port: int, redis_url: str, dsn: str) -> dict[str, str]:
 
 
 async def _wait_serving(port: int, timeout: float = 60.0) -> None:
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -299,7 +299,7 @@ def _report(runs: list[Run], args: argparse.Namespace, trees: dict[str, Path], s
         "",
         f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M UTC} (started {started:%H:%M}) by "
         f"`python -m benchmarks.serve_cpu`; Python {platform.python_version()}, grpcio {version('grpcio')}, "
-        f"grpclib {version('grpclib')}, protobuf {version('protobuf')}.",
+        f"protobuf {version('protobuf')}.",
         "",
         f"Setup: throwaway embedded Redis and PostgreSQL on this machine, {args.agents} agents x "
         f"{args.memories} memories (hashing embedder, {DIM} dims), a default profile with the most time "

@@ -1,8 +1,8 @@
 """Locust load test of ContextAssemblyService/AssembleContext over real gRPC.
 
 The client is grpcio (sync, made gevent-cooperative) with the upb ``_pb2`` messages
-of the service (ADR-0001); grpclib/asyncio stay in the server process. Importing
-``context_pb2`` pulls in no grpclib or asyncio code (tests/loadtest checks it).
+of the service (ADR-0001); grpc.aio/asyncio stay in the server process. Importing
+``context_pb2`` pulls in no asyncio code (tests/loadtest checks it).
 
 Scenarios (weighted tasks; ``--scenario-weights``):
 

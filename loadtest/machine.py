@@ -74,7 +74,6 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version()}
     for dist in (
-        "grpclib",
         "protobuf",
         "grpcio",
         "locust",

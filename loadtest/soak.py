@@ -150,14 +150,14 @@ class Writer:
             self._thread.join(timeout=30)
 
     async def _run(self) -> None:
-        from grpclib.client import Channel
-        from ibex_context._proto.ibex.context.v1 import context_grpc
+        import grpc
         from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+        from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 
         rng = random.Random(self.seed)
         written: deque[tuple[str, str, str]] = deque()
-        async with Channel("127.0.0.1", self.port) as channel:
-            stub = context_grpc.MemoryServiceStub(channel)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            stub = context_pb2_grpc.MemoryServiceStub(channel)
             next_at = time.monotonic()
             while not self._stop.is_set():
                 agent = rng.choice(self.agents)

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpclib.client import Channel
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+import grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.stores.migrate import migrate
 
@@ -46,11 +46,11 @@ async def wait_serving(host: str, port: int, timeout: float = START_TIMEOUT_SECO
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            async with Channel(host, port) as channel:
+            async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
                 reply = await HealthStub(channel).Check(HealthCheckRequest(), timeout=1)
                 if reply.status == HealthCheckResponse.SERVING:
                     return
-        except (TimeoutError, OSError):
+        except grpc.aio.AioRpcError:
             pass
         await asyncio.sleep(0.2)
     raise RuntimeError(f"the service on {host}:{port} did not become SERVING in {timeout:.0f} s")

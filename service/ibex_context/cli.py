@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 from google.protobuf import json_format
-from grpclib.exceptions import GRPCError
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.cli_memory import (
@@ -455,9 +454,13 @@ def health(target: str, service: str, timeout: float, as_json: bool) -> None:
         async with ContextClient(target, **client_credentials()) as client:
             return await client.check_health(service, timeout=timeout)
 
+    import grpc
+
     try:
         name = _run(run)
-    except (GRPCError, OSError, TimeoutError) as exc:
+    except grpc.aio.AioRpcError as exc:
+        raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from None
+    except (OSError, TimeoutError) as exc:
         raise click.ClickException(f"{target}: {type(exc).__name__}: {exc}") from None
     if as_json:
         echo_json({"service": service, "status": name})

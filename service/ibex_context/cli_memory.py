@@ -53,11 +53,10 @@ _AGENT = click.option("--agent", "agent_id", required=True)
 
 
 def client_credentials() -> dict[str, Any]:
-    """The ``ssl`` and ``token`` arguments of a client, from the top-level flags and env."""
+    """The ``credentials`` argument of a client (TLS, token), from the top-level flags and env."""
     ctx = click.get_current_context(silent=True)
     found = ctx.find_object(ClientCredentials) if ctx is not None else None
-    credentials = found or ClientCredentials.from_env()
-    return {"ssl": credentials.ssl_context(), "token": credentials.token}
+    return {"credentials": found or ClientCredentials.from_env()}
 
 
 def call_memory(

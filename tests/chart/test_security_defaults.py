@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.devtools.certs import SERVER_NAME, Authority
 from ibex_context.server.app import ContextService

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
+import grpc
 import pytest
-from grpclib.client import Channel
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest
+from grpc_health.v1.health_pb2 import HealthCheckRequest
+from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
@@ -138,12 +138,8 @@ async def test_health_probes_are_counted_but_neither_traced_nor_logged(
     observed_factory: ObservedFactory,
 ) -> None:
     async with observed_factory(extra_methods=ServiceHealth([]).methods([])) as observed:
-        host, port = observed.target.split(":")
-        channel = Channel(host, int(port))
-        try:
-            reply = await HealthStub(channel).Check(HealthCheckRequest())
-        finally:
-            channel.close()
+        async with grpc.aio.insecure_channel(observed.target) as channel:
+            reply = await HealthStub(channel).Check(HealthCheckRequest(), timeout=5)
         await asyncio.sleep(0)
         samples = await observed.scrape()
 

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
-from grpclib.const import Status
 from ibex_context.client.context import AssembleResult, _ClientMetrics
 from ibex_context.observability.metrics import Metrics
 from prometheus_client import CollectorRegistry
@@ -37,7 +37,7 @@ def expressions(dashboard: dict[str, Any]) -> list[str]:
 def exposed_sample_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    metrics.record_call("/ibex.context.v1.ContextAssemblyService/AssembleContext", Status.OK, 0.01)
+    metrics.record_call("/ibex.context.v1.ContextAssemblyService/AssembleContext", grpc.StatusCode.OK, 0.01)
     metrics.record_store_up("redis", True)  # the store gauges appear with the first probe
     names = set(metrics.metric_names())
     _ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))

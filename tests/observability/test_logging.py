@@ -24,7 +24,7 @@ def root_logging() -> Iterator[None]:
     """configure_logging touches the root logger: put it back afterwards."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    chatty = {name: logging.getLogger(name).level for name in ("h2", "hpack", "grpclib.server")}
+    chatty = {name: logging.getLogger(name).level for name in ("h2", "hpack")}
     yield
     for handler in list(root.handlers):
         if handler not in handlers:

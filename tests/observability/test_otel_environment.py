@@ -13,7 +13,6 @@ from typing import ClassVar
 
 import grpc
 import pytest
-from grpclib.const import Status
 from ibex_context.observability.state import CallState
 from ibex_context.observability.tracing import Tracing, sample_ratio, service_resource
 from ibex_context.settings import Settings
@@ -49,7 +48,7 @@ def failed_call(trace_id: int) -> CallState:
         epoch_offset_ns=time.time_ns(),
         trace_id=trace_id,
     )
-    state.status, state.end_ns = Status.UNKNOWN, 2_000_000  # an error: always kept
+    state.status, state.end_ns = grpc.StatusCode.UNKNOWN, 2_000_000  # an error: always kept
     return state
 
 

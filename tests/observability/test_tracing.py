@@ -7,7 +7,7 @@ import threading
 import time
 from typing import ClassVar
 
-from grpclib.const import Status
+import grpc
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
@@ -246,7 +246,7 @@ def test_the_otlp_exporter_posts_the_spans_to_the_configured_endpoint() -> None:
         endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
         tracing = Tracing.from_settings(Settings(tracing_exporter="otlp", otlp_endpoint=endpoint))
         state = CallState(method="/" + RPC_NAME, start_ns=0, epoch_offset_ns=time.time_ns(), trace_id=7)
-        state.status, state.end_ns = Status.UNKNOWN, 2_000_000  # an error: always kept
+        state.status, state.end_ns = grpc.StatusCode.UNKNOWN, 2_000_000  # an error: always kept
         assert tracing.record(state) == f"{7:032x}"
         assert tracing.force_flush()
         tracing.shutdown()

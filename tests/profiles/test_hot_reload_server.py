@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.profiles.watcher import ReloadOutcome
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
@@ -75,8 +75,8 @@ async def served(
         await service.stop(grace=1.0)
 
 
-async def assemble(channel: Channel, tenant: Tenant) -> Any:
-    stub = context_grpc.ContextAssemblyServiceStub(channel)
+async def assemble(channel: grpc.aio.Channel, tenant: Tenant) -> Any:
+    stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
     return await stub.AssembleContext(
         pb.AssembleContextRequest(
             org_id=tenant.org_id,
@@ -88,7 +88,7 @@ async def assemble(channel: Channel, tenant: Tenant) -> Any:
     )
 
 
-async def until_profile(channel: Channel, tenant: Tenant, name: str) -> Any:
+async def until_profile(channel: grpc.aio.Channel, tenant: Tenant, name: str) -> Any:
     for _ in range(200):
         response = await assemble(channel, tenant)
         if response.metadata.profile == name:
@@ -104,8 +104,8 @@ async def test_a_swapped_profiles_directory_changes_the_weights_of_the_next_call
     served: tuple[ContextService, ConfigMapVolume], tenant: Tenant
 ) -> None:
     service, volume = served
-    async with Channel("127.0.0.1", service.port) as channel:
-        memories = context_grpc.MemoryServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        memories = context_pb2_grpc.MemoryServiceStub(channel)
         await memories.UpsertMemories(
             pb.UpsertMemoriesRequest(
                 org_id=tenant.org_id,

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
@@ -99,19 +99,19 @@ async def shared_service(
 
 
 @pytest.fixture
-async def channel(shared_service: ContextService) -> AsyncIterator[Channel]:
-    async with Channel("127.0.0.1", shared_service.port) as ch:
+async def channel(shared_service: ContextService) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{shared_service.port}") as ch:
         yield ch
 
 
 @pytest.fixture
-def assembly(channel: Channel) -> context_grpc.ContextAssemblyServiceStub:
-    return context_grpc.ContextAssemblyServiceStub(channel)
+def assembly(channel: grpc.aio.Channel) -> context_pb2_grpc.ContextAssemblyServiceStub:
+    return context_pb2_grpc.ContextAssemblyServiceStub(channel)
 
 
 @pytest.fixture
-def memories(channel: Channel) -> context_grpc.MemoryServiceStub:
-    return context_grpc.MemoryServiceStub(channel)
+def memories(channel: grpc.aio.Channel) -> context_pb2_grpc.MemoryServiceStub:
+    return context_pb2_grpc.MemoryServiceStub(channel)
 
 
 def user(content: str) -> pb.Message:

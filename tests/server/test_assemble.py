@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import tiktoken
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.app import ContextService
 
 from tests.conftest import Tenant
@@ -29,7 +29,9 @@ TOPICS = [
 CATEGORIES = ["factual", "preference", "procedural", "behavioral", "episodic"]
 
 
-async def _store(memories: context_grpc.MemoryServiceStub, tenant: Tenant, contents: list[str]) -> list[str]:
+async def _store(
+    memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant, contents: list[str]
+) -> list[str]:
     reply = await memories.UpsertMemories(
         pb.UpsertMemoriesRequest(
             org_id=tenant.org_id,
@@ -49,8 +51,8 @@ def _thirty_memories() -> list[str]:
 
 
 async def test_stored_memories_are_injected_and_the_relevant_one_scores_highest(
-    assembly: context_grpc.ContextAssemblyServiceStub,
-    memories: context_grpc.MemoryServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    memories: context_pb2_grpc.MemoryServiceStub,
     tenant: Tenant,
 ) -> None:
     ids = await _store(memories, tenant, _thirty_memories())
@@ -94,8 +96,8 @@ async def test_stored_memories_are_injected_and_the_relevant_one_scores_highest(
 
 async def test_injected_text_recounted_with_tiktoken_never_exceeds_the_budget(
     shared_service: ContextService,
-    assembly: context_grpc.ContextAssemblyServiceStub,
-    memories: context_grpc.MemoryServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    memories: context_pb2_grpc.MemoryServiceStub,
     tenant: Tenant,
 ) -> None:
     # 30 long, similar memories (~300 tokens each) cannot all fit the 4,000-token default.
@@ -127,7 +129,7 @@ async def test_injected_text_recounted_with_tiktoken_never_exceeds_the_budget(
 
 
 async def test_no_message_is_added_when_there_is_nothing_to_inject(
-    assembly: context_grpc.ContextAssemblyServiceStub, tenant: Tenant
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, tenant: Tenant
 ) -> None:
     messages = [pb.Message(role="system", content="You are terse."), user("hello")]
     response = await assembly.AssembleContext(request(tenant.org_id, tenant.agent_id, *messages))
@@ -144,8 +146,8 @@ def _tiktoken_cache(service: ContextService) -> object:
 
 
 async def test_a_forged_directive_injects_no_memory_of_its_own(
-    assembly: context_grpc.ContextAssemblyServiceStub,
-    memories: context_grpc.MemoryServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    memories: context_pb2_grpc.MemoryServiceStub,
     tenant: Tenant,
 ) -> None:
     # Any MemoryService caller may set a directive: it must not be able to close its

@@ -252,7 +252,7 @@ async def test_refused_calls_read_and_write_nothing(tls_channel: grpc.aio.Channe
 
 
 async def test_health_and_reflection_stay_open_without_credentials(tls_channel: grpc.aio.Channel) -> None:
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
     check = tls_channel.unary_unary(
         "/grpc.health.v1.Health/Check",
@@ -266,7 +266,7 @@ async def test_health_and_reflection_stay_open_without_credentials(tls_channel: 
 async def test_the_plaintext_health_port_answers_probes_and_serves_nothing_else(
     secured: ContextService,
 ) -> None:
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+    from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
     assert secured.health_port is not None and secured.health_port != secured.port
     async with grpc.aio.insecure_channel(f"127.0.0.1:{secured.health_port}") as ch:
@@ -468,18 +468,18 @@ async def test_the_clients_present_tls_and_a_token(secured: ContextService, pki:
 
     target = f"127.0.0.1:{secured.port}"
     agent = str(uuid.uuid4())  # this test's own agent: the others purge and clear ORG's
-    ssl = ClientCredentials(ca_file=pki.ca_file).ssl_context()
-    async with MemoryClient(target, ssl=ssl, token=TOKENS["write"]) as writer:
+    tls = ClientCredentials(ca_file=pki.ca_file)
+    async with MemoryClient(target, credentials=tls, token=TOKENS["write"]) as writer:
         assert await writer.set_directive(ORG, agent, "be brief") >= 1
         with pytest.raises(MemoryClientError) as refused:
             await writer.get_directive(ORG, agent)
         assert "PERMISSION_DENIED" in str(refused.value)
     messages = [ChatMessage("user", "hello")]
-    async with ContextClient(target, ssl=ssl, token=TOKENS["assemble"], timeout=5.0) as proxy:
+    async with ContextClient(target, credentials=tls, token=TOKENS["assemble"], timeout=5.0) as proxy:
         result = await proxy.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert result.from_service and "be brief" in result.messages[0].content
     # Refused: the proxy contract holds, the caller's messages go on unassembled.
-    async with ContextClient(target, ssl=ssl, timeout=5.0) as anonymous:
+    async with ContextClient(target, credentials=tls, timeout=5.0) as anonymous:
         result = await anonymous.assemble(org_id=ORG, agent_id=agent, model="gpt-4o", messages=messages)
         assert not result.from_service and result.fallback_reason == "client_error:UNAUTHENTICATED"
 
@@ -512,6 +512,43 @@ async def test_the_cli_takes_tls_and_a_token_from_flags_and_env(
         runner.invoke, main, ["directive", "get", *target], env={"IBEX_TLS_CA": str(pki.ca_file)}
     )
     assert anonymous.exit_code != 0 and "UNAUTHENTICATED" in anonymous.output
+
+
+async def test_the_clients_and_the_cli_present_a_client_certificate(
+    mutual: ContextService, pki: Pki, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+    from ibex_context.cli import main
+    from ibex_context.client import ContextClient, MemoryClient
+    from ibex_context.client.credentials import ClientCredentials
+    from ibex_context.client.memory import MemoryClientError
+    from ibex_context.models import ChatMessage
+
+    cert, key = pki.ca.issue("ignored-cn", dns=("reader.clients.test",)).write(tmp_path, "reader")
+    target = f"127.0.0.1:{mutual.port}"
+    reader = ClientCredentials(ca_file=pki.ca_file, cert_file=cert, key_file=key)
+    async with MemoryClient(target, credentials=reader) as client:
+        await client.get_directive(ORG, AGENT)  # a reader: answered, not refused
+        with pytest.raises(MemoryClientError) as refused:
+            await client.set_directive(ORG, AGENT, "not mine to set")
+        assert refused.value.status is grpc.StatusCode.PERMISSION_DENIED
+    messages = [ChatMessage("user", "hello")]
+    async with ContextClient(target, credentials=reader, timeout=5.0) as proxy:
+        result = await proxy.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+    assert not result.from_service and result.fallback_reason == "client_error:PERMISSION_DENIED"
+    # Without the certificate the handshake itself fails: the proxy contract still holds.
+    async with ContextClient(target, credentials=ClientCredentials(ca_file=pki.ca_file), timeout=5.0) as none:
+        result = await none.assemble(org_id=ORG, agent_id=AGENT, model="gpt-4o", messages=messages)
+    assert not result.from_service and result.fallback_reason == "client_unavailable"
+
+    flags = ["--tls-ca", str(pki.ca_file), "--tls-cert", str(cert), "--tls-key", str(key)]
+    ids = ["--target", target, "--org", ORG, "--agent", AGENT]
+    runner = CliRunner()
+    by_flags = await asyncio.to_thread(runner.invoke, main, [*flags, "directive", "get", *ids])
+    assert by_flags.exit_code == 0, by_flags.output
+    env = {"IBEX_TLS_CA": str(pki.ca_file), "IBEX_TLS_CERT": str(cert), "IBEX_TLS_KEY": str(key)}
+    by_env = await asyncio.to_thread(runner.invoke, main, ["directive", "get", *ids], env=env)
+    assert by_env.exit_code == 0, by_env.output
 
 
 async def test_no_token_or_tenant_id_reaches_a_span(

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 
+import grpc
 import pytest
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.validation import INVALID_VALUE
 
 from tests.conftest import Tenant
@@ -21,10 +20,10 @@ HOSTILE_MODEL = "gpt-4o\u202e\nrpc grpc_code=OK outcome=full"
 
 
 async def test_an_invalid_model_is_refused_and_never_written_raw_to_the_access_log(
-    assembly: context_grpc.ContextAssemblyServiceStub, tenant: Tenant, caplog: pytest.LogCaptureFixture
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, tenant: Tenant, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ibex_context.access")
-    with pytest.raises(GRPCError) as refused:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
         await assembly.AssembleContext(
             pb.AssembleContextRequest(
                 org_id=tenant.org_id,
@@ -35,8 +34,8 @@ async def test_an_invalid_model_is_refused_and_never_written_raw_to_the_access_l
             ),
             timeout=10,
         )
-    assert refused.value.status is Status.INVALID_ARGUMENT
-    assert (refused.value.message or "").startswith("model: ")
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.value.details() or "").startswith("model: ")
 
     (record,) = [r for r in caplog.records if getattr(r, "invalid_field", None) == "model"]
     assert record.model == INVALID_VALUE

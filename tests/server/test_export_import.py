@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.client.memory import MemoryClient, MemoryRequestInvalid
 from ibex_context.models import NewMemory
 from ibex_context.server.app import ContextService
@@ -168,7 +168,7 @@ async def test_client_read_export_and_purge_calls(shared_service: ContextService
 
 
 async def test_export_through_the_stub_pages_by_agent_then_id(
-    memories: context_grpc.MemoryServiceStub, tenant: Tenant
+    memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant
 ) -> None:
     agents = sorted(str(uuid.uuid4()) for _ in range(3))
     for agent in agents:

@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from aiohttp import web
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.embedding.hashing import HashingEmbedder
 
@@ -25,8 +25,8 @@ FACTS = [f"The warehouse in city {i} opens at {6 + i % 4} in the morning" for i 
 
 
 async def _seed(port: int, tenant: Tenant) -> list[str]:
-    async with Channel("127.0.0.1", port) as channel:
-        stub = context_grpc.MemoryServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = context_pb2_grpc.MemoryServiceStub(channel)
         await stub.SetDirective(
             pb.SetDirectiveRequest(
                 org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be exact about hours."
@@ -44,8 +44,8 @@ async def _seed(port: int, tenant: Tenant) -> list[str]:
 
 
 async def _assemble(port: int, tenant: Tenant, text: str, timeout: float = 5.0) -> pb.AssembleContextResponse:
-    async with Channel("127.0.0.1", port) as channel:
-        stub = context_grpc.ContextAssemblyServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
         return await stub.AssembleContext(
             request(tenant.org_id, tenant.agent_id, user(text)), timeout=timeout
         )
@@ -237,8 +237,8 @@ async def test_calls_over_the_concurrency_limit_get_their_messages_back_at_once(
     # answered unchanged with the reason, instead of queueing past their deadline.
     service = await start_service(max_concurrent_assemblies=1)
     await _seed(service.port, tenant)
-    async with Channel("127.0.0.1", service.port) as channel:
-        stub = context_grpc.ContextAssemblyServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
         calls = [
             stub.AssembleContext(
                 request(tenant.org_id, tenant.agent_id, user(f"hours in city {i}?")), timeout=5

@@ -13,12 +13,12 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
-from grpclib.client import Channel
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from ibex_context._proto.ibex.context.v1 import context_grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.embedded import PostgresProcess, RedisProcess
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,7 +33,7 @@ ANSWER_WITHIN = 2.0
 
 
 async def _status(port: int, service: str = "") -> int:
-    async with Channel("127.0.0.1", port) as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         reply = await HealthStub(channel).Check(HealthCheckRequest(service=service), timeout=ANSWER_WITHIN)
         return int(reply.status)
 
@@ -58,8 +58,8 @@ async def test_a_redis_outage_keeps_readiness_and_shows_on_the_store_names(
 ) -> None:
     service = await start_service(redis_url=throwaway_redis.url)
     port = service.port
-    async with Channel("127.0.0.1", port) as channel:
-        await context_grpc.MemoryServiceStub(channel).SetDirective(
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await context_pb2_grpc.MemoryServiceStub(channel).SetDirective(
             pb.SetDirectiveRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, content="Be brief."),
             timeout=10,
         )
@@ -74,8 +74,8 @@ async def test_a_redis_outage_keeps_readiness_and_shows_on_the_store_names(
     # ... while the process still answers every call: it stays ready.
     for name in ("", ASSEMBLY, "ibex.context.v1.MemoryService", "liveness"):
         assert await _status(port, name) == SERVING, name
-    async with Channel("127.0.0.1", port) as channel:
-        reply = await context_grpc.ContextAssemblyServiceStub(channel).AssembleContext(
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await context_pb2_grpc.ContextAssemblyServiceStub(channel).AssembleContext(
             request(tenant.org_id, tenant.agent_id, user("what now?")), timeout=10
         )
     assert reply.metadata.directive_injected, "the directive comes from PostgreSQL"

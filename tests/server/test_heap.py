@@ -7,9 +7,9 @@ import gc
 import subprocess
 import sys
 
+import grpc
 import httpx
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.heap import GcPauses
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -81,8 +81,8 @@ async def test_the_served_process_freezes_its_start_up_heap_and_exports_gc_pause
     )
     try:
         await _wait_serving(port)
-        async with Channel("127.0.0.1", port) as channel:
-            stub = context_grpc.ContextAssemblyServiceStub(channel)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
             for i in range(60):
                 await stub.AssembleContext(
                     request(tenant.org_id, tenant.agent_id, user(f"question {i}")), timeout=5

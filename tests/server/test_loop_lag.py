@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
 import httpx
 import pytest
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.loop_lag import LoopLagProbe, TimedEventLoop
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -76,8 +76,8 @@ async def _served_loop_metrics(
     proc, port = _serve(redis_url, postgres_dsn, IBEX_METRICS_PORT=str(metrics_port), **env)
     try:
         await _wait_serving(port)
-        async with Channel("127.0.0.1", port) as channel:
-            stub = context_grpc.ContextAssemblyServiceStub(channel)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
             for i in range(20):
                 await stub.AssembleContext(
                     request(tenant.org_id, tenant.agent_id, user(f"question {i}")), timeout=5

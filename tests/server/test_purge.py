@@ -9,13 +9,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
+import grpc
 import pytest
 import redis.asyncio as aioredis
-from grpclib.client import Channel
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.stores.redis import PURGE_DIRECTIVE_VERSION, PURGE_TOMBSTONE_SECONDS
 
@@ -23,7 +21,7 @@ from tests.conftest import Tenant
 
 from .conftest import StartService, request, user
 
-Stub = context_grpc.MemoryServiceStub
+Stub = context_pb2_grpc.MemoryServiceStub
 TABLES = ("memories", "directives", "memory_usage", "memory_feedback")
 BOUND_SECONDS = 20.0
 
@@ -77,7 +75,10 @@ async def _assert_only_tombstones(cache: aioredis.Redis, pattern: str) -> None:
 
 
 async def _populate(
-    memories: Stub, assembly: context_grpc.ContextAssemblyServiceStub, pg: asyncpg.Connection, tenant: Tenant
+    memories: Stub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    pg: asyncpg.Connection,
+    tenant: Tenant,
 ) -> list[str]:
     """Memories, a directive, feedback, injection counters and a hot set in Redis."""
     reply = await memories.UpsertMemories(
@@ -117,7 +118,7 @@ async def _populate(
 
 async def test_purge_agent_leaves_nothing_of_it_and_spares_the_others(
     memories: Stub,
-    assembly: context_grpc.ContextAssemblyServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
     pg: asyncpg.Connection,
     cache: aioredis.Redis,
     tenant: Tenant,
@@ -151,7 +152,7 @@ async def test_purge_agent_leaves_nothing_of_it_and_spares_the_others(
 
 async def test_purge_org_leaves_nothing_of_any_of_its_agents(
     memories: Stub,
-    assembly: context_grpc.ContextAssemblyServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
     pg: asyncpg.Connection,
     cache: aioredis.Redis,
     tenant: Tenant,
@@ -253,7 +254,7 @@ async def test_a_purge_with_redis_down_fails_unavailable_and_a_retry_finishes_it
     start_service: StartService, throwaway_redis: RedisProcess, pg: asyncpg.Connection, tenant: Tenant
 ) -> None:
     service = await start_service(redis_url=throwaway_redis.url)
-    async with Channel("127.0.0.1", service.port) as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
         stub = Stub(channel)
         await stub.UpsertMemories(
             pb.UpsertMemoriesRequest(
@@ -263,9 +264,9 @@ async def test_a_purge_with_redis_down_fails_unavailable_and_a_retry_finishes_it
             )
         )
         throwaway_redis.stop()
-        with pytest.raises(GRPCError) as caught:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.PurgeAgent(pb.PurgeAgentRequest(org_id=tenant.org_id, agent_id=tenant.agent_id))
-        assert caught.value.status == Status.UNAVAILABLE
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         # PostgreSQL, the truth, was purged first; Redis is what the retry is for.
         assert await _rows(pg, tenant.org_id, tenant.agent_id) == dict.fromkeys(TABLES, 0)
 

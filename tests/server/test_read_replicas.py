@@ -10,13 +10,13 @@ import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
+import grpc
 import httpx
 import pytest
-from grpclib.client import Channel
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from ibex_context._proto.ibex.context.v1 import context_grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.replica import PostgresReplica
 from ibex_context.server.app import ContextService
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,8 +64,8 @@ async def service(start_service: StartService, postgres_replica: PostgresReplica
     await _until_replica_is(service, 1.0)
     # Connections opened, statements prepared, caches filled: the first calls of a new
     # process pay for them (and miss the deadline on a loaded machine), not the tests'.
-    async with Channel("127.0.0.1", service.port) as channel:
-        assembly = context_grpc.ContextAssemblyServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        assembly = context_pb2_grpc.ContextAssemblyServiceStub(channel)
         warm_up = request(str(uuid.uuid4()), str(uuid.uuid4()), user("warming up"))
         async with asyncio.timeout(WAIT_SECONDS):
             while True:
@@ -78,9 +78,12 @@ async def service(start_service: StartService, postgres_replica: PostgresReplica
 @pytest.fixture
 async def stubs(
     service: ContextService,
-) -> AsyncIterator[tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub]]:
-    async with Channel("127.0.0.1", service.port) as channel:
-        yield context_grpc.ContextAssemblyServiceStub(channel), context_grpc.MemoryServiceStub(channel)
+) -> AsyncIterator[tuple[context_pb2_grpc.ContextAssemblyServiceStub, context_pb2_grpc.MemoryServiceStub]]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        yield (
+            context_pb2_grpc.ContextAssemblyServiceStub(channel),
+            context_pb2_grpc.MemoryServiceStub(channel),
+        )
 
 
 # A shared 2-core machine can make any call miss its deadline; a store's failure
@@ -96,7 +99,9 @@ _LOAD_REASONS = {
 
 
 async def _assemble_full(
-    assembly: context_grpc.ContextAssemblyServiceStub, question: pb.AssembleContextRequest, attempts: int = 5
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    question: pb.AssembleContextRequest,
+    attempts: int = 5,
 ) -> pb.AssembleContextResponse:
     """The first FULL answer to ``question``; fails at once on any degradation but lack of time."""
     for _ in range(attempts):
@@ -108,7 +113,7 @@ async def _assemble_full(
     raise AssertionError(f"no FULL answer in {attempts} calls: {reasons}")
 
 
-async def _upsert(memories: context_grpc.MemoryServiceStub, tenant: Tenant, content: str) -> str:
+async def _upsert(memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant, content: str) -> str:
     reply = await memories.UpsertMemories(
         pb.UpsertMemoriesRequest(
             org_id=tenant.org_id,
@@ -121,7 +126,7 @@ async def _upsert(memories: context_grpc.MemoryServiceStub, tenant: Tenant, cont
 
 async def test_the_searches_go_to_the_replica(
     service: ContextService,
-    stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],
+    stubs: tuple[context_pb2_grpc.ContextAssemblyServiceStub, context_pb2_grpc.MemoryServiceStub],
     tenant: Tenant,
 ) -> None:
     assembly, memories = stubs
@@ -144,7 +149,7 @@ async def test_the_searches_go_to_the_replica(
 
 async def test_a_memory_upserted_is_injected_on_the_next_call_while_the_replica_is_behind(
     service: ContextService,
-    stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],
+    stubs: tuple[context_pb2_grpc.ContextAssemblyServiceStub, context_pb2_grpc.MemoryServiceStub],
     postgres_replica: PostgresReplica,
     tenant: Tenant,
 ) -> None:
@@ -168,7 +173,7 @@ async def test_a_memory_upserted_is_injected_on_the_next_call_while_the_replica_
 
 async def test_a_purged_agent_is_not_served_from_a_replica_that_has_not_replayed_the_purge(
     service: ContextService,
-    stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],
+    stubs: tuple[context_pb2_grpc.ContextAssemblyServiceStub, context_pb2_grpc.MemoryServiceStub],
     postgres_replica: PostgresReplica,
     tenant: Tenant,
 ) -> None:
@@ -203,7 +208,7 @@ async def test_a_purged_agent_is_not_served_from_a_replica_that_has_not_replayed
 
 async def test_a_stopped_replica_leaves_calls_full_from_the_primary_and_health_says_so(
     service: ContextService,
-    stubs: tuple[context_grpc.ContextAssemblyServiceStub, context_grpc.MemoryServiceStub],
+    stubs: tuple[context_pb2_grpc.ContextAssemblyServiceStub, context_pb2_grpc.MemoryServiceStub],
     postgres_replica: PostgresReplica,
     tenant: Tenant,
 ) -> None:
@@ -219,7 +224,7 @@ async def test_a_stopped_replica_leaves_calls_full_from_the_primary_and_health_s
             (injected,) = [m for m in response.metadata.memories if m.id == memory_id]
             assert injected.lexical > 0
         await _until_replica_is(service, 0.0)
-        async with Channel("127.0.0.1", service.port) as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
             health = await HealthStub(channel).Check(
                 HealthCheckRequest(service="ibex.stores.postgres_replicas")
             )

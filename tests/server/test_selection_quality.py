@@ -16,10 +16,10 @@ import json
 import random
 from pathlib import Path
 
+import grpc
 import numpy as np
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import MemoryRecord
 from ibex_context.pipeline.costing import memory_cost
@@ -106,8 +106,8 @@ async def test_a_tight_budget_injects_at_least_the_evidence_cosine_top_k_does(
     costs = [
         memory_cost(MemoryRecord(id="x", content=c, category="factual"), encoding, "xml") for c, _ in memories
     ]
-    async with Channel("127.0.0.1", service.port) as channel:
-        written = await context_grpc.MemoryServiceStub(channel).UpsertMemories(
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        written = await context_pb2_grpc.MemoryServiceStub(channel).UpsertMemories(
             pb.UpsertMemoriesRequest(
                 org_id=tenant.org_id,
                 agent_id=tenant.agent_id,
@@ -115,7 +115,7 @@ async def test_a_tight_budget_injects_at_least_the_evidence_cosine_top_k_does(
             )
         )
         topic_of = {r.id: memories[n][1] for n, r in enumerate(written.results)}
-        assembly = context_grpc.ContextAssemblyServiceStub(channel)
+        assembly = context_pb2_grpc.ContextAssemblyServiceStub(channel)
         hits = 0
         for question, topic in questions:
             # This is about selection, not speed: an answer degraded by a loaded machine

@@ -11,11 +11,11 @@ import subprocess
 import sys
 import time
 
-from grpclib.client import Channel
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from ibex_context._proto.ibex.context.v1 import context_grpc
+import grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 
@@ -32,11 +32,11 @@ async def _wait_serving(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            async with Channel("127.0.0.1", port) as channel:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 reply = await HealthStub(channel).Check(HealthCheckRequest(), timeout=1)
                 if reply.status == HealthCheckResponse.SERVING:
                     return
-        except (TimeoutError, OSError):
+        except grpc.aio.AioRpcError:  # not listening yet
             pass
         await asyncio.sleep(0.1)
     raise AssertionError("server did not become SERVING")
@@ -67,8 +67,8 @@ async def test_sigterm_lets_every_in_flight_call_finish(
     proc, port = _serve(redis_url, postgres_dsn, IBEX_SHUTDOWN_GRACE_SECONDS="20")
     try:
         await _wait_serving(port)
-        async with Channel("127.0.0.1", port) as channel:
-            memories = context_grpc.MemoryServiceStub(channel)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            memories = context_pb2_grpc.MemoryServiceStub(channel)
             await memories.UpsertMemories(
                 pb.UpsertMemoriesRequest(
                     org_id=tenant.org_id,
@@ -79,9 +79,9 @@ async def test_sigterm_lets_every_in_flight_call_finish(
                     ],
                 )
             )
-            stub = context_grpc.ContextAssemblyServiceStub(channel)
+            stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
             calls = [
-                asyncio.create_task(
+                asyncio.ensure_future(
                     stub.AssembleContext(
                         request(tenant.org_id, tenant.agent_id, user(f"shutdown fact {i}")), timeout=20
                     )
@@ -111,13 +111,13 @@ async def test_sigterm_turns_health_not_serving_while_draining(
     proc, port = _serve(redis_url, postgres_dsn, IBEX_SHUTDOWN_DRAIN_DELAY_SECONDS="1.5")
     try:
         await _wait_serving(port)
-        async with Channel("127.0.0.1", port) as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.5)
             reply = await HealthStub(channel).Check(HealthCheckRequest(), timeout=1)
             assert reply.status == HealthCheckResponse.NOT_SERVING
             # Still answering calls while the load balancer drains.
-            response = await context_grpc.ContextAssemblyServiceStub(channel).AssembleContext(
+            response = await context_pb2_grpc.ContextAssemblyServiceStub(channel).AssembleContext(
                 request(tenant.org_id, tenant.agent_id, user("still there?")), timeout=5
             )
             assert response.messages[-1].content == "still there?"

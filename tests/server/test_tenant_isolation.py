@@ -7,8 +7,8 @@ import asyncio
 import random
 import uuid
 
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 
@@ -17,7 +17,7 @@ from .conftest import request, user
 SHARED_WORDS = "the project budget meeting schedule deadline report"
 
 
-async def _seed(memories: context_grpc.MemoryServiceStub, tenant: Tenant, marker: str) -> set[str]:
+async def _seed(memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant, marker: str) -> set[str]:
     reply = await memories.UpsertMemories(
         pb.UpsertMemoriesRequest(
             org_id=tenant.org_id,
@@ -35,7 +35,7 @@ async def _seed(memories: context_grpc.MemoryServiceStub, tenant: Tenant, marker
 
 
 async def test_same_agent_id_in_another_org_sees_nothing_of_the_first(
-    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, memories: context_pb2_grpc.MemoryServiceStub
 ) -> None:
     agent = str(uuid.uuid4())
     first, second = Tenant(str(uuid.uuid4()), agent), Tenant(str(uuid.uuid4()), agent)
@@ -50,7 +50,7 @@ async def test_same_agent_id_in_another_org_sees_nothing_of_the_first(
 
 
 async def test_another_agent_of_the_same_org_sees_nothing_of_the_first(
-    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, memories: context_pb2_grpc.MemoryServiceStub
 ) -> None:
     org = str(uuid.uuid4())
     first, second = Tenant(org, str(uuid.uuid4())), Tenant(org, str(uuid.uuid4()))
@@ -63,7 +63,7 @@ async def test_another_agent_of_the_same_org_sees_nothing_of_the_first(
 
 
 async def test_no_leakage_under_concurrent_requests_from_many_tenants(
-    assembly: context_grpc.ContextAssemblyServiceStub, memories: context_grpc.MemoryServiceStub
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, memories: context_pb2_grpc.MemoryServiceStub
 ) -> None:
     shared_agent = str(uuid.uuid4())
     shared_org = str(uuid.uuid4())

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import uuid
 
+import grpc
 import pytest
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 
 
 async def _upsert(
-    memories: context_grpc.MemoryServiceStub, tenant: Tenant, *items: pb.MemoryInput
+    memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant, *items: pb.MemoryInput
 ) -> list[tuple[str, int]]:
     reply = await memories.UpsertMemories(
         pb.UpsertMemoriesRequest(org_id=tenant.org_id, agent_id=tenant.agent_id, memories=list(items)),
@@ -26,7 +25,7 @@ async def _upsert(
 
 
 async def test_an_id_given_another_memorys_text_is_refused_naming_both_and_nothing_is_written(
-    memories: context_grpc.MemoryServiceStub, tenant: Tenant
+    memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant
 ) -> None:
     x, y = str(uuid.uuid4()), str(uuid.uuid4())
     created = await _upsert(
@@ -38,15 +37,15 @@ async def test_an_id_given_another_memorys_text_is_refused_naming_both_and_nothi
     assert created == [(x, pb.UPSERT_OUTCOME_CREATED), (y, pb.UPSERT_OUTCOME_CREATED)]
 
     new_one = str(uuid.uuid4())
-    with pytest.raises(GRPCError) as refused:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
         await _upsert(
             memories,
             tenant,
             pb.MemoryInput(id=new_one, content="A memory that must not be written.", category="factual"),
             pb.MemoryInput(id=y, content="The office opens at eight.", category="preference"),
         )
-    assert refused.value.status is Status.INVALID_ARGUMENT
-    message = refused.value.message or ""
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    message = refused.value.details() or ""
     assert message.startswith("memories[1].id: ")
     assert f"memory {y} cannot take the text of memory {x}" in message
 
@@ -64,7 +63,7 @@ async def test_an_id_given_another_memorys_text_is_refused_naming_both_and_nothi
 
 
 async def test_a_new_id_with_a_stored_text_answers_with_the_stored_memorys_id(
-    memories: context_grpc.MemoryServiceStub, tenant: Tenant
+    memories: context_pb2_grpc.MemoryServiceStub, tenant: Tenant
 ) -> None:
     x = str(uuid.uuid4())
     await _upsert(

@@ -4,8 +4,8 @@ window used is never rounded down below an overflow. Real gRPC, real stores."""
 
 from __future__ import annotations
 
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.models import ChatMessage
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
@@ -35,7 +35,7 @@ def _message_of(tokens: int, encodings: EncodingRegistry) -> str:
 
 
 async def _assemble(
-    assembly: context_grpc.ContextAssemblyServiceStub, tenant: Tenant, content: str
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub, tenant: Tenant, content: str
 ) -> pb.AssembleContextResponse:
     return await assembly.AssembleContext(
         request(tenant.org_id, tenant.agent_id, user(content), model="gpt-4"), timeout=10
@@ -43,8 +43,8 @@ async def _assemble(
 
 
 async def test_the_directive_is_injected_only_when_it_leaves_the_response_reserve(
-    assembly: context_grpc.ContextAssemblyServiceStub,
-    memories: context_grpc.MemoryServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    memories: context_pb2_grpc.MemoryServiceStub,
     tenant: Tenant,
     encodings: EncodingRegistry,
 ) -> None:
@@ -74,8 +74,8 @@ async def test_the_directive_is_injected_only_when_it_leaves_the_response_reserv
 
 
 async def test_messages_that_fill_the_window_pass_through_with_their_true_share(
-    assembly: context_grpc.ContextAssemblyServiceStub,
-    memories: context_grpc.MemoryServiceStub,
+    assembly: context_pb2_grpc.ContextAssemblyServiceStub,
+    memories: context_pb2_grpc.MemoryServiceStub,
     tenant: Tenant,
     encodings: EncodingRegistry,
 ) -> None:

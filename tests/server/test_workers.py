@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 
+import grpc
 import httpx
-from grpclib.client import Channel
-from ibex_context._proto.ibex.context.v1 import context_grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.workers import Supervisor, worker_count, worker_environment
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -102,10 +102,15 @@ async def test_two_workers_serve_one_port_export_their_own_metrics_and_drain_on_
         IBEX_METRICS_PORT=str(metrics_base),
         IBEX_SHUTDOWN_GRACE_SECONDS="20",
     )
-    channels = [Channel("127.0.0.1", port) for _ in range(CHANNELS)]
+    # A connection per channel (grpcio shares one between channels of the same target and
+    # options unless each has its own subchannel pool), so both workers get some.
+    channels = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CHANNELS)
+    ]
     try:
         await _wait_serving(port)
-        await context_grpc.MemoryServiceStub(channels[0]).UpsertMemories(
+        await context_pb2_grpc.MemoryServiceStub(channels[0]).UpsertMemories(
             pb.UpsertMemoriesRequest(
                 org_id=tenant.org_id,
                 agent_id=tenant.agent_id,
@@ -115,7 +120,7 @@ async def test_two_workers_serve_one_port_export_their_own_metrics_and_drain_on_
                 ],
             )
         )
-        stubs = [context_grpc.ContextAssemblyServiceStub(ch) for ch in channels]
+        stubs = [context_pb2_grpc.ContextAssemblyServiceStub(ch) for ch in channels]
         # Both workers must be up before the connections are made: wait for both ports.
         for metrics_port in (metrics_base, metrics_base + 1):
             async with httpx.AsyncClient() as http:
@@ -136,7 +141,7 @@ async def test_two_workers_serve_one_port_export_their_own_metrics_and_drain_on_
         assert all(count > 0 for count in by_worker), f"one worker served everything: {by_worker}"
 
         calls = [
-            asyncio.create_task(
+            asyncio.ensure_future(
                 stubs[i % CHANNELS].AssembleContext(
                     request(tenant.org_id, tenant.agent_id, user(f"draining fact {i}")), timeout=20
                 )
@@ -152,7 +157,7 @@ async def test_two_workers_serve_one_port_export_their_own_metrics_and_drain_on_
         assert proc.wait(timeout=40) == 0
     finally:
         for ch in channels:
-            ch.close()
+            await ch.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -1,7 +1,6 @@
 """Clients of ibex-context: ``ContextClient`` for the LLM proxy (never fails the LLM request)
 and ``MemoryClient`` for the write side (raises ``MemoryClientError``)."""
 
-from ibex_context.client.channels import DnsRoundRobin, SingleChannel
 from ibex_context.client.context import (
     CLIENT_INVALID_ARGUMENT,
     CLIENT_TIMEOUT,
@@ -10,6 +9,7 @@ from ibex_context.client.context import (
     AssembleResult,
     ContextClient,
 )
+from ibex_context.client.credentials import ClientCredentials
 from ibex_context.client.memory import (
     FeedbackKind,
     MemoryClient,
@@ -26,14 +26,13 @@ __all__ = [
     "CLIENT_UNAVAILABLE",
     "DEFAULT_TIMEOUT_SECONDS",
     "AssembleResult",
+    "ClientCredentials",
     "ContextClient",
-    "DnsRoundRobin",
     "FeedbackKind",
     "MemoryClient",
     "MemoryClientError",
     "MemoryRequestInvalid",
     "ScoreUpdate",
-    "SingleChannel",
     "Target",
     "UpsertResult",
     "parse_target",

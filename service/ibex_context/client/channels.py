@@ -1,275 +1,207 @@
-"""Where the client's calls go: one channel, or one channel per address behind a DNS name.
+"""Where the client's calls go: a grpc.aio channel, and the little grpcio does not do.
 
-A gRPC channel is one HTTP/2 connection, and every call of a long-lived client rides
-on it: behind a plain ClusterIP Service all of a proxy's calls land on one pod, and
-new pods added by the HPA get none of them. ``DnsRoundRobin`` resolves a headless
-Service name to every pod address, keeps a channel per address, spreads calls round
-robin, re-resolves periodically, and sets aside an address that refuses connections
-(or keeps timing out) until the next resolution.
+grpcio resolves the target itself (``dns:///name:port``, or ``dns://server/name:port``
+to ask that DNS server) and, with the ``round_robin`` policy for a ``dns:`` target,
+keeps a connection per address of the name (a headless Service: every pod), spreads
+calls over the connected ones and skips an address that refuses. TLS and deadlines are
+grpcio's too. Two things it lacks are added here, small:
+
+* **Periodic re-resolution.** grpcio asks DNS again only when a connection drops, so
+  pods the HPA adds would get no calls. Every ``refresh_seconds`` a fresh channel
+  resolves the name again; once it is connected it takes the new calls, and the old
+  one is closed after a grace. A fresh channel that does not connect (DNS failing,
+  every address gone) is dropped and the old one kept: a blip must not take the
+  service away.
+* **Replacing a connection that keeps timing out.** A peer that vanished without
+  FIN/RST leaves an HTTP/2 connection that never answers (and grpcio gives a connection
+  attempt 20 s). After ``timeouts_before_reconnect`` timeouts in a row the next call
+  goes over a fresh channel, as it does (at most once a second) after a call failed
+  with the channel in TRANSIENT_FAILURE: grpcio would otherwise fail calls fast for its
+  whole reconnect backoff (up to two minutes) after the service comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import socket
-import ssl as ssl_module
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from grpclib.client import Channel, UnaryUnaryMethod
-from grpclib.config import Configuration
+import grpc
+
+from ibex_context.client.target import Target
+
+__all__ = ["TIMEOUTS_BEFORE_RECONNECT", "ManagedChannel", "channel_options"]
 
 log = logging.getLogger("ibex_context.client")
 
-Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
-
-
-@dataclass(eq=False)
-class Endpoint:
-    """One address and its channel. ``down`` endpoints are skipped until the next resolution."""
-
-    address: str
-    port: int
-    channel: Channel
-    down: bool = False
-    consecutive_timeouts: int = 0
-    _methods: dict[str, UnaryUnaryMethod[Any, Any]] = field(default_factory=dict)
-
-    def unary(self, path: str, request_type: type[Any], reply_type: type[Any]) -> UnaryUnaryMethod[Any, Any]:
-        method = self._methods.get(path)
-        if method is None:
-            method = self._methods[path] = UnaryUnaryMethod(self.channel, path, request_type, reply_type)
-        return method
-
-
-class Endpoints(Protocol):
-    """What a client needs from its channels."""
-
-    async def start(self) -> None: ...
-
-    def pick(self) -> Endpoint | None: ...
-
-    def count(self) -> int: ...
-
-    def connect_failed(self, endpoint: Endpoint) -> None: ...
-
-    def timed_out(self, endpoint: Endpoint) -> None: ...
-
-    def succeeded(self, endpoint: Endpoint) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-# Consecutive timeouts after which a connection is presumed dead (a peer that vanished
-# without a FIN/RST keeps an HTTP/2 connection "open" forever) and is replaced.
+# Consecutive timeouts after which the connection is presumed dead and replaced.
 TIMEOUTS_BEFORE_RECONNECT = 3
+# A channel found in TRANSIENT_FAILURE after a failed call is replaced at most this often.
+RECONNECT_INTERVAL_SECONDS = 1.0
+# How long a re-resolved channel may take to connect before the old one is kept.
+REFRESH_CONNECT_SECONDS = 5.0
+# In-flight calls on a replaced channel get this long before it is closed under them.
+CLOSE_GRACE_SECONDS = 5.0
+
+_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 
-class SingleChannel:
-    """One channel to ``host:port`` (a ClusterIP Service, a sidecar, a test server)."""
+def channel_options(target: Target, generation: int = 0) -> list[tuple[str, Any]]:
+    """grpcio channel options for ``target``: round robin for a ``dns:`` target, and no
+    client-side cap on the size of a reply (the service bounds what it sends).
+
+    grpcio shares connections (subchannels) between channels whose target and options
+    are the same: a re-resolving channel (same ``generation``) reuses the connections
+    to the addresses it already knows; a replacing one (the next ``generation``) opens
+    its own."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", -1),
+        ("ibex.connection_generation", generation),
+    ]
+    if target.round_robin:
+        options.append(("grpc.service_config", _ROUND_ROBIN))
+    return options
+
+
+class ManagedChannel:
+    """A grpc.aio channel to ``target``, replaced when re-resolving or when it keeps failing."""
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        target: Target,
         *,
-        ssl: ssl_module.SSLContext | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        refresh_seconds: float | None = None,
         timeouts_before_reconnect: int = TIMEOUTS_BEFORE_RECONNECT,
     ) -> None:
-        self._host, self._port, self._ssl = host, port, ssl
+        self.target = target
+        self._credentials = credentials
+        self._refresh_seconds = refresh_seconds if target.round_robin else None
         self._timeouts_before_reconnect = timeouts_before_reconnect
-        self._endpoint: Endpoint | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._generation = 0
+        self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._consecutive_timeouts = 0
+        self._last_replaced = float("-inf")
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self.replacements = 0
 
-    async def start(self) -> None:
-        if self._endpoint is None:
-            channel = Channel(self._host, self._port, ssl=self._ssl)
-            self._endpoint = Endpoint(self._host, self._port, channel)
-
-    def pick(self) -> Endpoint | None:
-        return self._endpoint
-
-    def count(self) -> int:
-        return 1 if self._endpoint is not None else 0
-
-    def connect_failed(self, endpoint: Endpoint) -> None:
-        pass  # nowhere else to go; grpclib reconnects on the next call
-
-    def timed_out(self, endpoint: Endpoint) -> None:
-        endpoint.consecutive_timeouts += 1
-        if endpoint.consecutive_timeouts >= self._timeouts_before_reconnect:
-            _reconnect(endpoint)
-
-    def succeeded(self, endpoint: Endpoint) -> None:
-        pass
-
-    async def close(self) -> None:
-        if self._endpoint is not None:
-            self._endpoint.channel.close()
-            self._endpoint = None
-
-
-def _reconnect(endpoint: Endpoint) -> None:
-    """Drop the endpoint's connection; grpclib opens a new one on the next call."""
-    endpoint.consecutive_timeouts = 0
-    endpoint.channel.close()
-
-
-async def resolve_all(host: str, port: int) -> list[str]:
-    """Every A/AAAA address of ``host``, in resolver order, without duplicates."""
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-class DnsRoundRobin:
-    """A channel per address of a DNS name, picked round robin, re-resolved every ``refresh_seconds``."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        ssl: ssl_module.SSLContext | None = None,
-        refresh_seconds: float = 30.0,
-        resolver: Resolver = resolve_all,
-        timeouts_before_down: int = TIMEOUTS_BEFORE_RECONNECT,
-        retire_after_seconds: float = 60.0,
-    ) -> None:
-        self._host, self._port, self._ssl = host, port, ssl
-        self._refresh_seconds = refresh_seconds
-        self._resolver = resolver
-        self._timeouts_before_down = timeouts_before_down
-        self._retire_after = retire_after_seconds
-        self._endpoints: list[Endpoint] = []
-        self._next = 0
-        self._task: asyncio.Task[None] | None = None
-        self._refresh_now = asyncio.Event()
-        self._last_refresh = 0.0
-        # Channels of addresses that disappeared, closed once their calls are long over.
-        self._retiring: list[tuple[float, Endpoint]] = []
+    def _new_channel(self) -> grpc.aio.Channel:
+        address, options = self.target.grpc_target, channel_options(self.target, self._generation)
+        if self._credentials is not None:
+            return grpc.aio.secure_channel(address, self._credentials, options=options)
+        return grpc.aio.insecure_channel(address, options=options)
 
     @property
-    def addresses(self) -> list[str]:
-        return [e.address for e in self._endpoints]
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = self._new_channel()
+        return self._channel
 
     async def start(self) -> None:
-        if self._task is not None:
-            return
-        await self.refresh()
-        self._task = asyncio.create_task(self._refresh_loop(), name=f"ibex-dns-refresh:{self._host}")
-
-    async def refresh(self) -> None:
-        """Resolve now; add channels for new addresses, retire vanished ones, clear ``down``."""
-        self._last_refresh = time.monotonic()
-        try:
-            addresses = list(await self._resolver(self._host, self._port))
-        except OSError as exc:
-            # Keep the last good set: a DNS blip must not take the service away.
-            log.warning(
-                "resolving %s failed (%s); keeping %d addresses", self._host, exc, len(self._endpoints)
-            )
-            return
-        if not addresses:
-            log.warning("%s resolved to no addresses; keeping %d", self._host, len(self._endpoints))
-            return
-        known = {e.address: e for e in self._endpoints}
-        kept: list[Endpoint] = []
-        for address in addresses:
-            endpoint = known.pop(address, None)
-            if endpoint is None:
-                # TLS: the certificate names the Service, not each pod's address.
-                config = Configuration(ssl_target_name_override=self._host) if self._ssl else None
-                channel = Channel(address, self._port, ssl=self._ssl, config=config)
-                endpoint = Endpoint(address, self._port, channel)
-            endpoint.down = False
-            endpoint.consecutive_timeouts = 0
-            kept.append(endpoint)
-        now = time.monotonic()
-        self._retiring.extend((now, e) for e in known.values())
-        self._endpoints = kept
-        self._close_retired(now)
-
-    def pick(self) -> Endpoint | None:
-        endpoints = self._endpoints
-        n = len(endpoints)
-        if n == 0:
-            self._refresh_now.set()
-            return None
-        for _ in range(n):
-            endpoint = endpoints[self._next % n]
-            self._next = (self._next + 1) % n
-            if not endpoint.down:
-                return endpoint
-        # Everything is set aside: re-resolve soon, and meanwhile keep trying them all
-        # rather than failing calls on our own bookkeeping.
-        self._refresh_now.set()
-        endpoint = endpoints[self._next % n]
-        self._next = (self._next + 1) % n
-        return endpoint
-
-    def count(self) -> int:
-        return len(self._endpoints)
-
-    def connect_failed(self, endpoint: Endpoint) -> None:
-        if not endpoint.down:
-            endpoint.down = True
-            log.warning(
-                "context service at %s:%d refused the connection; skipping it until the next resolution",
-                endpoint.address,
-                endpoint.port,
+        self.channel  # noqa: B018 - creates it
+        if self._refresh_seconds is not None and self._refresh_task is None:
+            self._refresh_task = asyncio.create_task(
+                self._refresh_loop(self._refresh_seconds), name=f"ibex-dns-refresh:{self.target.host}"
             )
 
-    def timed_out(self, endpoint: Endpoint) -> None:
-        endpoint.consecutive_timeouts += 1
-        if endpoint.consecutive_timeouts >= self._timeouts_before_down and not endpoint.down:
-            endpoint.down = True
-            log.warning(
-                "context service at %s:%d timed out %d times in a row; skipping it until the next resolution",
-                endpoint.address,
-                endpoint.port,
-                endpoint.consecutive_timeouts,
+    def unary(
+        self, path: str, request_type: type[Any], reply_type: type[Any]
+    ) -> grpc.aio.UnaryUnaryMultiCallable:
+        method = self._methods.get(path)
+        if method is None:
+            method = self._methods[path] = self.channel.unary_unary(
+                path,
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=reply_type.FromString,
             )
-            _reconnect(endpoint)
+        return method
 
-    def succeeded(self, endpoint: Endpoint) -> None:
-        endpoint.consecutive_timeouts = 0
+    async def wait_connected(self, timeout: float) -> bool:
+        """Connect now; True once connected, False when the channel fails or ``timeout`` passes."""
+        return await _connected(self.channel, timeout)
 
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for endpoint in self._endpoints:
-            endpoint.channel.close()
-        for _, endpoint in self._retiring:
-            endpoint.channel.close()
-        self._endpoints, self._retiring = [], []
+    def succeeded(self) -> None:
+        self._consecutive_timeouts = 0
 
-    async def _refresh_loop(self) -> None:
+    def timed_out(self) -> None:
+        self._consecutive_timeouts += 1
+        if self._consecutive_timeouts >= self._timeouts_before_reconnect:
+            log.warning(
+                "context service at %s timed out %d times in a row; opening a new connection",
+                self.target.grpc_target,
+                self._consecutive_timeouts,
+            )
+            self._generation += 1
+            self._replace(self._new_channel())
+
+    def unavailable(self) -> None:
+        """A call failed UNAVAILABLE: a fresh channel if this one is backing off."""
+        channel = self._channel
+        if channel is None or channel.get_state() != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return
+        if time.monotonic() - self._last_replaced >= RECONNECT_INTERVAL_SECONDS:
+            self._generation += 1
+            self._replace(self._new_channel())
+
+    async def refresh(self) -> bool:
+        """Resolve the name again over a fresh channel; it takes over once connected."""
+        fresh = self._new_channel()
+        if await _connected(fresh, REFRESH_CONNECT_SECONDS):
+            self._replace(fresh, counted=False)
+            return True
+        log.warning(
+            "re-resolving %s gave no connectable address; keeping the current channel",
+            self.target.grpc_target,
+        )
+        await fresh.close()
+        return False
+
+    def _replace(self, fresh: grpc.aio.Channel, *, counted: bool = True) -> None:
+        old, self._channel, self._methods = self._channel, fresh, {}
+        self._consecutive_timeouts = 0
+        if counted:
+            self._last_replaced = time.monotonic()
+            self.replacements += 1
+        if old is not None:
+            task = asyncio.get_running_loop().create_task(old.close(CLOSE_GRACE_SECONDS))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _refresh_loop(self, every: float) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refresh_now.wait(), self._refresh_seconds)
-            self._refresh_now.clear()
-            # An early refresh (everything down) at most once a second.
-            wait = 1.0 - (time.monotonic() - self._last_refresh)
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await asyncio.sleep(every)
             try:
                 await self.refresh()
             except Exception:
-                log.exception("refreshing the addresses of %s failed", self._host)
+                log.exception("re-resolving %s failed", self.target.grpc_target)
 
-    def _close_retired(self, now: float) -> None:
-        keep: list[tuple[float, Endpoint]] = []
-        for retired_at, endpoint in self._retiring:
-            if now - retired_at >= self._retire_after:
-                endpoint.channel.close()
-            else:
-                keep.append((retired_at, endpoint))
-        self._retiring = keep
+    async def close(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh_task
+            self._refresh_task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel, self._methods = None, {}
+        # Replaced channels: their grace ends as soon as their last call does.
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+async def _connected(channel: grpc.aio.Channel, timeout: float) -> bool:
+    state = channel.get_state(try_to_connect=True)
+    try:
+        async with asyncio.timeout(timeout):
+            while state != grpc.ChannelConnectivity.READY:
+                if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+                    return False
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
+    except TimeoutError:
+        return False
+    return True

@@ -13,25 +13,21 @@ out, unassembled, because failing it would turn our bug into the user's outage.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import ssl as ssl_module
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from grpclib.metadata import Deadline
+import grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.channels import DnsRoundRobin, Endpoint, Endpoints, SingleChannel
-from ibex_context.client.credentials import bearer_metadata
+from ibex_context.client.channels import ManagedChannel
+from ibex_context.client.credentials import ClientCredentials, bearer_metadata
 from ibex_context.client.target import Target, parse_target
 from ibex_context.models import ChatMessage
 from ibex_context.observability.metrics import ASSEMBLY_BUCKETS
@@ -55,9 +51,6 @@ CLIENT_UNAVAILABLE = "client_unavailable"
 CLIENT_INVALID_ARGUMENT = "client_invalid_argument"
 CLIENT_ERROR = "client_error"
 
-# A refused connection means the request never left, so one retry on another address
-# is safe; only worth it with this much of the deadline left.
-_MIN_SECONDS_FOR_RETRY = 0.005
 _LOG_INTERVAL_SECONDS = 10.0
 
 
@@ -85,32 +78,29 @@ class AssembleResult:
 @dataclass(frozen=True, slots=True)
 class _Failure:
     reason: str
-    kind: Literal["timeout", "connect", "other"] = "other"
+    kind: Literal["timeout", "unavailable", "other"] = "other"
     detail: str = ""
 
 
 def classify_failure(exc: Exception) -> _Failure:
-    """Map what grpclib (and the socket layer below it) raises to a bounded fallback reason."""
-    if isinstance(exc, TimeoutError):  # grpclib's client deadline raises asyncio.TimeoutError
-        return _Failure(CLIENT_TIMEOUT, "timeout")
-    if isinstance(exc, GRPCError):
-        if exc.status is Status.DEADLINE_EXCEEDED:
+    """Map what grpc.aio raises to a bounded fallback reason. A refused connection, a
+    connection lost and a service draining are all UNAVAILABLE; grpcio has already
+    retried transparently what never reached the service."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code, details = exc.code(), exc.details() or ""
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             return _Failure(CLIENT_TIMEOUT, "timeout")
-        if exc.status is Status.UNAVAILABLE:
-            return _Failure(CLIENT_UNAVAILABLE, detail=exc.message or "")
+        if code is grpc.StatusCode.UNAVAILABLE:
+            return _Failure(CLIENT_UNAVAILABLE, "unavailable", detail=details)
         # RESOURCE_EXHAUSTED: a request over the service's size limit, refused by gRPC's
         # core (ADR-0010): as much a caller bug as a field the service rejects.
-        if exc.status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
-            return _Failure(CLIENT_INVALID_ARGUMENT, detail=exc.message or "")
-        return _Failure(f"{CLIENT_ERROR}:{exc.status.name}", detail=exc.message or "")
-    if isinstance(exc, StreamTerminatedError):
-        return _Failure(CLIENT_UNAVAILABLE, detail=str(exc))
-    if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            return _Failure(CLIENT_INVALID_ARGUMENT, detail=details)
+        return _Failure(f"{CLIENT_ERROR}:{code.name}", detail=details)
+    if isinstance(exc, TimeoutError):
+        return _Failure(CLIENT_TIMEOUT, "timeout")
+    if isinstance(exc, OSError):  # e.g. a TLS file that cannot be read
         return _Failure(CLIENT_UNAVAILABLE, detail=type(exc).__name__)
-    if isinstance(exc, OSError):  # refused, unreachable, name resolution
-        return _Failure(CLIENT_UNAVAILABLE, "connect", detail=type(exc).__name__)
-    if isinstance(exc, ProtocolError):
-        return _Failure(f"{CLIENT_ERROR}:protocol", detail=str(exc))
     return _Failure(f"{CLIENT_ERROR}:unexpected", detail=type(exc).__name__)
 
 
@@ -176,10 +166,11 @@ class _RateLimitedLog:
 
 
 class ContextClient:
-    """AssembleContext over long-lived grpclib channels. Use ``async with`` or ``start()``/``close()``.
+    """AssembleContext over a long-lived grpc.aio channel. Use ``async with`` or ``start()``/``close()``.
 
-    ``target`` is ``host:port`` (one channel) or ``dns:///name:port`` (a channel per
-    address of ``name``, round robin: point it at a headless Service).
+    ``target`` is ``host:port`` (one connection) or ``dns:///name:port`` (a connection per
+    address of ``name``, round robin, re-resolved every ``refresh_seconds``: point it at a
+    headless Service).
     """
 
     def __init__(
@@ -187,27 +178,22 @@ class ContextClient:
         target: str | Target,
         *,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        ssl: ssl_module.SSLContext | None = None,
-        endpoints: Endpoints | None = None,
+        credentials: ClientCredentials | None = None,
         registry: CollectorRegistry | None = None,
         tracer: trace.Tracer | None = None,
         logger: logging.Logger | None = None,
         refresh_seconds: float = 30.0,
         token: str | None = None,
     ) -> None:
-        """``ssl``: TLS (``client.credentials.ClientCredentials.ssl_context``); ``token``:
-        the bearer token sent on every call (docs/security.md)."""
-        self._auth = bearer_metadata(token)
+        """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
+        given, is sent in place of theirs."""
+        credentials = credentials or ClientCredentials()
+        self._auth = tuple(bearer_metadata(token or credentials.token).items())
         self.target = parse_target(target) if isinstance(target, str) else target
         self.timeout = timeout
-        if endpoints is not None:
-            self._endpoints: Endpoints = endpoints
-        elif self.target.round_robin:
-            self._endpoints = DnsRoundRobin(
-                self.target.host, self.target.port, ssl=ssl, refresh_seconds=refresh_seconds
-            )
-        else:
-            self._endpoints = SingleChannel(self.target.host, self.target.port, ssl=ssl)
+        self._channel = ManagedChannel(
+            self.target, credentials=credentials.channel_credentials(), refresh_seconds=refresh_seconds
+        )
         self._metrics = _ClientMetrics(registry) if registry is not None else None
         self._tracer = tracer
         self._log = logger or logging.getLogger("ibex_context.client")
@@ -216,42 +202,31 @@ class ContextClient:
 
     async def start(self) -> None:
         if not self._started:
-            await self._endpoints.start()
+            await self._channel.start()
             self._started = True
 
-    async def warm_up(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109, RUF100 - per-connection cap
-        """Open the connection(s) now so the first real call does not pay for the handshake."""
+    async def warm_up(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109, RUF100 - a cap on connecting
+        """Connect now so the first real call does not pay for resolving and the handshake.
+        True once connected (to at least one address of a ``dns:`` name)."""
         await self.start()
-        endpoint = self._endpoints.pick()
-        seen: set[int] = set()
-        ok = False
-        while endpoint is not None and id(endpoint) not in seen:
-            seen.add(id(endpoint))
-            try:
-                await asyncio.wait_for(endpoint.channel.__connect__(), timeout)
-                ok = True
-            except (OSError, TimeoutError):
-                self._endpoints.connect_failed(endpoint)
-            endpoint = self._endpoints.pick()
-        return ok
+        return await self._channel.wait_connected(timeout)
 
     async def close(self) -> None:
-        await self._endpoints.close()
+        await self._channel.close()
         self._started = False
 
     async def check_health(self, service: str = "", *, timeout: float = 2.0) -> str:  # noqa: ASYNC109, RUF100
         """The gRPC health status of ``service`` ('' = overall) by name, e.g. ``SERVING``.
 
-        Unlike ``assemble`` this raises (``GRPCError``, ``OSError``, ``TimeoutError``):
-        a probe that cannot reach the service must say so, not fall back.
+        Unlike ``assemble`` this raises (``grpc.aio.AioRpcError``: UNAVAILABLE when nothing
+        answers): a probe that cannot reach the service must say so, not fall back.
         """
         await self.start()
-        endpoint = self._endpoints.pick()
-        if endpoint is None:
-            raise OSError(f"no address for {self.target.host}")
-        method = endpoint.unary(HEALTH_CHECK, HealthCheckRequest, HealthCheckResponse)
-        reply: HealthCheckResponse = await method(HealthCheckRequest(service=service), timeout=timeout)
-        return HealthCheckResponse.ServingStatus.Name(reply.status)
+        method = self._channel.unary(HEALTH_CHECK, HealthCheckRequest, HealthCheckResponse)
+        reply: HealthCheckResponse = await method(
+            HealthCheckRequest(service=service), timeout=timeout, metadata=self._auth
+        )
+        return str(HealthCheckResponse.ServingStatus.Name(reply.status))
 
     async def __aenter__(self) -> ContextClient:
         await self.start()
@@ -312,7 +287,7 @@ class ContextClient:
         started: float,
     ) -> AssembleResult:
         # The caller's budget covers the whole call: encoding, connecting, waiting.
-        deadline = Deadline.from_timeout(self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         try:
             request = pb.AssembleContextRequest(
                 org_id=org_id,
@@ -326,67 +301,37 @@ class ContextClient:
             # e.g. a message whose content is not a string: the caller's bug.
             failure = _Failure(f"{CLIENT_ERROR}:bad_request", detail=type(exc).__name__)
             return self._fallback(original, failure, started, request_id)
-        metadata: dict[str, str] = dict(self._auth)
+        carrier: dict[str, str] = {}
         if request_id:
-            metadata["x-request-id"] = request_id
+            carrier["x-request-id"] = request_id
         # The caller's current span (or ours) as W3C traceparent; a no-op without OTel.
-        propagate.inject(metadata)
-        if not self._started:
-            # First use without start(): resolving a DNS name may take long, but not longer
-            # than this call's budget.
-            try:
-                await asyncio.wait_for(self.start(), max(0.0, deadline.time_remaining()))
-            except TimeoutError:
-                return self._fallback(
-                    original, _Failure(CLIENT_TIMEOUT, "timeout", "starting"), started, request_id
-                )
-
-        attempts = 2 if self._endpoints.count() > 1 else 1
-        failure = _Failure(CLIENT_UNAVAILABLE, "connect", detail="no address")
-        for _ in range(attempts):
-            endpoint = self._endpoints.pick()
-            if endpoint is None:
-                break
-            try:
-                reply = await self._call(endpoint, request, deadline, metadata)
-            except Exception as exc:
-                failure = classify_failure(exc)
-                self._note_failure(endpoint, failure)
-                if failure.kind == "connect" and deadline.time_remaining() > _MIN_SECONDS_FOR_RETRY:
-                    continue
-                break
-            self._endpoints.succeeded(endpoint)
-            if not reply.messages and original:
-                failure = _Failure(f"{CLIENT_ERROR}:empty_response")
-                break
-            return AssembleResult(
-                messages=tuple(ChatMessage(m.role, m.content) for m in reply.messages),
-                metadata=reply.metadata,
-                fallback_reason=reply.metadata.fallback_reason,
-                from_service=True,
-                elapsed_seconds=time.perf_counter() - started,
+        propagate.inject(carrier)
+        metadata = (*self._auth, *carrier.items())
+        channel = self._channel
+        try:
+            if not self._started:
+                await self.start()
+            method = channel.unary(ASSEMBLE_CONTEXT, pb.AssembleContextRequest, pb.AssembleContextResponse)
+            reply: pb.AssembleContextResponse = await method(
+                request, timeout=max(0.0, deadline - time.monotonic()), metadata=metadata
             )
-        return self._fallback(original, failure, started, request_id)
-
-    @staticmethod
-    async def _call(
-        endpoint: Endpoint,
-        request: pb.AssembleContextRequest,
-        deadline: Deadline,
-        metadata: dict[str, str],
-    ) -> pb.AssembleContextResponse:
-        method = endpoint.unary(ASSEMBLE_CONTEXT, pb.AssembleContextRequest, pb.AssembleContextResponse)
-        # One deadline across the retry: the caller's budget is spent once.
-        reply: pb.AssembleContextResponse = await method(
-            request, timeout=max(0.0, deadline.time_remaining()), metadata=metadata
+        except Exception as exc:
+            failure = classify_failure(exc)
+            if failure.kind == "timeout":
+                channel.timed_out()
+            elif failure.kind == "unavailable":
+                channel.unavailable()
+            return self._fallback(original, failure, started, request_id)
+        channel.succeeded()
+        if not reply.messages and original:
+            return self._fallback(original, _Failure(f"{CLIENT_ERROR}:empty_response"), started, request_id)
+        return AssembleResult(
+            messages=tuple(ChatMessage(m.role, m.content) for m in reply.messages),
+            metadata=reply.metadata,
+            fallback_reason=reply.metadata.fallback_reason,
+            from_service=True,
+            elapsed_seconds=time.perf_counter() - started,
         )
-        return reply
-
-    def _note_failure(self, endpoint: Endpoint, failure: _Failure) -> None:
-        if failure.kind == "connect":
-            self._endpoints.connect_failed(endpoint)
-        elif failure.kind == "timeout":
-            self._endpoints.timed_out(endpoint)
 
     def _fallback(
         self, original: tuple[ChatMessage, ...], failure: _Failure, started: float, request_id: str

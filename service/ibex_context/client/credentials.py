@@ -5,10 +5,11 @@ certificate for mutual TLS) and a bearer token, from flags or ``IBEX_TLS_*`` /
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import grpc
 
 __all__ = ["ClientCredentials", "bearer_metadata"]
 
@@ -75,16 +76,15 @@ class ClientCredentials:
     def uses_tls(self) -> bool:
         return self.tls or self.ca_file is not None or self.cert_file is not None
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The client's TLS context (HTTP/2 by ALPN), or None for plaintext."""
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """grpcio's TLS credentials (the server verified against ``ca_file``, or the
+        system's CAs; this client's certificate for mutual TLS), or None for plaintext."""
         if not self.uses_tls:
             return None
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("a client certificate needs both its certificate and its key file")
-        context = ssl.create_default_context(
-            ssl.Purpose.SERVER_AUTH, cafile=str(self.ca_file) if self.ca_file else None
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes() if self.ca_file is not None else None,
+            private_key=self.key_file.read_bytes() if self.key_file is not None else None,
+            certificate_chain=self.cert_file.read_bytes() if self.cert_file is not None else None,
         )
-        if self.cert_file is not None and self.key_file is not None:
-            context.load_cert_chain(self.cert_file, self.key_file)
-        context.set_alpn_protocols(["h2"])
-        return context

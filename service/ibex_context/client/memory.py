@@ -10,19 +10,17 @@ from __future__ import annotations
 import enum
 import math
 import re
-import ssl as ssl_module
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
+import grpc
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.channels import SingleChannel
+from ibex_context.client.channels import ManagedChannel
 from ibex_context.client.context import classify_failure
-from ibex_context.client.credentials import bearer_metadata
+from ibex_context.client.credentials import ClientCredentials, bearer_metadata
 from ibex_context.client.memory_views import (
     ORDERS,
     DirectiveView,
@@ -57,7 +55,9 @@ DEFAULT_WRITE_TIMEOUT_SECONDS = 30.0
 class MemoryClientError(IbexError):
     """A write-side call failed. ``status`` is the gRPC status when the service answered."""
 
-    def __init__(self, method: str, reason: str, detail: str = "", status: Status | None = None) -> None:
+    def __init__(
+        self, method: str, reason: str, detail: str = "", status: grpc.StatusCode | None = None
+    ) -> None:
         super().__init__(f"{method} failed: {reason}" + (f" ({detail})" if detail else ""))
         self.method = method
         self.reason = reason
@@ -133,28 +133,31 @@ def memory_input(memory: NewMemory) -> pb.MemoryInput:
 
 
 class MemoryClient:
-    """MemoryService over one grpclib channel. Use ``async with`` or ``start()``/``close()``."""
+    """MemoryService over one grpc.aio channel. Use ``async with`` or ``start()``/``close()``."""
 
     def __init__(
         self,
         target: str | Target,
         *,
         timeout: float = DEFAULT_WRITE_TIMEOUT_SECONDS,
-        ssl: ssl_module.SSLContext | None = None,
+        credentials: ClientCredentials | None = None,
         batch_size: int = 500,
         token: str | None = None,
     ) -> None:
-        self._auth = bearer_metadata(token)
+        """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
+        given, is sent in place of theirs."""
+        credentials = credentials or ClientCredentials()
+        self._auth = tuple(bearer_metadata(token or credentials.token).items())
         self.target = parse_target(target) if isinstance(target, str) else target
         self.timeout = timeout
         self.batch_size = batch_size
-        self._channels = SingleChannel(self.target.host, self.target.port, ssl=ssl)
+        self._channel = ManagedChannel(self.target, credentials=credentials.channel_credentials())
 
     async def start(self) -> None:
-        await self._channels.start()
+        await self._channel.start()
 
     async def close(self) -> None:
-        await self._channels.close()
+        await self._channel.close()
 
     async def __aenter__(self) -> MemoryClient:
         await self.start()
@@ -360,15 +363,15 @@ class MemoryClient:
         raise MemoryClientError(method, "incomplete", f"not complete after {max_calls} calls; call again")
 
     async def _call(self, method: str, request: Any, reply_type: type[Any]) -> Any:
-        await self._channels.start()
-        endpoint = self._channels.pick()
-        assert endpoint is not None
-        unary = endpoint.unary(_SERVICE + method, type(request), reply_type)
+        await self._channel.start()
+        unary = self._channel.unary(_SERVICE + method, type(request), reply_type)
         try:
             return await unary(request, timeout=self.timeout, metadata=self._auth)
         except Exception as exc:
             failure = classify_failure(exc)
-            status = exc.status if isinstance(exc, GRPCError) else None
-            if status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
+            if failure.kind == "unavailable":
+                self._channel.unavailable()
+            status = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            if status in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise MemoryRequestInvalid(method, failure.reason, failure.detail, status) from exc
             raise MemoryClientError(method, failure.reason, failure.detail, status) from exc

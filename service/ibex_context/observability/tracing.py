@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING
 
-from grpclib.const import Status
+import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -48,14 +48,14 @@ AttributeValue = str | bool | int | float | tuple[str, ...]
 
 # Server-side gRPC codes that mark a span as an error (OpenTelemetry RPC semantic
 # conventions); INVALID_ARGUMENT and friends are the caller's problem, not ours.
-SERVER_ERROR_CODES: frozenset[Status] = frozenset(
+SERVER_ERROR_CODES: frozenset[grpc.StatusCode] = frozenset(
     {
-        Status.UNKNOWN,
-        Status.DEADLINE_EXCEEDED,
-        Status.UNIMPLEMENTED,
-        Status.INTERNAL,
-        Status.UNAVAILABLE,
-        Status.DATA_LOSS,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
     }
 )
 _MAX_DETAIL_CHARS = 200
@@ -258,7 +258,7 @@ class Tracing:
         report = state.report
         reason = sampling_decision(
             parent_sampled=state.parent_sampled,
-            failed=state.status is not Status.OK,
+            failed=state.status is not grpc.StatusCode.OK,
             degraded=report is not None and (report.outcome in _DEGRADED or bool(report.reasons)),
             duration_ms=state.duration_seconds * 1000,
             slow_ms=self.slow_ms,
@@ -325,7 +325,7 @@ def call_attributes(state: CallState, sampling_reason: str) -> dict[str, Attribu
         "ibex.sampling.reason": sampling_reason,
     }
     if state.status is not None:
-        attributes["rpc.grpc.status_code"] = state.status.value
+        attributes["rpc.grpc.status_code"] = state.status.value[0]  # (number, name)
     if state.request_id:
         attributes["ibex.request_id"] = state.request_id
     if state.deadline_ms is not None:

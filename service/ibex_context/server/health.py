@@ -15,11 +15,10 @@ check waits for it at most ``check_timeout`` and then reports it as timed out, a
 later check joins the probe still running instead of starting another. No result is
 cached: the first check after a store stops says so.
 
-Served as grpc.aio handlers of our own (``grpc.health.v1.Health``: Check and Watch).
-The messages are grpclib's generated ``health_pb2``, not grpcio-health-checking's:
-both register ``grpc.health.v1.HealthCheckRequest`` in protobuf's default descriptor
-pool, so a process importing both fails ("duplicate symbol"), and the client library
-(``ibex_context.client``) and every test talk to health through grpclib's.
+Served as grpc.aio handlers of our own (``grpc.health.v1.Health``: Check and Watch),
+since grpcio-health-checking's servicer knows a fixed status per name, not a store
+probe per Check; the messages are that package's ``health_pb2``, which the client
+library (``ibex_context.client``) and the tests use too.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from ibex_context.server.rpc import CallError, Method, unary, unary_stream
 from ibex_context.stores.base import HealthProbe, StoreHealth

@@ -3,10 +3,11 @@
 What grpcurl and grpc_cli ask: the services served, and the file descriptors of a
 file or a symbol (with their dependencies resolved by the client, one request each),
 from protobuf's default descriptor pool, where every generated module registers
-itself. The messages are grpclib's generated ``reflection_pb2`` modules rather than
-grpcio-reflection's: both register the same symbols in the default pool, and a
-process that imports both fails ("duplicate symbol"); the tests and the client
-library use grpclib's.
+itself. Written here rather than grpcio-reflection's servicer, which serves v1alpha
+only and cannot find the file of a method's symbol in upb's pool (``_symbol_file``).
+The messages are grpcio-reflection's ``v1alpha`` ones for both versions: v1 is the same
+messages with the same field numbers under a new package name, so the bytes on the
+wire are the same (that package does not ship v1's descriptors).
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
-from grpclib.reflection.v1 import reflection_pb2 as v1
-from grpclib.reflection.v1alpha import reflection_pb2 as v1alpha
+from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
 from ibex_context.server.rpc import Method, stream_stream
 
 __all__ = ["reflection_methods"]
 
 _VERSIONS: tuple[tuple[str, ModuleType], ...] = (
-    ("grpc.reflection.v1.ServerReflection", v1),
+    ("grpc.reflection.v1.ServerReflection", v1alpha),
     ("grpc.reflection.v1alpha.ServerReflection", v1alpha),
 )
 

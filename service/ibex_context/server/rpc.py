@@ -33,7 +33,6 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
-from grpclib.const import Status
 
 from ibex_context.observability.calls import CallObserver, CallState, interrupted_status
 
@@ -88,8 +87,6 @@ UnaryBehaviour = Callable[[Any, Context], Awaitable[Any]]
 UnaryStreamBehaviour = Callable[[Any, Context], AsyncIterator[Any]]
 StreamStreamBehaviour = Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]
 
-# grpc.StatusCode -> the status the observability layer records (same names and numbers).
-_STATUS: dict[grpc.StatusCode, Status] = {code: Status(code.value[0]) for code in grpc.StatusCode}
 INVALID_MESSAGE = "request: not a valid protobuf message"
 
 
@@ -120,16 +117,16 @@ def _parse(request_type: MessageType, data: bytes) -> Any:
         raise CallError(grpc.StatusCode.INVALID_ARGUMENT, INVALID_MESSAGE) from None
 
 
-def _fail(context: Context, path: str, exc: Exception) -> Status:
+def _fail(context: Context, path: str, exc: Exception) -> grpc.StatusCode:
     """Sets the call's status for what its handler raised; returns it."""
     if isinstance(exc, CallError):
         context.set_code(exc.code)
         context.set_details(exc.message)
-        return _STATUS[exc.code]
+        return exc.code
     log.error("%s failed", path, exc_info=exc)
     context.set_code(grpc.StatusCode.UNKNOWN)
     context.set_details(f"{path.rsplit('/', 1)[-1]} failed: {type(exc).__name__}")
-    return Status.UNKNOWN
+    return grpc.StatusCode.UNKNOWN
 
 
 def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Method:
@@ -138,7 +135,7 @@ def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Me
 
         async def serve(data: bytes, context: Context) -> Any:
             state = _begin(observer, path, context)
-            status = Status.OK
+            status = grpc.StatusCode.OK
             try:
                 request = _parse(request_type, data)
                 if check is not None:
@@ -214,7 +211,7 @@ async def _observed(
     for the unary-stream and stream-stream methods (``responses`` is called inside, so a
     request that does not parse ends the call like any other failure)."""
     state = _begin(observer, path, context)
-    status = Status.OK
+    status = grpc.StatusCode.OK
     try:
         async for response in responses():
             yield response
