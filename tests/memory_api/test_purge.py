@@ -1,19 +1,20 @@
-"""The purge against the real stores, below gRPC: it resumes where a call ran out
-of time, and its Redis tombstones refuse cache fills that read before it."""
+"""TenantPurge against the real stores, below gRPC: PostgreSQL first, then Redis; a call
+that runs out of time says so and the next one resumes; Redis tombstones refuse the
+cache fills of readers that read before the purge."""
 
 from __future__ import annotations
 
 import itertools
 import uuid
 
-import asyncpg
+import redis.asyncio as aioredis
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.postgres.graphs import graph_index_name
 from ibex_context.stores.redis import PURGE_DIRECTIVE_VERSION, RedisContextCache
 from ibex_context.stores.tenant_data import TenantData
 
 from tests.conftest import Tenant
+from tests.memory_api.clock import FakeClock
 from tests.stores.helpers import MakeMemory
 
 
@@ -76,32 +77,63 @@ async def test_tombstones_refuse_cache_fills_that_read_before_the_purge(
     assert cached is not None and cached.content is None and cached.version == PURGE_DIRECTIVE_VERSION
 
 
-async def test_a_purge_leaves_no_word_of_the_agent_and_drops_its_own_graph(
-    pg_store: PostgresMemoryStore, postgres_dsn: str, make_memory: MakeMemory, tenant: Tenant
+async def test_purge_org_stops_between_agents_when_out_of_time_and_the_next_call_finishes(
+    pg_store: PostgresMemoryStore, redis_cache: RedisContextCache, make_memory: MakeMemory, redis_url: str
 ) -> None:
-    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
-    await pg_store.upsert_memories(
-        tenant.org_id, tenant.agent_id, [make_memory(f"a zeppelin over harbour {i}") for i in range(4)]
+    org = str(uuid.uuid4())
+    agents = sorted(str(uuid.uuid4()) for _ in range(3))
+    for agent in agents:
+        await pg_store.upsert_memories(org, agent, [make_memory(f"fact of {agent}")])
+    clock = FakeClock()
+    told: list[tuple[str, str]] = []
+
+    async def purged(org_id: str, agent_id: str) -> None:
+        if (org_id, agent_id) not in told:
+            clock.now += 10.0  # an agent with rows takes the whole call's time; a purged one none
+        told.append((org_id, agent_id))
+
+    purge = TenantPurge(
+        data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0, clock=clock, purged=purged
     )
-    assert await pg_store.graphs.promote(tenant.org_id, tenant.agent_id)
-    name = graph_index_name(org, agent)
-    data = TenantData(pg_store.pool, purge_batch=10)
-    outcome = await data.purge_agent(tenant.org_id, tenant.agent_id, out_of_time=lambda: False)
-    assert outcome.complete and outcome.memories_deleted == 4
-    conn = await asyncpg.connect(postgres_dsn)
+    raw = aioredis.Redis.from_url(redis_url)
     try:
-        assert (
-            await conn.fetchval(
-                "SELECT count(*) FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2", org, agent
-            )
-            == 0
-        )
-        assert (
-            await conn.fetchval(
-                "SELECT count(*) FROM agent_graphs WHERE org_id = $1 AND agent_id = $2", org, agent
-            )
-            == 0
-        )
-        assert await conn.fetchval("SELECT to_regclass($1) IS NULL", name)
+        await raw.set(f"{{{org}}}:org_summary", b"derived")  # an org-wide key of no agent
+
+        first = await purge.purge_org(org)
+
+        # One agent per call: it is finished (rows, keys, replicas told) before the time check.
+        assert (first.agents_purged, first.memories_deleted, first.complete) == (1, 1, False)
+        assert told == [(org, agents[0])]
+        assert await raw.exists(f"{{{org}}}:org_summary")  # the org's own keys wait for the end
+
+        reports = [first]
+        while not reports[-1].complete:
+            reports.append(await purge.purge_org(org))
+            assert len(reports) <= 4
+
+        # A later call runs again over the agents already purged (their tombstones name
+        # them), finds nothing and goes on: one new agent per call.
+        assert [(r.memories_deleted, r.complete) for r in reports] == [(1, False), (1, False), (1, True)]
+        assert list(dict.fromkeys(agent for _, agent in told)) == agents
+        assert not await raw.exists(f"{{{org}}}:org_summary")
+        assert reports[-1].cache_keys_deleted >= 1
     finally:
-        await conn.close()
+        await raw.aclose()
+
+
+async def test_an_agent_known_only_to_the_cache_is_purged_with_its_org(
+    pg_store: PostgresMemoryStore, redis_cache: RedisContextCache, redis_url: str, tenant: Tenant
+) -> None:
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await raw.set(f"{{{tenant.org_id}}}:directive:{tenant.agent_id}", b"left by an older version")
+        purge = TenantPurge(data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0)
+
+        report = await purge.purge_org(tenant.org_id)
+
+        assert report.complete and report.agents_purged == 1 and report.memories_deleted == 0
+        assert report.cache_keys_deleted == 1
+        cached = await redis_cache.get_directive_state(tenant.org_id, tenant.agent_id)
+        assert cached is not None and cached.content is None and cached.version == PURGE_DIRECTIVE_VERSION
+    finally:
+        await raw.aclose()
