@@ -5,6 +5,7 @@ the tree (git keeps them) instead of piling up."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +17,13 @@ LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
 
 def _results_files() -> list[Path]:
-    return sorted(p for p in RESULTS.rglob("*") if p.is_file() and p != INDEX)
+    """The committed results (a local run's new file is the developer's until committed)."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "benchmarks/results"], capture_output=True, check=False
+    )
+    if listed.returncode != 0:  # not a git checkout: every file there
+        return sorted(p for p in RESULTS.rglob("*") if p.is_file() and p != INDEX)
+    return sorted(ROOT / name for name in listed.stdout.decode().split("\0") if name and ROOT / name != INDEX)
 
 
 def _links(document: Path) -> list[Path]:
