@@ -23,7 +23,6 @@ import platform
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.datastores import stores  # noqa: E402
+from loadtest.machine import git_commit  # noqa: E402
 from loadtest.workload import (  # noqa: E402
     DEFAULT_WEIGHTS,
     SCENARIOS,
@@ -95,22 +95,29 @@ def _heap_census(top: int) -> dict[str, Any]:
     }
 
 
+def in_process_settings(dsn: str, redis_url: str, **overrides: str) -> dict[str, str]:
+    """The environment of a service started in this process against the load test's
+    stores: the hashing embedder, no exporter, no auth, ports of its own."""
+    return {
+        "IBEX_POSTGRES_DSN": dsn,
+        "IBEX_REDIS_URL": redis_url,
+        "IBEX_GRPC_HOST": "127.0.0.1",
+        "IBEX_GRPC_PORT": "0",
+        "IBEX_METRICS_PORT": "0",
+        "IBEX_EMBEDDER": "hashing",
+        "IBEX_EMBEDDING_DIM": "384",
+        "IBEX_LOG_LEVEL": "WARNING",
+        "IBEX_TRACING_EXPORTER": "none",
+        "IBEX_AUTH_ENABLED": "false",
+        **overrides,
+    }
+
+
 async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: Path) -> dict[str, Any]:
     from ibex_context.server.app import ContextService
     from ibex_context.settings import Settings
 
-    os.environ.update(
-        IBEX_POSTGRES_DSN=dsn,
-        IBEX_REDIS_URL=redis_url,
-        IBEX_GRPC_HOST="127.0.0.1",
-        IBEX_GRPC_PORT="0",
-        IBEX_METRICS_PORT="0",
-        IBEX_EMBEDDER="hashing",
-        IBEX_EMBEDDING_DIM="384",
-        IBEX_LOG_LEVEL="WARNING",
-        IBEX_TRACING_EXPORTER="none",
-        IBEX_AUTH_ENABLED="false",
-    )
+    os.environ.update(in_process_settings(dsn, redis_url))
     service = ContextService(Settings())
     await service.start()
     try:
@@ -266,12 +273,7 @@ def main() -> int:
         "transport": "none (handler called in process; HTTP/2 excluded)",
         "machine": f"{os.cpu_count()} vCPU {platform.machine()}, shared with other work",
         "python": platform.python_version(),
-        "commit": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip(),
+        "commit": git_commit(),
     }
     print(json.dumps(result, indent=2))
     if profile:

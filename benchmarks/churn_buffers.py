@@ -42,30 +42,8 @@ from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.postgres.reads import HOT_SET_SQL
 from ibex_context.stores.postgres.searches import LEXICAL_ARRAYS_SQL, SEARCH_ARRAYS_SQL
 
-WORDS = [
-    "garden",
-    "invoice",
-    "meeting",
-    "rocket",
-    "violin",
-    "harbour",
-    "ledger",
-    "pottery",
-    "marathon",
-    "glacier",
-    "recipe",
-    "bicycle",
-    "orchard",
-    "lantern",
-    "compass",
-    "quarry",
-    "saddle",
-    "meadow",
-    "anchor",
-    "tundra",
-    "falcon",
-    "velvet",
-]
+from loadtest.corpus import churn_words
+
 QUERY = "rocket garden violin"
 DIM = 384
 
@@ -90,10 +68,7 @@ async def _measure(args: argparse.Namespace, dsn: str) -> list[dict[str, Any]]:
     embedder, rng = HashingEmbedder(DIM), random.Random(args.seed)
     store = PostgresMemoryStore(await create_pool(dsn, min_size=1, max_size=2, ef_search=64), ef_search=64)
     org, agent = str(uuid.uuid4()), str(uuid.uuid4())
-    memories = [
-        _memory(" ".join(rng.choice(WORDS) for _ in range(12)) + f" item{n}", embedder)
-        for n in range(args.memories)
-    ]
+    memories = [_memory(churn_words(rng) + f" item{n}", embedder) for n in range(args.memories)]
     for start in range(0, len(memories), 100):
         await store.upsert_memories(org, agent, memories[start : start + 100])
     conn = await store.pool.acquire()
@@ -146,9 +121,7 @@ async def _measure(args: argparse.Namespace, dsn: str) -> list[dict[str, Any]]:
     await state("after VACUUM ANALYZE memory_usage")
     for batch in range(0, args.churn, 100):
         churn = [
-            _memory(
-                " ".join(rng.choice(WORDS) for _ in range(12)) + f" churn{batch}-{n}", embedder, "episodic"
-            )
+            _memory(churn_words(rng) + f" churn{batch}-{n}", embedder, "episodic")
             for n in range(min(100, args.churn - batch))
         ]
         await store.upsert_memories(org, agent, churn)

@@ -52,7 +52,7 @@ from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
 from ibex_context.models import AssemblyRequest, ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig  # noqa: E402
 from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
-from ibex_context.pipeline.outcome import SourceResult, SourceStatus  # noqa: E402
+from ibex_context.pipeline.outcome import Reason, SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
 from ibex_context.profiles.model import BudgetLimits, Profile  # noqa: E402
 from ibex_context.server.convert import assemble_response  # noqa: E402
@@ -74,6 +74,9 @@ class _Sources:
         self.query: np.ndarray | None = None
         self.directive: Directive | None = None
         self.messages: tuple[ChatMessage, ...] = ()
+
+    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+        """The query's embedding is part of the answers ``start`` fills in."""
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         state.directive, state.directive_done = self.directive, True
@@ -290,6 +293,10 @@ async def _identity(
             for session in ("s", "s", "t"):
                 request = AssemblyRequest("o", "a", session, model, "r", messages)
                 assembly = await assembler.assemble(request, profile, deadlines)
+                if Reason.ASSEMBLY_ERROR in assembly.reasons and not failing:
+                    # The assembler caught an error of this harness (it no longer fits
+                    # the assembler's retriever): a digest of fallbacks would prove nothing.
+                    raise RuntimeError(f"{variant}: the assembly failed; run with logging to see why")
                 response = assemble_response(assembly, request_id="r", profile=fmt)
                 response.metadata.ClearField("timings")
                 for source in response.metadata.sources:
@@ -307,6 +314,9 @@ class _IdentityRetriever:
 
     def __init__(self, sources: _Sources, variant: str) -> None:
         self._sources, self._variant = sources, variant
+
+    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+        self._sources.begin_embedding(query, state)
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         tasks = self._sources.start(plan, state)

@@ -37,7 +37,6 @@ import functools
 import json
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -52,8 +51,9 @@ sys.path.insert(0, str(ROOT))
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy  # noqa: E402
 from ibex_context.profiles.schema import Deadlines  # noqa: E402
 
-from benchmarks.call_cpu import _Context, _requests  # noqa: E402
+from benchmarks.call_cpu import _Context, _requests, in_process_settings  # noqa: E402
 from loadtest.datastores import PgActivitySampler, stores, warm_postgres  # noqa: E402
+from loadtest.machine import git_commit  # noqa: E402
 from loadtest.workload import DEFAULT_WEIGHTS, Workload  # noqa: E402
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -282,20 +282,8 @@ async def _paced_calls(args: argparse.Namespace, dsn: str, redis_url: str, data_
     from ibex_context.server.app import ContextService
     from ibex_context.settings import Settings
 
-    os.environ.update(
-        IBEX_POSTGRES_DSN=dsn,
-        IBEX_REDIS_URL=redis_url,
-        IBEX_GRPC_HOST="127.0.0.1",
-        IBEX_GRPC_PORT="0",
-        IBEX_METRICS_PORT="0",
-        IBEX_EMBEDDER="hashing",
-        IBEX_EMBEDDING_DIM="384",
-        IBEX_LOG_LEVEL="WARNING",
-        IBEX_TRACING_EXPORTER="none",
-        # Every call assembles: none is shed because this (niced, shared) process fell behind.
-        IBEX_MAX_CONCURRENT_ASSEMBLIES="0",
-        IBEX_AUTH_ENABLED="false",
-    )
+    # Every call assembles: none is shed because this (niced, shared) process fell behind.
+    os.environ.update(in_process_settings(dsn, redis_url, IBEX_MAX_CONCURRENT_ASSEMBLIES="0"))
     meter = StatementMeter(statement_classifier())
     instrument_asyncpg(meter)
     service = ContextService(Settings())
@@ -549,12 +537,7 @@ def main() -> int:
         "setup_sql": str(args.setup_sql) if args.setup_sql else None,
         "mix": DEFAULT_WEIGHTS,
         "machine": f"{os.cpu_count()} vCPU {platform.machine()}, shared with other work",
-        "commit": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip(),
+        "commit": git_commit(),
     }
     print(json.dumps(result, indent=2))
     if args.out:

@@ -343,3 +343,37 @@ def conversation(
 
 def pick_weighted(rng: random.Random, items: Sequence[str], weights: Sequence[float]) -> str:
     return rng.choices(items, weights)[0]
+
+
+# The vocabulary of churn writes (``loadtest/soak``, ``benchmarks.churn_buffers``): a few
+# words, so every write adds postings to the same words, the ones the churn's searches
+# ask for (``benchmarks.churn_buffers``: "rocket garden violin").
+CHURN_WORDS: tuple[str, ...] = (
+    "garden",
+    "invoice",
+    "meeting",
+    "rocket",
+    "violin",
+    "harbour",
+    "ledger",
+    "pottery",
+    "marathon",
+    "glacier",
+    "recipe",
+    "bicycle",
+    "orchard",
+    "lantern",
+    "compass",
+    "quarry",
+    "saddle",
+    "meadow",
+    "anchor",
+    "tundra",
+    "falcon",
+    "velvet",
+)
+
+
+def churn_words(rng: random.Random) -> str:
+    """Twelve words of ``CHURN_WORDS``, drawn from ``rng``: a churn memory's text before its unique suffix."""
+    return " ".join(rng.choice(CHURN_WORDS) for _ in range(12))

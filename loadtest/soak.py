@@ -42,37 +42,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from loadtest import promdelta  # noqa: E402
+from loadtest.corpus import churn_words  # noqa: E402
 from loadtest.datastores import pin_stores, seed_if_needed, stores, warm_postgres  # noqa: E402
 from loadtest.generator import locust_command, locust_summary, wait_for_locust  # noqa: E402
 from loadtest.machine import cpu_model, git_commit, versions  # noqa: E402
 from loadtest.measure import Reading, read_counters, window_figures  # noqa: E402
 from loadtest.options import dataset_key, parse_args  # noqa: E402
 from loadtest.server import start_server, wait_ready  # noqa: E402
-
-_WORDS = (
-    "garden",
-    "invoice",
-    "meeting",
-    "rocket",
-    "violin",
-    "harbour",
-    "ledger",
-    "pottery",
-    "marathon",
-    "glacier",
-    "recipe",
-    "bicycle",
-    "orchard",
-    "lantern",
-    "compass",
-    "quarry",
-    "saddle",
-    "meadow",
-    "anchor",
-    "tundra",
-    "falcon",
-    "velvet",
-)
 
 # PostgreSQL's own view of the churn, summed per table family (partitions included).
 _PG_STATE_SQL = """
@@ -161,7 +137,7 @@ class Writer:
             next_at = time.monotonic()
             while not self._stop.is_set():
                 agent = rng.choice(self.agents)
-                content = " ".join(rng.choice(_WORDS) for _ in range(12)) + f" #{rng.randrange(10**9)}"
+                content = churn_words(rng) + f" #{rng.randrange(10**9)}"
                 try:
                     reply = await stub.UpsertMemories(
                         pb.UpsertMemoriesRequest(

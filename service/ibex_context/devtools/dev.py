@@ -16,7 +16,6 @@ import asyncio
 import importlib.util
 import logging
 import shlex
-import signal
 
 import click
 
@@ -25,6 +24,7 @@ from ibex_context.client import AssembleResult, ContextClient, MemoryClient
 from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
 from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.models import ChatMessage, NewMemory
+from ibex_context.server.lifecycle import stop_signal
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import migrate
 
@@ -101,11 +101,7 @@ async def run_stores(base: Settings, *, redis_port: int) -> None:
         click.echo(store_settings(stores.redis.url, stores.postgres.dsn))
         click.echo("ibex-context serve\n")
         click.echo("Press Ctrl-C to stop the stores.", nl=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await stop_signal()
         click.echo("stopping the stores")
 
 

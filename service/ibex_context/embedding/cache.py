@@ -82,12 +82,8 @@ class CachedEmbedder:
         """
         normalised = normalise_query(text)
         key = self._key(normalised)
-        cached = self._entries.get(key)
-        if cached is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
-            done.set_result(cached)
+        done = self._cached(key)
+        if done is not None:
             return done
         pending = self._inflight.get(key)
         if pending is not None:
@@ -102,12 +98,8 @@ class CachedEmbedder:
         waits: list[asyncio.Future[FloatVector] | None] = []
         new_keys: dict[_Key, str] = {}
         for key, text in zip(keys, normalised, strict=True):
-            cached = self._entries.get(key)
-            if cached is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
-                done.set_result(cached)
+            done = self._cached(key)
+            if done is not None:
                 waits.append(done)
             elif key in self._inflight:
                 self.shared += 1
@@ -123,6 +115,18 @@ class CachedEmbedder:
             started = dict(zip(new_keys, self._start(list(new_keys), list(new_keys.values())), strict=True))
             waits = [wait or started[key] for key, wait in zip(keys, waits, strict=True)]
         return [await asyncio.shield(wait) for wait in waits if wait is not None]
+
+    def _cached(self, key: _Key) -> asyncio.Future[FloatVector] | None:
+        """A done future of the cached embedding (a hit, now the most recent entry), or
+        None when ``key`` is not cached."""
+        cached = self._entries.get(key)
+        if cached is None:
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
+        done.set_result(cached)
+        return done
 
     def _start(self, keys: list[_Key], texts: list[str]) -> list[asyncio.Future[FloatVector]]:
         """One inner call for ``texts`` (distinct, none cached or in flight), started now."""

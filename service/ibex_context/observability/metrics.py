@@ -116,6 +116,24 @@ def split_method(method: str) -> tuple[str, str]:
     return service, name
 
 
+class _Declare:
+    """Declares the service's metrics in one registry (so no declaration repeats it)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, documentation, labels, registry=self._registry)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, documentation, labels, registry=self._registry)
+
+    def histogram(
+        self, name: str, documentation: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, documentation, labels, buckets=buckets, registry=self._registry)
+
+
 class Metrics:
     """Every metric of the service, registered in ``registry``."""
 
@@ -127,189 +145,161 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         self._known_reasons = known_reasons
+        declare = _Declare(registry)
 
-        self.assembly_duration = Histogram(
+        self.assembly_duration = declare.histogram(
             "ibex_context_assembly_duration_seconds",
             "Wall time of AssembleContext, from request parsed to response built, by outcome.",
             ["outcome"],
             buckets=ASSEMBLY_BUCKETS,
-            registry=registry,
         )
-        self.stage_duration = Histogram(
+        self.stage_duration = declare.histogram(
             "ibex_context_stage_duration_seconds",
             "Wall time of one assembly stage.",
             ["stage"],
             buckets=STAGE_BUCKETS,
-            registry=registry,
         )
-        self.degradations = Counter(
+        self.degradations = declare.counter(
             "ibex_context_assembly_degradation",
             "Assemblies by how much of the pipeline ran "
             "(full, partial, hot_only, cold_only, directive_only, pass_through).",
             ["level"],
-            registry=registry,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = declare.counter(
             "ibex_context_fallbacks",
             "Degradation reasons; an assembly with several reasons counts once for each.",
             ["reason"],
-            registry=registry,
         )
-        self.retrieval_failures = Counter(
+        self.retrieval_failures = declare.counter(
             "ibex_context_retrieval_failures",
             "Retrieval sources that timed out or failed.",
             ["source", "kind"],
-            registry=registry,
         )
-        self.cold_plans = Counter(
+        self.cold_plans = declare.counter(
             "ibex_context_cold_search_plans",
             "Vector searches that answered, by the plan the service chose for the agent's size"
             " (exact scan or the partition's HNSW graph; ADR-0009).",
             ["plan"],
-            registry=registry,
         )
-        self.memories_injected = Histogram(
+        self.memories_injected = declare.histogram(
             "ibex_context_memories_injected",
             "Memories injected per assembly.",
             buckets=MEMORY_COUNT_BUCKETS,
-            registry=registry,
         )
-        self.tokens_injected = Histogram(
+        self.tokens_injected = declare.histogram(
             "ibex_context_tokens_injected",
             "Tokens injected (directive, memories and framing) per assembly.",
             buckets=TOKEN_BUCKETS,
-            registry=registry,
         )
-        self.budget_utilisation = Histogram(
+        self.budget_utilisation = declare.histogram(
             "ibex_context_budget_utilisation_ratio",
             "Share of the memory token budget used by the injected memories.",
             buckets=UTILISATION_BUCKETS,
-            registry=registry,
         )
-        self.candidates_evaluated = Histogram(
+        self.candidates_evaluated = declare.histogram(
             "ibex_context_candidates_evaluated",
             "Candidate memories scored per assembly.",
             buckets=CANDIDATE_BUCKETS,
-            registry=registry,
         )
-        self.store_up = Gauge(
+        self.store_up = declare.gauge(
             "ibex_context_store_up",
             "1 while the store answered its last health probe, 0 after a failure or a timeout. "
             "Readiness does not follow it (calls degrade instead); alert on it.",
             ["store"],
-            registry=registry,
         )
-        self.inflight_calls = Gauge(
+        self.inflight_calls = declare.gauge(
             "ibex_context_inflight_calls",
             "gRPC calls being handled right now (the HPA scales on this).",
-            registry=registry,
         )
         # gRPC server metrics under the names and labels of go-grpc-prometheus / py-grpc-prometheus
         # (grpc_server_handled_total, grpc_server_handling_seconds), so the dashboards and alerts
         # platform teams already run for gRPC servers work unchanged. Every method is unary.
-        self.grpc_requests = Counter(
+        self.grpc_requests = declare.counter(
             "grpc_server_handled",
             "Finished gRPC calls by method and status code.",
             ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
-            registry=registry,
         )
-        self.grpc_duration = Histogram(
+        self.grpc_duration = declare.histogram(
             "grpc_server_handling_seconds",
             "Server-side wall time of gRPC calls, request received to trailers sent.",
             ["grpc_type", "grpc_service", "grpc_method"],
             buckets=RPC_BUCKETS,
-            registry=registry,
         )
-        self.post_response_queue_depth = Gauge(
+        self.post_response_queue_depth = declare.gauge(
             "ibex_context_post_response_queue_depth",
             "Usage updates waiting to be written after responses were sent.",
-            registry=registry,
         )
-        self.post_response_dropped = Counter(
+        self.post_response_dropped = declare.counter(
             "ibex_context_post_response_dropped",
             "Usage updates dropped because the post-response queue was full.",
-            registry=registry,
         )
-        self.post_response_failures = Counter(
+        self.post_response_failures = declare.counter(
             "ibex_context_post_response_failures",
             "Post-response batches that failed to write.",
-            registry=registry,
         )
-        self.profile_reloads = Counter(
+        self.profile_reloads = declare.counter(
             "ibex_context_profile_reloads",
             "Profile reloads by outcome (success, failure).",
             ["outcome"],
-            registry=registry,
         )
-        self.profile_reload_last_success = Gauge(
+        self.profile_reload_last_success = declare.gauge(
             "ibex_context_profile_reload_last_success_timestamp_seconds",
             "Unix time of the last successful profile load.",
-            registry=registry,
         )
-        self.profiles_loaded = Gauge(
+        self.profiles_loaded = declare.gauge(
             "ibex_context_profiles_loaded",
             "Profiles currently loaded.",
-            registry=registry,
         )
-        self.gc_pause = Histogram(
+        self.gc_pause = declare.histogram(
             "ibex_context_gc_pause_seconds",
             "Event-loop stalls from the cyclic garbage collector, by generation collected.",
             ["generation"],
             buckets=GC_PAUSE_BUCKETS,
-            registry=registry,
         )
-        self.event_loop_lag = Histogram(
+        self.event_loop_lag = declare.histogram(
             "ibex_context_event_loop_lag_seconds",
             "How late a timer due every 50 ms ran: how long ready work waits for the event loop "
             "(an idle loop shows up to ~1 ms: epoll waits in whole milliseconds).",
             buckets=LOOP_LAG_BUCKETS,
-            registry=registry,
         )
-        self.event_loop_longest_iteration = Histogram(
+        self.event_loop_longest_iteration = declare.histogram(
             "ibex_context_event_loop_longest_iteration_seconds",
             "Longest event-loop iteration (the work between two polls for I/O) in each 50 ms "
             "interval; not reported on uvloop.",
             buckets=LOOP_LAG_BUCKETS,
-            registry=registry,
         )
-        self.postgres_reads = Counter(
+        self.postgres_reads = declare.counter(
             "ibex_context_postgres_reads",
             "Searches by the PostgreSQL that answered (target: primary, replica) and why "
             "(reason: replica; no_replica, behind_write, mark_unknown, replica_failed: the primary's).",
             ["target", "reason"],
-            registry=registry,
         )
-        self.replica_lag = Gauge(
+        self.replica_lag = declare.gauge(
             "ibex_context_postgres_replica_lag_seconds",
             "How long ago the primary was at the WAL position the read replica has replayed "
             "(as of the last poll); a replica past IBEX_POSTGRES_REPLICA_MAX_LAG_SECONDS takes no reads.",
             ["replica"],
-            registry=registry,
         )
-        self.replica_lag_bytes = Gauge(
+        self.replica_lag_bytes = declare.gauge(
             "ibex_context_postgres_replica_lag_bytes",
             "WAL bytes the read replica had still to replay at the last poll.",
             ["replica"],
-            registry=registry,
         )
-        self.replica_up = Gauge(
+        self.replica_up = declare.gauge(
             "ibex_context_postgres_replica_up",
             "1 while the read replica takes reads (answered its last poll, within the lag bound).",
             ["replica"],
-            registry=registry,
         )
-        self.auth_refusals = Counter(
+        self.auth_refusals = declare.counter(
             "ibex_context_auth_refusals",
             "Calls refused before their handler ran, by method and reason: unauthenticated (no "
             "credential or an unknown one), role (the credential lacks the method's role), org "
             "(bound to another org). No principal or tenant ids.",
             ["method", "reason"],
-            registry=registry,
         )
-        self.gc_frozen_objects = Gauge(
+        self.gc_frozen_objects = declare.gauge(
             "ibex_context_gc_frozen_objects",
             "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
-            registry=registry,
         )
 
         # Children resolved once: .labels() takes a lock and hashes on every call,

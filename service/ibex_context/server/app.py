@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import signal
 import ssl
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
-from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
+from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls, stop_signal
 from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.reflection import reflection_methods
@@ -381,11 +380,7 @@ class ContextService:
             self.tracing.shutdown()
 
     async def serve_until_signal(self) -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await stop_signal()
         log.info("signal received; draining")
         await self.stop()
 

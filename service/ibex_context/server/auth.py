@@ -44,21 +44,16 @@ class Role(enum.StrEnum):
 _ASSEMBLY = "/ibex.context.v1.ContextAssemblyService/"
 _MEMORY = "/ibex.context.v1.MemoryService/"
 
+# MemoryService's methods by the role each requires.
+_MEMORY_METHODS_BY_ROLE: Mapping[Role, tuple[str, ...]] = {
+    Role.WRITE: ("UpsertMemories", "DeleteMemories", "SetDirective", "ClearDirective", "RecordFeedback"),
+    Role.READ: ("GetMemories", "ListMemories", "SearchMemories", "GetDirective", "ExportMemories"),
+    Role.ADMIN: ("PurgeAgent", "PurgeOrg"),
+}
 # The role each served method requires (a test checks that every method of the proto is here).
 METHOD_ROLES: Mapping[str, Role] = {
     _ASSEMBLY + "AssembleContext": Role.ASSEMBLE,
-    _MEMORY + "UpsertMemories": Role.WRITE,
-    _MEMORY + "DeleteMemories": Role.WRITE,
-    _MEMORY + "SetDirective": Role.WRITE,
-    _MEMORY + "ClearDirective": Role.WRITE,
-    _MEMORY + "RecordFeedback": Role.WRITE,
-    _MEMORY + "GetMemories": Role.READ,
-    _MEMORY + "ListMemories": Role.READ,
-    _MEMORY + "SearchMemories": Role.READ,
-    _MEMORY + "GetDirective": Role.READ,
-    _MEMORY + "ExportMemories": Role.READ,
-    _MEMORY + "PurgeAgent": Role.ADMIN,
-    _MEMORY + "PurgeOrg": Role.ADMIN,
+    **{_MEMORY + name: role for role, names in _MEMORY_METHODS_BY_ROLE.items() for name in names},
 }
 
 

@@ -2,7 +2,8 @@
 
 Handlers translate between the wire and the pipeline; they hold no logic of
 their own beyond validation and error mapping. Each is ``(request, context) ->
-response``; ``server/rpc.py`` parses, serializes and observes around it.
+response``; ``server/rpc.py`` parses, serializes and observes around it, and
+``server/handling.py`` does what every memory method does around its work.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import grpc
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.errors import InvalidRequest, StoreError
+from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.deadlines import DeadlinePolicy
@@ -23,6 +24,7 @@ from ibex_context.pipeline.post_response import InjectionQueue
 from ibex_context.pipeline.report import AssemblyReport, build_report, invalid_report
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
+from ibex_context.server.handling import agent_scoped
 from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
 from ibex_context.server.rpc import CallError, Context, Method, service_methods
 
@@ -111,83 +113,56 @@ class MemoryHandler:
         """Every method of MemoryService in the proto (``MemoryServiceHandler`` has them all)."""
         return service_methods(pb.DESCRIPTOR.services_by_name["MemoryService"], pb, self)
 
+    @agent_scoped
     async def UpsertMemories(
-        self, message: pb.UpsertMemoriesRequest, _context: Context
+        self, message: pb.UpsertMemoriesRequest, org_id: str, agent_id: str
     ) -> pb.UpsertMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("UpsertMemories"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            memories = validation.new_memories(message.memories, self._limits)
-            results = await self._writes.upsert(org_id, agent_id, memories)
-            return pb.UpsertMemoriesResponse(
-                results=[
-                    pb.UpsertResult(id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED))
-                    for r in results
-                ]
-            )
+        memories = validation.new_memories(message.memories, self._limits)
+        results = await self._writes.upsert(org_id, agent_id, memories)
+        return pb.UpsertMemoriesResponse(
+            results=[
+                pb.UpsertResult(id=r.id, outcome=_OUTCOMES.get(r.outcome, pb.UPSERT_OUTCOME_UNCHANGED))
+                for r in results
+            ]
+        )
 
+    @agent_scoped
     async def DeleteMemories(
-        self, message: pb.DeleteMemoriesRequest, _context: Context
+        self, message: pb.DeleteMemoriesRequest, org_id: str, agent_id: str
     ) -> pb.DeleteMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("DeleteMemories"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            ids = validation.memory_ids(message.ids)
-            deleted = await self._writes.delete(org_id, agent_id, ids)
-            return pb.DeleteMemoriesResponse(deleted=deleted)
+        ids = validation.memory_ids(message.ids)
+        deleted = await self._writes.delete(org_id, agent_id, ids)
+        return pb.DeleteMemoriesResponse(deleted=deleted)
 
+    @agent_scoped
     async def SetDirective(
-        self, message: pb.SetDirectiveRequest, _context: Context
+        self, message: pb.SetDirectiveRequest, org_id: str, agent_id: str
     ) -> pb.SetDirectiveResponse:
-        with self._inflight.track(), _errors_to_status("SetDirective"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            content = validation.directive_content(message.content, self._limits)
-            version = await self._writes.set_directive(org_id, agent_id, content)
-            return pb.SetDirectiveResponse(version=version)
+        content = validation.directive_content(message.content, self._limits)
+        version = await self._writes.set_directive(org_id, agent_id, content)
+        return pb.SetDirectiveResponse(version=version)
 
+    @agent_scoped
     async def ClearDirective(
-        self, message: pb.ClearDirectiveRequest, _context: Context
+        self, message: pb.ClearDirectiveRequest, org_id: str, agent_id: str
     ) -> pb.ClearDirectiveResponse:
-        with self._inflight.track(), _errors_to_status("ClearDirective"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            cleared = await self._writes.clear_directive(org_id, agent_id)
-            return pb.ClearDirectiveResponse(cleared=cleared)
+        cleared = await self._writes.clear_directive(org_id, agent_id)
+        return pb.ClearDirectiveResponse(cleared=cleared)
 
+    @agent_scoped
     async def RecordFeedback(
-        self, message: pb.RecordFeedbackRequest, _context: Context
+        self, message: pb.RecordFeedbackRequest, org_id: str, agent_id: str
     ) -> pb.RecordFeedbackResponse:
-        with self._inflight.track(), _errors_to_status("RecordFeedback"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            session_id = validation.uuid_field(message.session_id, "session_id", required=False) or None
-            items = validation.feedback(message.feedback)
-            updates = await self._writes.record_feedback(org_id, agent_id, session_id, items)
-            return pb.RecordFeedbackResponse(
-                updates=[
-                    pb.MemoryScoreUpdate(
-                        memory_id=u.memory_id,
-                        previous_usefulness=u.previous_usefulness,
-                        new_usefulness=u.new_usefulness,
-                    )
-                    for u in updates
-                ]
-            )
-
-
-class _errors_to_status:
-    """Maps our exceptions to gRPC statuses for the write side."""
-
-    def __init__(self, method: str) -> None:
-        self._method = method
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, InvalidRequest):
-            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if isinstance(exc, StoreError):
-            log.warning("%s failed: %s", self._method, type(exc).__name__)
-            raise CallError(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {type(exc).__name__}") from None
-        if isinstance(exc, Exception) and not isinstance(exc, CallError):
-            log.error("%s failed", self._method, exc_info=exc)
-            raise CallError(
-                grpc.StatusCode.INTERNAL, f"{self._method} failed: {type(exc).__name__}"
-            ) from None
+        session_id = validation.uuid_field(message.session_id, "session_id", required=False) or None
+        items = validation.feedback(message.feedback)
+        updates = await self._writes.record_feedback(org_id, agent_id, session_id, items)
+        return pb.RecordFeedbackResponse(
+            updates=[
+                pb.MemoryScoreUpdate(
+                    memory_id=u.memory_id,
+                    previous_usefulness=u.previous_usefulness,
+                    new_usefulness=u.new_usefulness,
+                )
+                for u in updates
+            ]
+        )

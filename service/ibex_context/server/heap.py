@@ -5,7 +5,7 @@ the event loop while it does. After start-up that is ~80k objects (the imported
 modules, protobuf descriptors, pydantic models, tokenizer tables); under load here a
 full collection ran every ~11 s and took 60-80 ms, longer than the whole 45 ms call
 deadline, so each one failed the few calls in flight
-(``benchmarks/results/loadtest/2026-11-23-analysis-third-pass.md``).
+(2026-11-23, ``git show 10aaf5b:benchmarks/results/loadtest/2026-11-23-analysis-third-pass.md``).
 
 Start-up objects live as long as the process, so the service moves them out of the
 collector's sight once it has built them (``gc.freeze``, as the CPython docs suggest

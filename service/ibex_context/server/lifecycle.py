@@ -5,9 +5,19 @@ letting every call miss its deadline."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+
+async def stop_signal() -> None:
+    """Returns once the process is asked to stop: SIGTERM (Kubernetes, systemd) or SIGINT (Ctrl-C)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 class InflightCalls:

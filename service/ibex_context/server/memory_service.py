@@ -13,9 +13,9 @@ from ibex_context.memory_api.purge import PurgeReport, TenantPurge
 from ibex_context.memory_api.reads import MemoryReads
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.server import read_validation, validation
-from ibex_context.server.handlers import MemoryHandler, _errors_to_status
+from ibex_context.server.handlers import MemoryHandler
+from ibex_context.server.handling import agent_scoped, handled
 from ibex_context.server.lifecycle import InflightCalls
-from ibex_context.server.rpc import Context
 from ibex_context.stores.tenant_data import StoredRow
 
 
@@ -89,81 +89,76 @@ class MemoryServiceHandler(MemoryHandler):
         self._reads = reads
         self._purge = purge
 
-    async def GetMemories(self, message: pb.GetMemoriesRequest, _context: Context) -> pb.GetMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("GetMemories"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            ids = read_validation.get_ids(message.ids)
-            rows = await self._reads.get(org_id, agent_id, ids, with_embedding=message.include_embedding)
-            return pb.GetMemoriesResponse(memories=[stored_memory(r) for r in rows])
+    @agent_scoped
+    async def GetMemories(
+        self, message: pb.GetMemoriesRequest, org_id: str, agent_id: str
+    ) -> pb.GetMemoriesResponse:
+        ids = read_validation.get_ids(message.ids)
+        rows = await self._reads.get(org_id, agent_id, ids, with_embedding=message.include_embedding)
+        return pb.GetMemoriesResponse(memories=[stored_memory(r) for r in rows])
 
+    @agent_scoped
     async def ListMemories(
-        self, message: pb.ListMemoriesRequest, _context: Context
+        self, message: pb.ListMemoriesRequest, org_id: str, agent_id: str
     ) -> pb.ListMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("ListMemories"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            page = await self._reads.list_page(org_id, agent_id, read_validation.list_query(message))
-            return pb.ListMemoriesResponse(
-                memories=await _converted(page.rows), next_page_token=page.next_token
-            )
+        page = await self._reads.list_page(org_id, agent_id, read_validation.list_query(message))
+        return pb.ListMemoriesResponse(memories=await _converted(page.rows), next_page_token=page.next_token)
 
+    @agent_scoped
     async def SearchMemories(
-        self, message: pb.SearchMemoriesRequest, _context: Context
+        self, message: pb.SearchMemoriesRequest, org_id: str, agent_id: str
     ) -> pb.SearchMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("SearchMemories"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            query, vector, top_k = read_validation.search_query(message, self._limits.embedding_dim)
-            results = await self._reads.search(org_id, agent_id, query, vector, top_k)
-            return pb.SearchMemoriesResponse(
-                hits=[
-                    pb.SearchHit(
-                        memory=stored_memory(r.memory),
-                        similarity=r.hit.similarity,
-                        lexical_score=r.hit.lexical_score or 0.0,
-                        relevance=r.hit.relevance,
-                    )
-                    for r in results
-                ]
-            )
+        query, vector, top_k = read_validation.search_query(message, self._limits.embedding_dim)
+        results = await self._reads.search(org_id, agent_id, query, vector, top_k)
+        return pb.SearchMemoriesResponse(
+            hits=[
+                pb.SearchHit(
+                    memory=stored_memory(r.memory),
+                    similarity=r.hit.similarity,
+                    lexical_score=r.hit.lexical_score or 0.0,
+                    relevance=r.hit.relevance,
+                )
+                for r in results
+            ]
+        )
 
+    @agent_scoped
     async def GetDirective(
-        self, message: pb.GetDirectiveRequest, _context: Context
+        self, message: pb.GetDirectiveRequest, org_id: str, agent_id: str
     ) -> pb.GetDirectiveResponse:
-        with self._inflight.track(), _errors_to_status("GetDirective"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            row = await self._reads.directive(org_id, agent_id)
-            reply = pb.GetDirectiveResponse(
-                exists=row.content is not None, content=row.content or "", version=row.version
-            )
-            if row.updated_at is not None:
-                _stamp(reply.updated_at, row.updated_at)
-            return reply
+        row = await self._reads.directive(org_id, agent_id)
+        reply = pb.GetDirectiveResponse(
+            exists=row.content is not None, content=row.content or "", version=row.version
+        )
+        if row.updated_at is not None:
+            _stamp(reply.updated_at, row.updated_at)
+        return reply
 
-    async def ExportMemories(
-        self, message: pb.ExportMemoriesRequest, _context: Context
-    ) -> pb.ExportMemoriesResponse:
-        with self._inflight.track(), _errors_to_status("ExportMemories"):
-            org_id = validation.uuid_field(message.org_id, "org_id")
-            agent_id = read_validation.optional_agent(message.agent_id)
-            size = read_validation.page_size(message.page_size, read_validation.DEFAULT_EXPORT_PAGE_SIZE)
-            page = await self._reads.export(
-                org_id,
-                agent_id,
-                page_size=size,
-                page_token=message.page_token,
-                with_embedding=message.include_embedding,
-            )
-            return pb.ExportMemoriesResponse(
-                memories=await _converted(page.rows), next_page_token=page.next_token
-            )
+    @handled
+    async def ExportMemories(self, message: pb.ExportMemoriesRequest) -> pb.ExportMemoriesResponse:
+        org_id = validation.uuid_field(message.org_id, "org_id")
+        agent_id = read_validation.optional_agent(message.agent_id)
+        size = read_validation.page_size(message.page_size, read_validation.DEFAULT_EXPORT_PAGE_SIZE)
+        page = await self._reads.export(
+            org_id,
+            agent_id,
+            page_size=size,
+            page_token=message.page_token,
+            with_embedding=message.include_embedding,
+        )
+        return pb.ExportMemoriesResponse(
+            memories=await _converted(page.rows), next_page_token=page.next_token
+        )
 
-    async def PurgeAgent(self, message: pb.PurgeAgentRequest, _context: Context) -> pb.PurgeAgentResponse:
-        with self._inflight.track(), _errors_to_status("PurgeAgent"):
-            org_id, agent_id = validation.scope(message.org_id, message.agent_id)
-            report = await self._purge.purge_agent(org_id, agent_id)
-            return pb.PurgeAgentResponse(**_purge_fields(report))
+    @agent_scoped
+    async def PurgeAgent(
+        self, message: pb.PurgeAgentRequest, org_id: str, agent_id: str
+    ) -> pb.PurgeAgentResponse:
+        report = await self._purge.purge_agent(org_id, agent_id)
+        return pb.PurgeAgentResponse(**_purge_fields(report))
 
-    async def PurgeOrg(self, message: pb.PurgeOrgRequest, _context: Context) -> pb.PurgeOrgResponse:
-        with self._inflight.track(), _errors_to_status("PurgeOrg"):
-            org_id = validation.uuid_field(message.org_id, "org_id")
-            report = await self._purge.purge_org(org_id)
-            return pb.PurgeOrgResponse(**_purge_fields(report))
+    @handled
+    async def PurgeOrg(self, message: pb.PurgeOrgRequest) -> pb.PurgeOrgResponse:
+        org_id = validation.uuid_field(message.org_id, "org_id")
+        report = await self._purge.purge_org(org_id)
+        return pb.PurgeOrgResponse(**_purge_fields(report))

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import asyncpg
 from redis.exceptions import RedisError
@@ -122,28 +122,30 @@ class ContextRepository:
         return records
 
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
-        if self._routing is None:
-            return await self._postgres.search(org_id, agent_id, embedding, limit)
-        pool, replica = await self._routing.pool_for(org_id, agent_id)
-        if replica is None:
-            return await self._postgres.search(org_id, agent_id, embedding, limit)
-        try:
-            return await self._postgres.search(org_id, agent_id, embedding, limit, on=pool)
-        except StoreError:  # the replica failed (StoreUnavailable is one): the primary answers
-            self._routing.replica_failed(replica)
-            return await self._postgres.search(org_id, agent_id, embedding, limit)
+        return await self._routed(
+            org_id, agent_id, lambda on: self._postgres.search(org_id, agent_id, embedding, limit, on=on)
+        )
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+        return await self._routed(
+            org_id, agent_id, lambda on: self._postgres.search_lexical(org_id, agent_id, query, limit, on=on)
+        )
+
+    async def _routed(
+        self, org_id: str, agent_id: str, search: Callable[[asyncpg.Pool | None], Awaitable[Candidates]]
+    ) -> Candidates:
+        """``search`` on a replica that has replayed the agent's writes, else on the
+        primary (``on=None``); a replica that fails is reported and the primary answers."""
         if self._routing is None:
-            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+            return await search(None)
         pool, replica = await self._routing.pool_for(org_id, agent_id)
         if replica is None:
-            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+            return await search(None)
         try:
-            return await self._postgres.search_lexical(org_id, agent_id, query, limit, on=pool)
-        except StoreError:
+            return await search(pool)
+        except StoreError:  # the replica failed (StoreUnavailable is one): the primary answers
             self._routing.replica_failed(replica)
-            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+            return await search(None)
 
     # ================================================================ hot set rebuild
 

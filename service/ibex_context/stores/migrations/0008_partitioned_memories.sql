@@ -15,7 +15,7 @@
 -- constraints and triggers. A SHARE lock on the old table throughout: reads (searches)
 -- go on, writes wait until the migration commits; the final swap holds an ACCESS
 -- EXCLUSIVE lock for seconds. Measured here: 91 s for 100k memories at load average ~5
--- (benchmarks/results/migration_0008-*.md); about 15 min expected for 1M (ADR-0009).
+-- (ADR-0009, which records the run); about 15 min expected for 1M.
 -- memory_terms, memory_stats and memory_usage are keyed by tenant and unchanged.
 
 LOCK TABLE memories IN SHARE MODE;

@@ -8,7 +8,7 @@
 -- the cost. Short questions against long memories are far from every stored vector, and
 -- a sparse graph's greedy walk settles in the wrong neighbourhood; a graph with twice
 -- the links per node reaches 0.972 (100 x 10k) and 0.915-0.955 (1 x 100k, by question
--- sample) at ef_search 400 on the same data (benchmarks/results/cold_plans-*-0010*.md).
+-- sample) at ef_search 400 on the same data (ADR-0009 "Recall").
 -- The service's ef_search rises with it: 200, and 400 for agents of more than 50,000
 -- memories (Settings.hnsw_ef_search, hnsw_ef_search_large_agents).
 --
@@ -17,7 +17,7 @@
 -- graphs), then the old index is dropped and the new one takes its name (ACCESS
 -- EXCLUSIVE, milliseconds). Measured here: 1,433 s for 1M memories (100 x 10k), 299 s
 -- for one agent of 100k, niced beside other jobs at load average 7-13
--- (benchmarks/results/migration_0010-*.md, ADR-0009). An installation that cannot stop
+-- (benchmarks/results/migration_0010-100x10000.md, ADR-0009). An installation that cannot stop
 -- writes that long builds memories_embedding_hnsw_m32 beforehand, concurrently, one
 -- partition at a time (ADR-0009 gives the statements); this migration then only swaps.
 

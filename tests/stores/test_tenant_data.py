@@ -1,0 +1,44 @@
+"""TenantData against the real PostgreSQL: what purging an agent's rows removes."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres.graphs import graph_index_name
+from ibex_context.stores.tenant_data import TenantData
+
+from tests.conftest import Tenant
+from tests.stores.helpers import MakeMemory
+
+
+async def test_a_purge_leaves_no_word_of_the_agent_and_drops_its_own_graph(
+    pg_store: PostgresMemoryStore, postgres_dsn: str, make_memory: MakeMemory, tenant: Tenant
+) -> None:
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    await pg_store.upsert_memories(
+        tenant.org_id, tenant.agent_id, [make_memory(f"a zeppelin over harbour {i}") for i in range(4)]
+    )
+    assert await pg_store.graphs.promote(tenant.org_id, tenant.agent_id)
+    name = graph_index_name(org, agent)
+    data = TenantData(pg_store.pool, purge_batch=10)
+    outcome = await data.purge_agent(tenant.org_id, tenant.agent_id, out_of_time=lambda: False)
+    assert outcome.complete and outcome.memories_deleted == 4
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2", org, agent
+            )
+            == 0
+        )
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM agent_graphs WHERE org_id = $1 AND agent_id = $2", org, agent
+            )
+            == 0
+        )
+        assert await conn.fetchval("SELECT to_regclass($1) IS NULL", name)
+    finally:
+        await conn.close()
