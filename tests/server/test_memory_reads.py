@@ -270,15 +270,16 @@ async def test_get_directive_returns_content_and_version(memories: Stub, tenant:
     never = await memories.GetDirective(pb.GetDirectiveRequest(**scope))
     assert not never.exists and never.version == 0 and not never.HasField("updated_at")
 
-    await memories.SetDirective(pb.SetDirectiveRequest(**scope, content="Be brief."))
-    await memories.SetDirective(pb.SetDirectiveRequest(**scope, content="Be very brief."))
+    first = await memories.SetDirective(pb.SetDirectiveRequest(**scope, content="Be brief."))
+    second = await memories.SetDirective(pb.SetDirectiveRequest(**scope, content="Be very brief."))
+    assert second.version > first.version > 0
     current = await memories.GetDirective(pb.GetDirectiveRequest(**scope))
-    assert current.exists and current.content == "Be very brief." and current.version == 2
+    assert current.exists and current.content == "Be very brief." and current.version == second.version
     assert current.updated_at.seconds > BASE
 
     await memories.ClearDirective(pb.ClearDirectiveRequest(**scope))
     cleared = await memories.GetDirective(pb.GetDirectiveRequest(**scope))
-    assert not cleared.exists and cleared.content == "" and cleared.version == 3
+    assert not cleared.exists and cleared.content == "" and cleared.version > second.version
 
 
 _ANY = str(uuid.uuid4())

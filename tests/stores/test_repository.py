@@ -40,13 +40,15 @@ async def _wait_for(predicate: Callable[[], Awaitable[bool]], within_seconds: fl
 async def test_a_directive_miss_reads_postgres_and_fills_the_cache(
     repository: ContextRepository, pg_store: PostgresMemoryStore, redis_url: str, tenant: Tenant
 ) -> None:
-    await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Answer in French.", {"o200k_base": 4})
+    version = await pg_store.set_directive(
+        tenant.org_id, tenant.agent_id, "Answer in French.", {"o200k_base": 4}
+    )
     directive = await repository.get_directive(tenant.org_id, tenant.agent_id)
-    assert directive is not None and directive.content == "Answer in French." and directive.version == 1
+    assert directive is not None and directive.content == "Answer in French." and directive.version == version
     assert directive.token_counts == {"o200k_base": 4}
     client = aioredis.Redis.from_url(redis_url)
     try:
-        assert (await client.get(directive_key(tenant.org_id, tenant.agent_id))).startswith(b"1|")
+        assert (await client.get(directive_key(tenant.org_id, tenant.agent_id))).startswith(b"%d|" % version)
     finally:
         await client.aclose()
 
@@ -112,12 +114,13 @@ async def test_setting_and_clearing_a_directive_writes_the_cache_through(
 ) -> None:
     org, agent = tenant.org_id, tenant.agent_id
     assert await repository.get_directive(org, agent) is None
-    assert await repository.set_directive(org, agent, "Be terse.", {}) == 1
+    terse = await repository.set_directive(org, agent, "Be terse.", {})
     directive = await repository.get_directive(org, agent)
-    assert directive is not None and directive.content == "Be terse."
-    assert await repository.set_directive(org, agent, "Be verbose.", {}) == 2
+    assert directive is not None and (directive.content, directive.version) == ("Be terse.", terse)
+    verbose = await repository.set_directive(org, agent, "Be verbose.", {})
+    assert verbose > terse
     directive = await repository.get_directive(org, agent)
-    assert directive is not None and (directive.content, directive.version) == ("Be verbose.", 2)
+    assert directive is not None and (directive.content, directive.version) == ("Be verbose.", verbose)
     assert await repository.clear_directive(org, agent) is True
     assert await repository.get_directive(org, agent) is None
 
@@ -126,14 +129,14 @@ async def test_a_failed_cache_write_deletes_the_entry_so_it_cannot_go_stale(
     repository: ContextRepository, redis_url: str, tenant: Tenant
 ) -> None:
     org, agent = tenant.org_id, tenant.agent_id
-    await repository.set_directive(org, agent, "old", {})
+    old = await repository.set_directive(org, agent, "old", {})
     client = aioredis.Redis.from_url(redis_url)
     try:
         # Redis refuses writes when out of memory but still accepts DEL.
         await client.config_set("maxmemory-policy", "noeviction")
         await client.config_set("maxmemory", "1")
         try:
-            assert await repository.set_directive(org, agent, "new", {}) == 2
+            assert await repository.set_directive(org, agent, "new", {}) > old
             assert await client.get(directive_key(org, agent)) is None
         finally:
             await client.config_set("maxmemory", "0")
@@ -241,7 +244,7 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
         memory = make_memory("written while redis was down")
         [result] = await repository.upsert_memories(org, agent, [memory])
         assert result.outcome == "created"
-        assert await repository.set_directive(org, agent, "still works", {}) == 1
+        assert await repository.set_directive(org, agent, "still works", {}) > 0
         assert [m.id for m in await pg_store.fetch_memories(org, agent, [memory.id])] == [memory.id]
         assert (await pg_store.get_directive(org, agent)) is not None
         # The directive is still served, from PostgreSQL; the hot set reports its store down,

@@ -1712,7 +1712,8 @@ type SetDirectiveResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// Version of the directive, incremented on every change.
+	// Version of the directive: grows on every change. Versions come from one counter
+	// of the deployment, so they also grow across a purge; they are not a count of changes.
 	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 }
 

@@ -34,6 +34,8 @@ class AgentRowsPurged(Protocol):
     def directives_deleted(self) -> int: ...
     @property
     def complete(self) -> bool: ...
+    @property
+    def directive_tombstone_version(self) -> int: ...
 
 
 class TenantRows(Protocol):
@@ -52,7 +54,7 @@ class TenantCache(Protocol):
 
     def agents_with_keys(self, org_id: str) -> Awaitable[set[str]]: ...
     def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> Awaitable[int]: ...
-    def purge_agent(self, org_id: str, agent_id: str) -> Awaitable[int]: ...
+    def purge_agent(self, org_id: str, agent_id: str, directive_tombstone_version: int) -> Awaitable[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,9 @@ class TenantPurge:
             purged += 1
             # Also after an incomplete PostgreSQL step: the cache must not keep serving
             # what is already deleted there.
-            keys += await self._redis(self._cache.purge_agent(org_id, agent_id))
+            keys += await self._redis(
+                self._cache.purge_agent(org_id, agent_id, outcome.directive_tombstone_version)
+            )
             if self._purged is not None:
                 await self._purged(org_id, agent_id)
             # Counted last: a write that committed before this count was either deleted

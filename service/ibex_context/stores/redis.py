@@ -168,13 +168,13 @@ return 1
 
 
 # A purge leaves, per agent, two content-free tombstones for this long: a directive
-# entry "no directive" with a version no reader can have read (so a cache fill that
-# read PostgreSQL before the purge is refused by ``PUT_DIRECTIVE``) and a bumped
+# entry "no directive" with a version above any a reader can have read before the purge
+# and at most the next one set (migration 0014; so a cache fill that read PostgreSQL
+# before the purge is refused by ``PUT_DIRECTIVE``, a directive set after it is not) and a bumped
 # hot-set generation (so a rebuild that read before the purge is refused by
 # ``REPLACE_HOT``). Both expire well after any such reader (PostgreSQL's
 # statement_timeout is 30 s); nothing of the tenant is left after that.
 PURGE_TOMBSTONE_SECONDS = 60
-PURGE_DIRECTIVE_VERSION = 2**53
 
 # KEYS: directive, hot set, hot data, generation, then any other key of the agent.
 # ARGV: tombstone seconds, tombstone version. Returns the keys that held data.
@@ -482,9 +482,10 @@ class RedisContextCache:
             deleted += int(await self._client.unlink(*stray[start : start + 500]))
         return deleted
 
-    async def purge_agent(self, org_id: str, agent_id: str) -> int:
+    async def purge_agent(self, org_id: str, agent_id: str, directive_tombstone_version: int) -> int:
         """Deletes every key of the agent and leaves the tombstones (see
-        ``PURGE_TOMBSTONE_SECONDS``) in one atomic script; returns how many keys
+        ``PURGE_TOMBSTONE_SECONDS``; the directive's of ``directive_tombstone_version``,
+        from ``TenantData.purge_agent``) in one atomic script; returns how many keys
         held data. Keys of kinds this module does not name (found by SCAN) go too."""
         known = [directive_key(org_id, agent_id), *self._hot_keys(org_id, agent_id)]
         others = [
@@ -493,7 +494,7 @@ class RedisContextCache:
             if (name := key.decode() if isinstance(key, bytes) else str(key)) not in known
         ]
         deleted = await self._purge_agent(
-            keys=[*known, *others], args=[PURGE_TOMBSTONE_SECONDS, PURGE_DIRECTIVE_VERSION]
+            keys=[*known, *others], args=[PURGE_TOMBSTONE_SECONDS, directive_tombstone_version]
         )
         return int(deleted)
 

@@ -92,6 +92,13 @@ class DirectiveRow:
     updated_at: datetime | None
 
 
+# The next version the sequence will hand out (nextval's result, without taking it): a
+# cache entry of this version is replaced only by a write of this version or newer.
+DIRECTIVE_TOMBSTONE_VERSION_SQL = (
+    "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM directive_versions"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class PurgeOutcome:
     memories_deleted: int = 0
@@ -99,6 +106,9 @@ class PurgeOutcome:
     agents: tuple[str, ...] = ()
     # Nothing of the tenant left in any table when the call ended.
     complete: bool = False
+    # Above every directive version handed out before the purge and at most the first
+    # after it (migration 0014): the cache's tombstone for the agent's directive.
+    directive_tombstone_version: int = 0
 
 
 def _micros(column: str) -> str:
@@ -349,8 +359,13 @@ class TenantData:
                     await self._pool.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {graph}")
                 break
             if out_of_time():
-                return PurgeOutcome(memories, directives, (agent_id,), complete=False)
-        return PurgeOutcome(memories, directives, (agent_id,), complete=True)
+                break
+        # Read after the deletes: a reader that read a version before them read one at or
+        # below the sequence's value now.
+        tombstone = int(await self._pool.fetchval(DIRECTIVE_TOMBSTONE_VERSION_SQL))
+        return PurgeOutcome(
+            memories, directives, (agent_id,), complete=last, directive_tombstone_version=tombstone
+        )
 
     @store_errors
     async def count_agent_rows(self, org_id: str, agent_id: str) -> int:

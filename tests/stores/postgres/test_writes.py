@@ -101,22 +101,38 @@ async def test_the_same_agent_id_under_another_org_sees_nothing(
 async def test_directive_versions_increase_across_set_and_clear(
     pg_store: PostgresMemoryStore, tenant: Tenant
 ) -> None:
-    assert await pg_store.get_directive(tenant.org_id, tenant.agent_id) is None
-    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {"o200k_base": 3}) == 1
-    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {"o200k_base": 3}) == 1
-    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be kind.", {"o200k_base": 3}) == 2
-    directive = await pg_store.get_directive(tenant.org_id, tenant.agent_id)
+    org, agent = tenant.org_id, tenant.agent_id
+    assert await pg_store.get_directive(org, agent) is None
+    brief = await pg_store.set_directive(org, agent, "Be brief.", {"o200k_base": 3})
+    assert await pg_store.set_directive(org, agent, "Be brief.", {"o200k_base": 3}) == brief  # unchanged
+    kind = await pg_store.set_directive(org, agent, "Be kind.", {"o200k_base": 3})
+    assert kind > brief > 0
+    directive = await pg_store.get_directive(org, agent)
     assert directive is not None
     assert (directive.content, directive.version, dict(directive.token_counts)) == (
         "Be kind.",
-        2,
+        kind,
         {"o200k_base": 3},
     )
-    assert await pg_store.clear_directive(tenant.org_id, tenant.agent_id) is True
-    assert await pg_store.clear_directive(tenant.org_id, tenant.agent_id) is False
-    assert await pg_store.get_directive(tenant.org_id, tenant.agent_id) is None
-    assert (await pg_store.get_directive_state(tenant.org_id, tenant.agent_id)).version == 3
-    assert await pg_store.set_directive(tenant.org_id, tenant.agent_id, "Be brief.", {}) == 4
+    assert await pg_store.clear_directive(org, agent) is True
+    assert await pg_store.clear_directive(org, agent) is False
+    assert await pg_store.get_directive(org, agent) is None
+    cleared = (await pg_store.get_directive_state(org, agent)).version
+    assert cleared > kind
+    assert await pg_store.set_directive(org, agent, "Be brief.", {}) > cleared
+
+
+async def test_directive_versions_come_from_one_sequence_so_a_deleted_row_does_not_restart_them(
+    pg_store: PostgresMemoryStore, tenant: Tenant
+) -> None:
+    # A purge deletes the row; the cache's tombstone is above every version handed out
+    # before it, so the next directive must be above them too (migration 0014).
+    org, agent = tenant.org_id, tenant.agent_id
+    first = await pg_store.set_directive(org, agent, "Be brief.", {})
+    await pg_store.pool.execute(
+        "DELETE FROM directives WHERE org_id = $1::uuid AND agent_id = $2::uuid", org, agent
+    )
+    assert await pg_store.set_directive(org, agent, "Be kind.", {}) > first
 
 
 async def test_ids_that_are_not_uuids_are_rejected_naming_the_field(
