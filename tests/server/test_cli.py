@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -56,7 +57,7 @@ async def test_import_directive_and_assemble_round_trip(
         "Always name the server.",
     )
     assert code == 0, err
-    assert "version 1" in out
+    assert re.fullmatch(r"directive set \(version \d+\)\n", out), out
 
     code, out, err = await _cli(
         "assemble",

@@ -63,7 +63,8 @@ async def test_every_command_that_prints_data_prints_json_with_json(
     target = ["--target", f"127.0.0.1:{shared_service.port}"]
     code, out, err = await cli("directive", "set", *target, *ids(tenant), "--json", "Be brief.")
     assert code == 0, err
-    assert json.loads(out) == {"version": 1}
+    set_reply = json.loads(out)
+    assert list(set_reply) == ["version"] and set_reply["version"] > 0
     code, out, err = await cli("directive", "get", *target, *ids(tenant), "--json")
     assert code == 0, err
     assert json.loads(out)["content"] == "Be brief."
