@@ -111,6 +111,24 @@ class Settings(BaseSettings):
         "directive and hot-set reads share one more, pipelined connection).",
         ge=1,
     )
+    redis_sentinels: tuple[str, ...] = _f(
+        (),
+        "Redis Sentinel: the sentinels as a JSON list of `host:port`; with IBEX_REDIS_SENTINEL_MASTER"
+        " the primary is the one they name, followed across failovers. IBEX_REDIS_URL then gives only"
+        " the scheme (rediss: TLS to sentinels and servers), credentials and db; its host is not used.",
+    )
+    redis_sentinel_master: str = _f(
+        "", "Redis Sentinel: the monitored primary's name (`sentinel monitor <name>`)."
+    )
+    redis_sentinel_password: str = _f(
+        "", "Redis Sentinel: the sentinels' own password (`requirepass` of sentinel.conf). Empty: none."
+    )
+    redis_cluster: bool = _f(
+        False,
+        "Redis Cluster (managed cluster-mode Redis too): IBEX_REDIS_URL names any node (a seed; the"
+        " others are found with CLUSTER SLOTS) and its db must be 0. Every key carries its org as"
+        " hash tag, so one agent's keys share a slot.",
+    )
     postgres_dsn: str = _f(
         "postgresql://ibex@127.0.0.1:5432/ibex", "PostgreSQL with pgvector: the source of truth."
     )
