@@ -122,9 +122,21 @@ class RedisProcess:
     the data is gone because persistence is off.
     """
 
-    def __init__(self, data_dir: Path, port: int | None = None, binary: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        binary: Path | None = None,
+        *,
+        config_file: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """``config_file`` (read first) and ``extra_args`` (last): for a cluster node,
+        a replica or a sentinel (``devtools.redis_ha``)."""
         self.data_dir = data_dir
         self.binary = binary or redis_server_binary()
+        self._config_file = config_file
+        self._extra_args = tuple(extra_args)
         self._fixed_port = port is not None
         self.port = port if port is not None else _free_port()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -165,6 +177,7 @@ class RedisProcess:
             proc = subprocess.Popen(
                 [
                     str(self.binary),
+                    *([str(self._config_file)] if self._config_file is not None else []),
                     "--bind",
                     "127.0.0.1",
                     "--port",
@@ -177,6 +190,7 @@ class RedisProcess:
                     str(self.data_dir),
                     "--daemonize",
                     "no",
+                    *self._extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ibex_context.candidates import Candidates
@@ -47,6 +48,8 @@ from ibex_context.stores.redis_topology import RedisClient, RedisTopology
 from ibex_context.stores.redis_wire import LuaScript, RedisReads
 
 BUILT_MARKER = "~"
+# Cluster mode: agents' scripts sent at once where a pipeline would carry them.
+CLUSTER_CONCURRENCY = 16
 # The generation counter outlives any hot set by far; it only needs to exist while
 # a rebuild is in flight.
 GENERATION_TTL_SECONDS = 86_400
@@ -403,6 +406,9 @@ class RedisContextCache:
         agents = [agent for agent, counters in counters_by_agent.items() if counters]
         if not agents:
             return {}
+        if isinstance(self._client, RedisCluster):
+            results = await self._patch_counters_concurrently(agents, counters_by_agent)
+            return {agent: result for agent, result in zip(agents, results, strict=True)}
         results = await self._patch_counters_pipelined(agents, counters_by_agent)
         if any(isinstance(result, NoScriptError) for result in results):
             # A node that lost its scripts (restart, failover, a cluster node added):
@@ -413,6 +419,31 @@ class RedisContextCache:
             agent: result if isinstance(result, Exception) else int(result)
             for agent, result in zip(agents, results, strict=True)
         }
+
+    async def _patch_counters_concurrently(
+        self,
+        agents: Sequence[tuple[str, str]],
+        counters_by_agent: Mapping[tuple[str, str], Sequence[MemoryCounters]],
+    ) -> list[int | Exception]:
+        """Cluster mode: redis-py refuses scripts in a cluster pipeline, so each agent's
+        script is its own command, ``CLUSTER_CONCURRENCY`` at a time (within the pool)."""
+
+        async def patch(org_id: str, agent_id: str) -> int | Exception:
+            try:
+                return int(
+                    await self._patch_counters(
+                        keys=self._hot_keys(org_id, agent_id),
+                        args=_patch_args(counters_by_agent[(org_id, agent_id)]),
+                    )
+                )
+            except (RedisError, OSError) as exc:
+                return exc
+
+        results: list[int | Exception] = []
+        for start in range(0, len(agents), CLUSTER_CONCURRENCY):
+            chunk = agents[start : start + CLUSTER_CONCURRENCY]
+            results += await asyncio.gather(*(patch(org, agent) for org, agent in chunk))
+        return results
 
     async def _patch_counters_pipelined(
         self,
