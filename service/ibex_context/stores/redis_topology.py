@@ -120,7 +120,10 @@ class RedisTopology:
             **common,
             **secure,
         )
-        client: aioredis.Redis = sentinel.master_for(self.sentinel_master, redis_class=aioredis.Redis)
+        client: SentinelManagedRedis = sentinel.master_for(
+            self.sentinel_master, redis_class=SentinelManagedRedis
+        )
+        client.sentinels_of = sentinel
         return client
 
     def create_reads(self) -> RedisReads:
@@ -139,6 +142,19 @@ class RedisTopology:
             ),
         )
         return PipelinedRedis(endpoint, locate=locate)
+
+
+class SentinelManagedRedis(aioredis.Redis):
+    """redis-py's client of the primary the sentinels name (``Sentinel.master_for``);
+    closing it closes its connections to the sentinels too, which redis-py leaves open."""
+
+    sentinels_of: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinels_of is not None:
+            for client in self.sentinels_of.sentinels:
+                await client.aclose()
 
 
 def _host_port(entry: str) -> tuple[str, int]:

@@ -1,0 +1,137 @@
+"""The cache behind a real Redis Sentinel set (a primary, a replica, three sentinels):
+both clients find the primary through the sentinels, and follow a failover."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
+from ibex_context.models import MemoryRecord
+from ibex_context.settings import Settings
+from ibex_context.stores.postgres import DirectiveState
+from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
+from ibex_context.stores.redis_topology import RedisTopology
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from tests.stores.helpers import records, unit_vector
+
+# Every wait below ends by this, however loaded the machine; none is a timing assertion.
+PATIENCE_SECONDS = 60.0
+
+
+def record(n: int) -> MemoryRecord:
+    return MemoryRecord(
+        id=str(uuid.UUID(int=n)), content=f"memory {n}", category="factual", embedding=unit_vector(n)
+    )
+
+
+def sentinel_settings(sentinels: RedisSentinelSet, master: str = SENTINEL_MASTER) -> Settings:
+    # The URL's host is a port nothing listens on: only its scheme and db are used.
+    return Settings(
+        redis_url="redis://127.0.0.1:1/0", redis_sentinels=sentinels.sentinels, redis_sentinel_master=master
+    )
+
+
+@pytest.fixture
+async def sentinel_cache(redis_sentinels: RedisSentinelSet) -> AsyncIterator[RedisContextCache]:
+    cache = RedisContextCache.from_settings(sentinel_settings(redis_sentinels))
+    await cache.warm_up()
+    yield cache
+    await cache.aclose()
+
+
+async def test_the_cache_works_end_to_end_on_the_primary_the_sentinels_name(
+    sentinel_cache: RedisContextCache, redis_sentinels: RedisSentinelSet
+) -> None:
+    org, agent = str(uuid.uuid4()), str(uuid.uuid4())
+    assert await sentinel_cache.put_directive(org, agent, DirectiveState("be brief", 1, {"o200k_base": 2}))
+    assert await sentinel_cache.replace_hot_set(org, agent, [(record(1), 0.9)], expected_generation=0)
+
+    assert await sentinel_cache.get_directive_state(org, agent) == DirectiveState(
+        "be brief", 1, {"o200k_base": 2}
+    )
+    assert [r.id for r in records(await sentinel_cache.get_hot_memories(org, agent, 5))] == [record(1).id]
+    async with aioredis.Redis(port=redis_sentinels.primary_port()) as primary:
+        assert await primary.exists(directive_key(org, agent), hot_data_key(org, agent)) == 2
+
+
+async def test_a_master_name_no_sentinel_knows_fails_reads_as_a_connection_error(
+    redis_sentinels: RedisSentinelSet,
+) -> None:
+    """A RedisError: the repository serves the call from PostgreSQL instead."""
+    reads = RedisTopology.from_settings(sentinel_settings(redis_sentinels, master="nobody")).create_reads()
+    try:
+        with pytest.raises(RedisConnectionError, match="no sentinel named the primary"):
+            await reads.get("{o}:directive:a")
+    finally:
+        await reads.aclose()
+
+
+async def degraded_calls_until(
+    cache: RedisContextCache, org: str, agent: str, done: asyncio.Future[int]
+) -> int:
+    """Calls the cache's reads and writes until ``done``; each either answers or raises
+    a RedisError (what the repository turns into a degraded call), never anything else
+    and never past its bound. Returns how many raised."""
+    failed = 0
+    version = 10
+    while not done.done():
+        version += 1
+        for call in (
+            cache.put_directive(org, agent, DirectiveState("during", version, {})),
+            cache.get_directive_state(org, agent),
+        ):
+            try:
+                await asyncio.wait_for(call, PATIENCE_SECONDS)
+            except RedisError:
+                failed += 1
+        await asyncio.sleep(0.05)
+    return failed
+
+
+async def eventually(check: object, what: str) -> None:
+    deadline = time.monotonic() + PATIENCE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if await check():  # type: ignore[operator]
+                return
+        except RedisError:
+            pass
+        await asyncio.sleep(0.1)
+    pytest.fail(f"{what} within {PATIENCE_SECONDS} s")
+
+
+async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(tmp_path: Path) -> None:
+    with redis_sentinel_set(tmp_path / "sentinel") as sentinels:
+        cache = RedisContextCache.from_settings(sentinel_settings(sentinels))
+        try:
+            await cache.warm_up()
+            org, agent = str(uuid.uuid4()), str(uuid.uuid4())
+            assert await cache.put_directive(org, agent, DirectiveState("before", 1, {}))
+            old_port = sentinels.primary_port()
+
+            failover = asyncio.ensure_future(asyncio.to_thread(sentinels.failover, PATIENCE_SECONDS))
+            await degraded_calls_until(cache, org, agent, failover)
+            new_port = await failover
+            assert new_port != old_port
+
+            # The old primary gone for good: whatever answers now is the new one.
+            next(server for server in sentinels.servers if server.port == old_port).stop()
+
+            async def written_and_read_back() -> bool:
+                await cache.put_directive(org, agent, DirectiveState("after", 1000, {}))
+                state = await cache.get_directive_state(org, agent)
+                return state is not None and state.content == "after"
+
+            await eventually(written_and_read_back, "the new primary did not take writes and reads")
+            async with aioredis.Redis(port=new_port) as primary:
+                assert (await primary.get(directive_key(org, agent))).startswith(b"1000|")
+        finally:
+            await cache.aclose()
