@@ -4,20 +4,27 @@ nodes, purge finding keys on every node, and the redirections of a slot migratio
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from ibex_context.devtools.redis_ha import RedisClusterProcesses
+from ibex_context.devtools.redis_ha import RedisClusterProcesses, redis_cluster
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
 from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster, key_slot
 from ibex_context.stores.redis_topology import RedisTopology
+from redis.exceptions import RedisError
 
 from tests.stores.helpers import records, unit_vector
+
+# Every wait below ends by this, however loaded the machine; none is a timing assertion.
+PATIENCE_SECONDS = 60.0
 
 
 def record(n: int) -> MemoryRecord:
@@ -178,3 +185,39 @@ async def test_reads_follow_a_slot_migration_through_ask_then_moved(
         await reads.aclose()
         for node in nodes.values():
             await node.aclose()
+
+
+async def test_a_stopped_node_fails_only_its_own_slots_reads_and_they_come_back_with_it(
+    tmp_path: Path,
+) -> None:
+    """Reads of the other nodes' slots keep answering; those of the stopped node's
+    raise RedisError (the repository degrades them) until it is back, then answer."""
+    with redis_cluster(tmp_path / "cluster") as cluster:
+        reads = RedisTopology(cluster.url, cluster=True).create_reads()
+        try:
+            orgs = await org_on_each_node(cluster)
+            keys = {port: directive_key(org, "a") for port, org in orgs.items()}
+            for port, key in keys.items():
+                async with aioredis.Redis(port=port) as node:
+                    await node.set(key, f"1|{port}")
+            await reads.connect()
+            stopped = cluster.nodes[1]
+            stopped.stop()
+
+            with pytest.raises(RedisError):
+                await reads.get(keys[stopped.port])
+            for port, key in keys.items():
+                if port != stopped.port:
+                    assert await reads.get(key) == f"1|{port}".encode()
+
+            stopped.start()  # same port, same nodes.conf: it serves its slots again (data gone)
+            deadline = time.monotonic() + PATIENCE_SECONDS
+            while True:
+                try:
+                    assert await reads.get(keys[stopped.port]) is None
+                    break
+                except RedisError:
+                    assert time.monotonic() < deadline, "the node's slots did not come back"
+                    await asyncio.sleep(0.1)
+        finally:
+            await reads.aclose()
