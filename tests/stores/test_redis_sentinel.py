@@ -4,6 +4,7 @@ both clients find the primary through the sentinels, and follow a failover."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +17,9 @@ from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.postgres import DirectiveState
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
+from ibex_context.stores.redis_sentinel import SentinelLocator
 from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -72,6 +75,33 @@ async def test_a_master_name_no_sentinel_knows_fails_reads_as_a_connection_error
             await reads.get("{o}:directive:a")
     finally:
         await reads.aclose()
+
+
+async def test_sentinels_that_refuse_or_hang_are_passed_over(redis_sentinels: RedisSentinelSet) -> None:
+    """One refuses connections, one accepts and never answers (bounded by the ask timeout):
+    the read still finds the primary through the one that answers."""
+    with socket.socket() as refusing, socket.socket() as hanging:
+        refusing.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen()  # accepted by the kernel, never read
+        sentinels = [
+            ("127.0.0.1", refusing.getsockname()[1]),
+            ("127.0.0.1", hanging.getsockname()[1]),
+            ("127.0.0.1", int(redis_sentinels.sentinels[0].rpartition(":")[2])),
+        ]
+        endpoint = RedisEndpoint.from_url("redis://127.0.0.1:1/0")
+        # Bounds generous enough for a loaded machine: the hanging one costs ask_timeout.
+        locate = SentinelLocator(
+            sentinels, SENTINEL_MASTER, primary_endpoint=endpoint, sentinel_endpoint=endpoint, ask_timeout=5.0
+        )
+        reads = PipelinedRedis(endpoint, locate=locate, connect_timeout=PATIENCE_SECONDS)
+        try:
+            key = directive_key(str(uuid.uuid4()), "a")
+            async with aioredis.Redis(port=redis_sentinels.primary_port()) as primary:
+                await primary.set(key, "1|-")
+            assert await asyncio.wait_for(reads.get(key), PATIENCE_SECONDS) == b"1|-"
+        finally:
+            await reads.aclose()
 
 
 async def degraded_calls_until(
