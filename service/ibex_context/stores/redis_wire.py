@@ -7,7 +7,9 @@ release, where this one spends ~100 k (``benchmarks/results/redis_reads-2026-11-
 And redis-py's connection release is not cancellation-safe, so a read cancelled by
 its deadline had to be shielded (an extra task per call).
 
-Design: ONE persistent connection per process, requests pipelined on it and replies
+Design: ONE persistent connection per process and server (behind Sentinel: the
+primary the sentinels name, ``stores.redis_sentinel``; in a Cluster: one per primary,
+``stores.redis_cluster_wire``), requests pipelined on it and replies
 matched to requests in order (a FIFO of futures); hiredis encodes the commands
 (``pack_command``) and parses the replies (``Reader``). Redis executes commands one
 at a time anyway, so one pipelined socket loses nothing to a pool and needs no
@@ -20,6 +22,8 @@ checkout or release. Consequences that make it safe:
   ``ConnectionError`` (a ``RedisError``, which the repository maps); the next call
   reconnects, lazily, one attempt shared by the callers waiting for it and bounded
   by ``connect_timeout``. Callers are bounded by their own deadlines besides.
+* Failover: a READONLY reply (a primary demoted under us) closes the connection too,
+  and with Sentinel each new connection asks where the primary is and checks ROLE.
 * Bounded: at most ``max_pending`` replies outstanding (then calls fail at once),
   and a connection that answers nothing for ``reply_timeout`` while replies are
   outstanding is dropped, so a hung Redis cannot pile up cancelled slots.
