@@ -3,8 +3,9 @@ connection, one per primary, each command sent to the primary of its key's slot.
 
 The slot map comes from ``CLUSTER SLOTS``, asked of any node known (the seed from
 the URL first). It is refreshed when a reply says a slot moved (MOVED: the command
-is repeated at the node named, and the map re-read on the next call), and after a
-connection failure (a primary may have failed over). ASK (a slot being migrated)
+is repeated at the node named, and the map re-read on a later call), and after a
+connection failure (a primary may have failed over); with a map in hand, at most
+every ``MIN_REFRESH_SECONDS``. ASK (a slot being migrated)
 repeats the one command at the node named, preceded by ASKING, without touching
 the map. Every node's connection keeps ``PipelinedRedis``'s guarantees
 (cancellation-safe, bounded pending replies, one shared reconnection).
@@ -16,6 +17,7 @@ import asyncio
 import binascii
 import dataclasses
 import logging
+import math
 
 from redis.exceptions import AskError, ClusterError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -35,6 +37,9 @@ _log = logging.getLogger(__name__)
 SLOTS = 16384
 # MOVED/ASK hops one command may take before the call fails (a map in flux).
 MAX_REDIRECTS = 3
+# With a map in hand, it is re-read at most this often: while a primary is down every
+# call of its slots fails, and each must not cost the other slots' calls a refresh.
+MIN_REFRESH_SECONDS = 0.5
 
 Address = tuple[str, int]
 
@@ -72,6 +77,7 @@ class PipelinedRedisCluster(RedisReads):
         self._slots: list[Address | None] = [None] * SLOTS
         self._nodes: dict[Address, PipelinedRedis] = {}
         self._stale = True
+        self._refreshed_at = -math.inf  # when the last refresh ended, loop time
         self._refreshing: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -134,6 +140,9 @@ class PipelinedRedisCluster(RedisReads):
     async def _refresh_if_stale(self) -> None:
         if not self._stale:
             return
+        recently = asyncio.get_running_loop().time() - self._refreshed_at < MIN_REFRESH_SECONDS
+        if recently and any(address is not None for address in self._slots):
+            return  # the map in hand serves meanwhile (MOVED patches its slots)
         if self._closed:
             raise RedisConnectionError("the client was closed")
         attempt = self._refreshing
@@ -146,6 +155,7 @@ class PipelinedRedisCluster(RedisReads):
 
     def _refresh_finished(self, attempt: asyncio.Task[None]) -> None:
         self._refreshing = None
+        self._refreshed_at = asyncio.get_running_loop().time()
         if not attempt.cancelled():
             attempt.exception()  # retrieved: no "never retrieved" when every caller gave up
 
