@@ -32,6 +32,12 @@ def test_sentinels_are_read_from_the_environment_as_a_json_list_of_host_port(
     assert found.sentinel_master == "mymaster"
 
 
+def test_sentinels_may_also_be_separated_by_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IBEX_REDIS_SENTINELS", "s-0:26379, s-1:26379,")
+    monkeypatch.setenv("IBEX_REDIS_SENTINEL_MASTER", "mymaster")
+    assert RedisTopology.from_settings(Settings()).sentinels == (("s-0", 26379), ("s-1", 26379))
+
+
 def test_cluster_mode_is_a_flag_and_the_url_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IBEX_REDIS_CLUSTER", "true")
     monkeypatch.setenv("IBEX_REDIS_URL", "rediss://:secret@cache.example:6380")
