@@ -19,6 +19,7 @@ from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
 from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster, key_slot
 from ibex_context.stores.redis_topology import RedisTopology
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from tests.stores.helpers import records, unit_vector
@@ -221,3 +222,23 @@ async def test_a_stopped_node_fails_only_its_own_slots_reads_and_they_come_back_
                     await asyncio.sleep(0.1)
         finally:
             await reads.aclose()
+
+
+async def test_concurrent_and_cancelled_reads_across_nodes_each_get_their_own_reply(
+    redis_cluster_nodes: RedisClusterProcesses,
+) -> None:
+    reads = RedisTopology(redis_cluster_nodes.url, cluster=True).create_reads()
+    keys = [directive_key(str(uuid.uuid4()), "a") for _ in range(60)]
+    async with RedisCluster.from_url(redis_cluster_nodes.url) as client:
+        for key in keys:
+            await client.set(key, f"1|{key}")
+    try:
+        cancelled = [asyncio.ensure_future(reads.get(key)) for key in keys[::3]]
+        answered = [asyncio.ensure_future(reads.get(key)) for key in keys]
+        await asyncio.sleep(0)
+        for call in cancelled:
+            call.cancel()
+        assert await asyncio.gather(*answered) == [f"1|{key}".encode() for key in keys]
+        assert await reads.get(keys[0]) == f"1|{keys[0]}".encode()
+    finally:
+        await reads.aclose()
