@@ -77,6 +77,7 @@ class PipelinedRedisCluster(RedisReads):
         self._slots: list[Address | None] = [None] * SLOTS
         self._nodes: dict[Address, PipelinedRedis] = {}
         self._stale = True
+        self._has_map = False
         self._refreshed_at = -math.inf  # when the last refresh ended, loop time
         self._refreshing: asyncio.Task[None] | None = None
         self._closed = False
@@ -91,12 +92,12 @@ class PipelinedRedisCluster(RedisReads):
                 return await node.execute(command, asking=asking)
             except MovedError as moved:
                 # The slot has a new owner for good: go there, and re-read the whole
-                # map on the next call (a resharding rarely moves one slot alone).
-                address, asking = (moved.host, int(moved.port)), False
+                # map on a later call (a resharding rarely moves one slot alone).
+                address, asking = _redirected(moved, address), False
                 self._slots[slot] = address
                 self._stale = True
             except AskError as ask:
-                address, asking = (ask.host, int(ask.port)), True
+                address, asking = _redirected(ask, address), True
             except (RedisConnectionError, RedisTimeoutError):
                 self._stale = True  # a primary may have failed over
                 raise
@@ -141,7 +142,7 @@ class PipelinedRedisCluster(RedisReads):
         if not self._stale:
             return
         recently = asyncio.get_running_loop().time() - self._refreshed_at < MIN_REFRESH_SECONDS
-        if recently and any(address is not None for address in self._slots):
+        if recently and self._has_map:
             return  # the map in hand serves meanwhile (MOVED patches its slots)
         if self._closed:
             raise RedisConnectionError("the client was closed")
@@ -196,10 +197,16 @@ class PipelinedRedisCluster(RedisReads):
         slots: list[Address | None] = [None] * SLOTS
         for start, end, address in ranges:
             slots[start : end + 1] = [address] * (end + 1 - start)
-        self._slots, self._stale = slots, False
+        self._slots, self._stale, self._has_map = slots, False, True
         # Connections to nodes that no longer serve a slot are closed (their callers'
         # replies fail as a lost connection would).
         serving = set(self._addresses())
         for address in [address for address in self._nodes if address not in serving]:
             self._nodes.pop(address).close()
         _log.debug("cluster slot map read: %d primaries", len(serving))
+
+
+def _redirected(error: AskError, asked: Address) -> Address:
+    """Where a MOVED or ASK reply sends the command; an empty host (a node that does not
+    know its own address) means the host that was asked."""
+    return (error.host or asked[0], int(error.port))
