@@ -16,6 +16,7 @@ from ibex_context.devtools.redis_ha import RedisClusterProcesses, redis_cluster
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
+from ibex_context.stores.read_routing import WriteMarks
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
 from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster, key_slot
 from ibex_context.stores.redis_topology import RedisTopology
@@ -242,3 +243,31 @@ async def test_concurrent_and_cancelled_reads_across_nodes_each_get_their_own_re
         assert await reads.get(keys[0]) == f"1|{keys[0]}".encode()
     finally:
         await reads.aclose()
+
+
+async def test_every_other_cache_operation_runs_on_the_cluster(
+    cluster_cache: RedisContextCache, redis_cluster_nodes: RedisClusterProcesses
+) -> None:
+    """Each script and multi-key command touches one agent's keys: one slot, one node."""
+    org, agent = str(uuid.uuid4()), str(uuid.uuid4())
+    assert await cluster_cache.put_directive(org, agent, DirectiveState("d", 1, {}))
+    await cluster_cache.delete_directive(org, agent)
+    assert await cluster_cache.get_directive_state(org, agent) is None
+
+    generation = await cluster_cache.hot_set_generation(org, agent)
+    assert await cluster_cache.replace_hot_set(org, agent, [(record(1), 0.5)], generation)
+    assert await cluster_cache.add_hot_memories(org, agent, [(record(2), 0.9)])
+    assert await cluster_cache.remove_hot_memories(org, agent, [record(1).id]) == 1
+    assert [r.id for r in records(await cluster_cache.get_hot_memories(org, agent, 10))] == [record(2).id]
+    assert await cluster_cache.hot_set_generation(org, agent) == generation + 2
+    assert 0 < await cluster_cache.hot_set_ttl(org, agent) <= Settings().hot_set_ttl_seconds
+    assert (await cluster_cache.check_health()).ok
+
+    topology = RedisTopology(redis_cluster_nodes.url, cluster=True)
+    marks = WriteMarks(topology.create_client(max_connections=2), topology.create_reads(), ttl_seconds=30)
+    try:
+        await marks.put(org, agent, 42)
+        await marks.put(org, agent, 7)  # an older write finishing late never lowers the mark
+        assert await marks.get(org, agent) == 42
+    finally:
+        await marks.aclose()
