@@ -33,8 +33,8 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str, logs: Pa
     raise StoreUnavailable(f"{what} within {timeout} s; see the logs under {logs}")
 
 
-def _client(port: int) -> redis.Redis:
-    return redis.Redis(port=port, socket_timeout=2.0, socket_connect_timeout=1.0)
+def _client(port: int, password: str | None = None) -> redis.Redis:
+    return redis.Redis(port=port, password=password, socket_timeout=2.0, socket_connect_timeout=1.0)
 
 
 class RedisClusterProcesses:
@@ -105,11 +105,18 @@ class RedisClusterProcesses:
 class RedisSentinelSet:
     """A primary, one replica of it and three sentinels monitoring it as
     ``SENTINEL_MASTER`` (quorum 2, a primary is down after 1 s unanswered).
-    ``sentinels`` are ``host:port`` entries, as IBEX_REDIS_SENTINELS takes them."""
+    ``sentinels`` are ``host:port`` entries, as IBEX_REDIS_SENTINELS takes them.
+    ``password``: the primary's and the replica's (requirepass, masterauth, and the
+    sentinels' auth-pass); ``sentinel_password``: the sentinels' own."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(
+        self, data_dir: Path, *, password: str | None = None, sentinel_password: str | None = None
+    ) -> None:
         self.data_dir = data_dir
-        self.primary = RedisProcess(data_dir / "primary")
+        self.password = password
+        self.sentinel_password = sentinel_password
+        self._auth = ("--requirepass", password, "--masterauth", password) if password else ()
+        self.primary = RedisProcess(data_dir / "primary", extra_args=self._auth)
         self.replica: RedisProcess | None = None
         self.sentinel_processes: list[RedisProcess] = []
 
@@ -124,28 +131,38 @@ class RedisSentinelSet:
     def start(self, timeout: float = 60.0) -> None:
         self.primary.start()
         self.replica = RedisProcess(
-            self.data_dir / "replica", extra_args=("--replicaof", "127.0.0.1", str(self.primary.port))
+            self.data_dir / "replica",
+            extra_args=(*self._auth, "--replicaof", "127.0.0.1", str(self.primary.port)),
         )
         self.replica.start()
         for index in range(3):
             directory = self.data_dir / f"sentinel{index}"
             directory.mkdir(parents=True, exist_ok=True)
             config = directory / "sentinel.conf"  # sentinels rewrite it: one each
-            config.write_text(
-                f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
-                f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
-            )
+            lines = [
+                f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {self.primary.port} 2",
+                f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000",
+                f"sentinel failover-timeout {SENTINEL_MASTER} 10000",
+            ]
+            if self.password:
+                lines.append(f"sentinel auth-pass {SENTINEL_MASTER} {self.password}")
+            if self.sentinel_password:
+                # Its own password, which it also uses with the other sentinels.
+                lines += [
+                    f"requirepass {self.sentinel_password}",
+                    f"sentinel sentinel-pass {self.sentinel_password}",
+                ]
+            config.write_text("\n".join(lines) + "\n")
             sentinel = RedisProcess(directory, config_file=config, extra_args=("--sentinel",))
             sentinel.start()
             self.sentinel_processes.append(sentinel)
 
         def ready() -> bool:
-            with _client(self.replica.port if self.replica else 0) as replica:
+            with _client(self.replica.port if self.replica else 0, self.password) as replica:
                 if replica.info("replication").get("master_link_status") != "up":
                     return False
             for process in self.sentinel_processes:
-                with _client(process.port) as sentinel:
+                with _client(process.port, self.sentinel_password) as sentinel:
                     # Each knows the replica and the two other sentinels: a failover can run.
                     if len(sentinel.sentinel_slaves(SENTINEL_MASTER)) < 1:
                         return False
@@ -157,7 +174,7 @@ class RedisSentinelSet:
 
     def primary_port(self) -> int:
         """The port of the primary the sentinels name now."""
-        with _client(self.sentinel_processes[0].port) as sentinel:
+        with _client(self.sentinel_processes[0].port, self.sentinel_password) as sentinel:
             _host, port = sentinel.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
         return int(port)
 
@@ -166,21 +183,21 @@ class RedisSentinelSet:
         primary, every sentinel names it and the old primary replicates from it;
         returns the new primary's port."""
         old = self.primary_port()
-        with _client(self.sentinel_processes[0].port) as sentinel:
+        with _client(self.sentinel_processes[0].port, self.sentinel_password) as sentinel:
             sentinel.execute_command("SENTINEL", "FAILOVER", SENTINEL_MASTER)
 
         def switched() -> bool:
             ports = set()
             for process in self.sentinel_processes:
-                with _client(process.port) as sentinel:
+                with _client(process.port, self.sentinel_password) as sentinel:
                     ports.add(int(sentinel.sentinel_get_master_addr_by_name(SENTINEL_MASTER)[1]))
             if ports == {old} or len(ports) != 1:
                 return False
             (new,) = ports
-            with _client(new) as primary:
+            with _client(new, self.password) as primary:
                 if primary.info("replication").get("role") != "master":
                     return False
-            with _client(old) as demoted:
+            with _client(old, self.password) as demoted:
                 return bool(demoted.info("replication").get("master_link_status") == "up")
 
         _wait_for(switched, timeout, "the sentinels did not fail over", self.data_dir)
@@ -202,8 +219,10 @@ def redis_cluster(data_dir: Path, primaries: int = 3) -> Iterator[RedisClusterPr
 
 
 @contextlib.contextmanager
-def redis_sentinel_set(data_dir: Path) -> Iterator[RedisSentinelSet]:
-    sentinels = RedisSentinelSet(data_dir)
+def redis_sentinel_set(
+    data_dir: Path, *, password: str | None = None, sentinel_password: str | None = None
+) -> Iterator[RedisSentinelSet]:
+    sentinels = RedisSentinelSet(data_dir, password=password, sentinel_password=sentinel_password)
     try:
         sentinels.start()
         yield sentinels
