@@ -309,7 +309,11 @@ class PipelinedRedis(RedisReads):
             return await connection.request(pack_command(command))
         # Both written before any await: nothing can come between them on the connection.
         asked = connection.request(pack_command(("ASKING",)))
-        reply = connection.request(pack_command(command))
+        try:
+            reply = connection.request(pack_command(command))
+        except RedisConnectionError:
+            asked.cancel()  # its reply is dropped when it comes
+            raise
         outcomes = await asyncio.gather(asked, reply, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
