@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.postgres import DirectiveState
+from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
 from ibex_context.stores.redis_sentinel import SentinelLocator
 from ibex_context.stores.redis_topology import RedisTopology
 from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint
+from ibex_context.stores.repository import ContextRepository
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -65,6 +66,37 @@ async def test_the_cache_works_end_to_end_on_the_primary_the_sentinels_name(
         assert await primary.exists(directive_key(org, agent), hot_data_key(org, agent)) == 2
 
 
+async def test_credentials_reach_the_data_nodes_and_the_sentinels_password_the_sentinels(
+    tmp_path: Path,
+) -> None:
+    """Passwords everywhere, as production runs it: the URL's for the primary (both
+    clients), IBEX_REDIS_SENTINEL_PASSWORD for the sentinels (both clients)."""
+    passwords = {"password": "data-pw", "sentinel_password": "sentinel-pw"}
+    with redis_sentinel_set(tmp_path / "auth", **passwords) as sentinels:
+        settings = Settings(
+            redis_url="redis://:data-pw@127.0.0.1:1/0",
+            redis_sentinels=sentinels.sentinels,
+            redis_sentinel_master=SENTINEL_MASTER,
+            redis_sentinel_password="sentinel-pw",
+        )
+        cache = RedisContextCache.from_settings(settings)
+        try:
+            await cache.warm_up()
+            org, agent = str(uuid.uuid4()), str(uuid.uuid4())
+            assert await cache.put_directive(org, agent, DirectiveState("be brief", 1, {}))
+            assert await cache.get_directive_state(org, agent) == DirectiveState("be brief", 1, {})
+        finally:
+            await cache.aclose()
+
+        wrong = RedisTopology.from_settings(settings.model_copy(update={"redis_sentinel_password": "nope"}))
+        reads = wrong.create_reads()
+        try:
+            with pytest.raises(RedisConnectionError, match="no sentinel named the primary"):
+                await reads.get("{o}:directive:a")
+        finally:
+            await reads.aclose()
+
+
 async def test_a_master_name_no_sentinel_knows_fails_reads_as_a_connection_error(
     redis_sentinels: RedisSentinelSet,
 ) -> None:
@@ -104,19 +136,23 @@ async def test_sentinels_that_refuse_or_hang_are_passed_over(redis_sentinels: Re
             await reads.aclose()
 
 
-async def degraded_calls_until(
-    cache: RedisContextCache, org: str, agent: str, done: asyncio.Future[int]
+async def calls_until(
+    repository: ContextRepository, cache: RedisContextCache, org: str, agent: str, done: asyncio.Future[int]
 ) -> int:
-    """Calls the cache's reads and writes until ``done``; each either answers or raises
-    a RedisError (what the repository turns into a degraded call), never anything else
-    and never past its bound. Returns how many raised."""
-    failed = 0
-    version = 10
+    """Until ``done``: the repository's directive read (what every AssembleContext call
+    makes) answers the directive each time, from Redis or PostgreSQL; and the cache's own
+    writes and reads (of another agent) answer or raise a RedisError (what the
+    repository turns into a degraded call), never anything else, never past a bound.
+    Returns how many cache calls raised."""
+    scratch = str(uuid.uuid4())
+    failed, version = 0, 10
     while not done.done():
+        directive = await asyncio.wait_for(repository.get_directive(org, agent), PATIENCE_SECONDS)
+        assert directive is not None and directive.content == "before"
         version += 1
         for call in (
-            cache.put_directive(org, agent, DirectiveState("during", version, {})),
-            cache.get_directive_state(org, agent),
+            cache.put_directive(org, scratch, DirectiveState("during", version, {})),
+            cache.get_directive_state(org, scratch),
         ):
             try:
                 await asyncio.wait_for(call, PATIENCE_SECONDS)
@@ -138,17 +174,20 @@ async def eventually(check: object, what: str) -> None:
     pytest.fail(f"{what} within {PATIENCE_SECONDS} s")
 
 
-async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(tmp_path: Path) -> None:
+async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(
+    tmp_path: Path, pg_store: PostgresMemoryStore
+) -> None:
     with redis_sentinel_set(tmp_path / "sentinel") as sentinels:
         cache = RedisContextCache.from_settings(sentinel_settings(sentinels))
+        repository = ContextRepository(pg_store, cache, invalidation_retry_seconds=0.05)
         try:
             await cache.warm_up()
             org, agent = str(uuid.uuid4()), str(uuid.uuid4())
-            assert await cache.put_directive(org, agent, DirectiveState("before", 1, {}))
+            await repository.set_directive(org, agent, "before", {"o200k_base": 1})
             old_port = sentinels.primary_port()
 
             failover = asyncio.ensure_future(asyncio.to_thread(sentinels.failover, PATIENCE_SECONDS))
-            await degraded_calls_until(cache, org, agent, failover)
+            await calls_until(repository, cache, org, agent, failover)
             new_port = await failover
             assert new_port != old_port
 
@@ -164,4 +203,5 @@ async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(tmp_path:
             async with aioredis.Redis(port=new_port) as primary:
                 assert (await primary.get(directive_key(org, agent))).startswith(b"1000|")
         finally:
+            await repository.aclose()
             await cache.aclose()
