@@ -22,6 +22,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 from ibex_context.devtools.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
+from ibex_context.devtools.redis_ha import (
+    RedisClusterProcesses,
+    RedisSentinelSet,
+    redis_cluster,
+    redis_sentinel_set,
+)
 from ibex_context.devtools.replica import PostgresReplica, start_replica
 from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.server.heap import freeze_startup_heap
@@ -87,6 +93,22 @@ def redis_url(redis_server: RedisProcess) -> str:
     if not redis_server.running:
         redis_server.start()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes(stores_dir: Path) -> Iterator[RedisClusterProcesses]:
+    """A three-primary Redis Cluster of the session, started when first asked for. Tests
+    may migrate slots (the map is theirs to read) but leave every node running."""
+    with redis_cluster(stores_dir / "redis-cluster", primaries=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_sentinels(stores_dir: Path) -> Iterator[RedisSentinelSet]:
+    """A Sentinel set of the session (primary, replica, three sentinels), started when
+    first asked for. A test that fails over starts a set of its own."""
+    with redis_sentinel_set(stores_dir / "redis-sentinel") as sentinels:
+        yield sentinels
 
 
 @pytest.fixture(scope="session")

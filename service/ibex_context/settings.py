@@ -7,11 +7,12 @@ nothing reads the environment later.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _f(default: Any, description: str, **bounds: Any) -> Any:
@@ -110,6 +111,26 @@ class Settings(BaseSettings):
         "Redis connection pool size of the write side, rebuilds and health checks (each call's "
         "directive and hot-set reads share one more, pipelined connection).",
         ge=1,
+    )
+    # NoDecode: read by _sentinel_list, which takes a comma-separated list too.
+    redis_sentinels: Annotated[tuple[str, ...], NoDecode] = _f(
+        (),
+        "Redis Sentinel: the sentinels, `host:port` each, as a JSON list or separated by commas; with"
+        " IBEX_REDIS_SENTINEL_MASTER"
+        " the primary is the one they name, followed across failovers. IBEX_REDIS_URL then gives only"
+        " the scheme (rediss: TLS to sentinels and servers), credentials and db; its host is not used.",
+    )
+    redis_sentinel_master: str = _f(
+        "", "Redis Sentinel: the monitored primary's name (`sentinel monitor <name>`)."
+    )
+    redis_sentinel_password: str = _f(
+        "", "Redis Sentinel: the sentinels' own password (`requirepass` of sentinel.conf). Empty: none."
+    )
+    redis_cluster: bool = _f(
+        False,
+        "Redis Cluster (managed cluster-mode Redis too): IBEX_REDIS_URL names any node (a seed; the"
+        " others are found with CLUSTER SLOTS) and its db must be 0. Every key carries its org as"
+        " hash tag, so one agent's keys share a slot.",
     )
     postgres_dsn: str = _f(
         "postgresql://ibex@127.0.0.1:5432/ibex", "PostgreSQL with pgvector: the source of truth."
@@ -325,3 +346,13 @@ class Settings(BaseSettings):
 
     # --- embedded mode (ibex-context dev) -----------------------------------------------
     data_dir: Path = _f(Path(".ibex"), "Where `ibex-context dev` keeps its Redis and PostgreSQL data.")
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _sentinel_list(cls, value: Any) -> Any:
+        """``["a:26379", "b:26379"]`` (JSON, as the chart writes it) or ``a:26379,b:26379``."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        return tuple(entry.strip() for entry in value.split(",") if entry.strip())

@@ -21,6 +21,7 @@ from ibex_context.cli import main as cli_main
 from ibex_context.observability.tracing import SDK_READ_VARIABLES
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.settings import Settings
+from ibex_context.stores.redis_topology import RedisTopology
 from ibex_operator.config import OperatorConfig
 from ibex_operator.reconcile import ProfileView, configmap_name, plan_namespace
 
@@ -382,6 +383,62 @@ def test_read_replicas_come_from_an_optional_secret_key_and_their_bounds_from_va
         postgres_replica_poll_seconds=env["IBEX_POSTGRES_REPLICA_POLL_SECONDS"]["value"],
     )
     assert (settings.postgres_replica_max_lag_seconds, settings.postgres_replica_poll_seconds) == (1.5, 0.1)
+
+
+SENTINEL = CHART / "ci" / "redis-sentinel-values.yaml"
+
+
+def test_redis_is_one_server_unless_values_say_sentinel_or_cluster(render: Callable[..., Rendered]) -> None:
+    env = env_of(server_container(render()))
+    assert not {"IBEX_REDIS_SENTINELS", "IBEX_REDIS_SENTINEL_MASTER", "IBEX_REDIS_CLUSTER"} & set(env)
+
+
+def test_sentinel_values_become_settings_the_service_reads_as_a_sentinel_topology(
+    render: Callable[..., Rendered], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = env_of(server_container(render([SENTINEL])))
+    assert env["IBEX_REDIS_SENTINEL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-stores",
+        "key": "redis-sentinel-password",
+        "optional": True,
+    }
+    for name in ("IBEX_REDIS_SENTINELS", "IBEX_REDIS_SENTINEL_MASTER"):
+        monkeypatch.setenv(name, env[name]["value"])
+    topology = RedisTopology.from_settings(Settings(redis_url="redis://:pw@unused/0"))
+    assert topology.mode == "sentinel"
+    assert topology.sentinels[0] == ("redis-node-0.redis-headless.data", 26379)
+    assert topology.sentinel_master == "mymaster"
+
+
+def test_cluster_mode_becomes_the_cluster_setting(
+    render: Callable[..., Rendered], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = env_of(server_container(render(sets=["config.redis.mode=cluster"])))
+    monkeypatch.setenv("IBEX_REDIS_CLUSTER", env["IBEX_REDIS_CLUSTER"]["value"])
+    assert RedisTopology.from_settings(Settings(redis_url="rediss://cache.example:6379")).mode == "cluster"
+    assert "IBEX_REDIS_SENTINELS" not in env
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [
+        (["config.redis.mode=sentinel"], "sentinel"),
+        (["config.redis.mode=sentinel", "config.redis.sentinel.addresses={s:26379}"], "masterName"),
+        (
+            [
+                "config.redis.mode=sentinel",
+                "config.redis.sentinel.masterName=m",
+                "config.redis.sentinel.addresses={s}",
+            ],
+            "addresses",
+        ),
+        (["config.redis.mode=replicated"], "mode"),
+        (["config.redis.mode=cluster", "redis.enabled=true"], "config.redis.mode"),
+    ],
+)
+def test_redis_values_that_cannot_work_are_refused(helm: str, sets: list[str], named: str) -> None:
+    result = run_helm(helm, *template_args(sets=sets))
+    assert result.returncode != 0 and named in result.stderr, result.stderr
 
 
 def test_in_chart_stores_are_wired_to_their_services_automatically(render: Callable[..., Rendered]) -> None:

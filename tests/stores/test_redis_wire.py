@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess, redis_server_binary
+from ibex_context.devtools.redis_ha import RedisSentinelSet
 from ibex_context.errors import ConfigurationError
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -380,3 +381,48 @@ def test_reads_work_on_uvloop_the_services_default_loop(redis_url: str) -> None:
             await admin.aclose()
 
     assert uvloop.run(set_then_read()) == b"on uvloop"
+
+
+# --- a primary that is not (or no longer) one: Sentinel's failovers ----------------------------------
+
+
+def _a_replica(sentinels: RedisSentinelSet) -> RedisProcess:
+    primary = sentinels.primary_port()
+    return next(server for server in sentinels.servers if server.port != primary)
+
+
+async def test_a_readonly_reply_closes_the_connection_so_the_next_call_connects_afresh(
+    redis_sentinels: RedisSentinelSet,
+) -> None:
+    """A demoted primary answers writes READONLY: the caller gets that error, and the
+    connection is dropped, so the next call opens a new one (with Sentinel: asks again)."""
+    replica = _a_replica(redis_sentinels)
+    wire = PipelinedRedis.from_url(replica.url)
+    try:
+        async with aioredis.Redis(port=replica.port) as admin:
+            await wire.connect()
+            before = await _connections_received(admin)
+            with pytest.raises(ReadOnlyError):
+                await wire.execute(("SET", "{o}:k", "v"))
+            assert await wire.get("{o}:absent") is None
+            assert await _connections_received(admin) == before + 1
+    finally:
+        await wire.aclose()
+
+
+async def test_a_server_named_as_primary_that_is_a_replica_is_refused(
+    redis_sentinels: RedisSentinelSet,
+) -> None:
+    """A sentinel's answer may be a moment stale: the server's own ROLE decides."""
+    replica = _a_replica(redis_sentinels)
+    endpoint = RedisEndpoint.from_url(replica.url)
+
+    async def stale_sentinel() -> RedisEndpoint:
+        return endpoint
+
+    wire = PipelinedRedis(endpoint, locate=stale_sentinel)
+    try:
+        with pytest.raises(RedisConnectionError, match="not \\(or no longer\\) one"):
+            await wire.get("{o}:k")
+    finally:
+        await wire.aclose()

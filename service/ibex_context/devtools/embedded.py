@@ -95,7 +95,8 @@ def _redis_answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            # A server with a password answers NOAUTH: up all the same.
+            return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -122,9 +123,21 @@ class RedisProcess:
     the data is gone because persistence is off.
     """
 
-    def __init__(self, data_dir: Path, port: int | None = None, binary: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        binary: Path | None = None,
+        *,
+        config_file: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """``config_file`` (read first) and ``extra_args`` (last): for a cluster node,
+        a replica or a sentinel (``devtools.redis_ha``)."""
         self.data_dir = data_dir
         self.binary = binary or redis_server_binary()
+        self._config_file = config_file
+        self._extra_args = tuple(extra_args)
         self._fixed_port = port is not None
         self.port = port if port is not None else _free_port()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -165,6 +178,7 @@ class RedisProcess:
             proc = subprocess.Popen(
                 [
                     str(self.binary),
+                    *([str(self._config_file)] if self._config_file is not None else []),
                     "--bind",
                     "127.0.0.1",
                     "--port",
@@ -177,6 +191,7 @@ class RedisProcess:
                     str(self.data_dir),
                     "--daemonize",
                     "no",
+                    *self._extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

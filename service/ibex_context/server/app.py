@@ -55,6 +55,7 @@ from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
 from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis_topology import RedisTopology
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.counting import MessageTokenCounter
@@ -125,6 +126,9 @@ class ContextService:
         # Refused before anything is opened: a misconfigured security setting must not serve.
         self.tls = _server_tls(s)
         self.credentials = _credentials_file(s)
+        # As are Redis settings that cannot work (Sentinel without a master name, ...), before
+        # the embedder and PostgreSQL take their seconds.
+        RedisTopology.from_settings(s)
         self.metrics = Metrics(self.metrics_registry)
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()

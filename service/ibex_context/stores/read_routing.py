@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import asyncpg
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ibex_context.errors import StoreError
 from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis_topology import RedisClient, RedisTopology
+from ibex_context.stores.redis_wire import RedisReads
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings
@@ -93,8 +93,8 @@ class WriteMarks:
 
     def __init__(
         self,
-        client: aioredis.Redis,
-        reads: PipelinedRedis,
+        client: RedisClient,
+        reads: RedisReads,
         *,
         ttl_seconds: float,
         clock: Callable[[], float] = time.monotonic,
@@ -387,14 +387,13 @@ def build_read_routing(
     """The routing of ``settings.postgres_read_dsns``; None when there are none."""
     if not settings.postgres_read_dsns:
         return None
-    from ibex_context.stores.redis import create_redis_client  # imports this module's users
-
     ttl = ReadRouting.mark_ttl_seconds(
         settings.postgres_replica_max_lag_seconds, settings.postgres_replica_poll_seconds
     )
+    topology = RedisTopology.from_settings(settings)
     marks = WriteMarks(
-        create_redis_client(settings.redis_url, max_connections=4),
-        PipelinedRedis.from_url(settings.redis_url),
+        topology.create_client(max_connections=4),
+        topology.create_reads(),
         ttl_seconds=ttl,
     )
     return ReadRouting(

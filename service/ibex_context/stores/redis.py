@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
 
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord
@@ -45,9 +44,12 @@ from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
 from ibex_context.stores.hot_score import frequency_lua, frequency_weight
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis
+from ibex_context.stores.redis_topology import RedisClient, RedisTopology
+from ibex_context.stores.redis_wire import LuaScript, RedisReads
 
 BUILT_MARKER = "~"
+# Cluster mode: agents' scripts sent at once where a pipeline would carry them.
+CLUSTER_CONCURRENCY = 16
 # The generation counter outlives any hot set by far; it only needs to exist while
 # a rebuild is in flight.
 GENERATION_TTL_SECONDS = 86_400
@@ -191,24 +193,11 @@ return deleted
 
 
 def create_redis_client(url: str, *, max_connections: int, ca_file: Path | None = None) -> aioredis.Redis:
-    """The redis-py client (writes, rebuilds, health, purge; the request path's two
-    reads use ``stores.redis_wire``): one immediate retry, no backoff.
-
-    redis-py's default (10 retries with exponential backoff) turns a stopped Redis
-    into seconds of waiting per call; a request has milliseconds. The single retry
-    replaces a pooled connection that died with a Redis restart. ``socket_timeout``
-    is a backstop for background work; requests are bounded by their deadline.
-    ``ca_file`` verifies a ``rediss://`` server instead of the system's CAs.
-    """
-    tls: dict[str, Any] = {"ssl_ca_certs": str(ca_file)} if ca_file and url.startswith("rediss:") else {}
-    return aioredis.Redis.from_url(
-        url,
-        max_connections=max_connections,
-        retry=Retry(NoBackoff(), 1),
-        socket_connect_timeout=1.0,
-        socket_timeout=2.0,
-        **tls,
-    )
+    """redis-py's client of one Redis server (``RedisTopology.create_client`` says how
+    it is configured, and builds the Sentinel and Cluster ones)."""
+    client = RedisTopology(url, ca_file=ca_file).create_client(max_connections=max_connections)
+    assert isinstance(client, aioredis.Redis)
+    return client
 
 
 def directive_key(org_id: str, agent_id: str) -> str:
@@ -268,15 +257,16 @@ class RedisContextCache:
     """Directive and hot-set cache. Raises ``redis.exceptions.RedisError`` on failure;
     the repository decides what a failure means (miss, or best-effort invalidation).
 
-    Two clients of the same Redis: ``reads`` (``stores.redis_wire``) serves the two
+    Two clients of the same Redis (one server, Sentinel or Cluster:
+    ``stores.redis_topology``): ``reads`` (``stores.redis_wire``) serves the two
     reads every AssembleContext call makes (directive, hot set), at 30-60 % of
     redis-py's CPU and safe to cancel; ``client`` (redis-py) does everything else.
     It owns both: ``aclose()`` closes them."""
 
     def __init__(
         self,
-        client: aioredis.Redis,
-        reads: PipelinedRedis,
+        client: RedisClient,
+        reads: RedisReads,
         *,
         directive_ttl_seconds: int,
         hot_set_size: int,
@@ -298,12 +288,10 @@ class RedisContextCache:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisContextCache:
-        client = create_redis_client(
-            settings.redis_url, max_connections=settings.redis_max_connections, ca_file=settings.redis_ca_file
-        )
+        topology = RedisTopology.from_settings(settings)
         return cls(
-            client,
-            PipelinedRedis.from_url(settings.redis_url, ca_file=settings.redis_ca_file),
+            topology.create_client(max_connections=settings.redis_max_connections),
+            topology.create_reads(),
             directive_ttl_seconds=settings.directive_cache_ttl_seconds,
             hot_set_size=settings.hot_set_size,
             hot_set_ttl_seconds=settings.hot_set_ttl_seconds,
@@ -418,18 +406,60 @@ class RedisContextCache:
         agents = [agent for agent, counters in counters_by_agent.items() if counters]
         if not agents:
             return {}
+        if isinstance(self._client, RedisCluster):
+            results = await self._patch_counters_concurrently(agents, counters_by_agent)
+            return {agent: result for agent, result in zip(agents, results, strict=True)}
+        results = await self._patch_counters_pipelined(agents, counters_by_agent)
+        if any(isinstance(result, NoScriptError) for result in results):
+            # A node that lost its scripts (restart, failover, a cluster node added):
+            # the pipeline cannot load them itself in Cluster mode; load, run again.
+            await self._client.script_load(self._patch_counters.script)
+            results = await self._patch_counters_pipelined(agents, counters_by_agent)
+        return {
+            agent: result if isinstance(result, Exception) else int(result)
+            for agent, result in zip(agents, results, strict=True)
+        }
+
+    async def _patch_counters_concurrently(
+        self,
+        agents: Sequence[tuple[str, str]],
+        counters_by_agent: Mapping[tuple[str, str], Sequence[MemoryCounters]],
+    ) -> list[int | Exception]:
+        """Cluster mode: redis-py refuses scripts in a cluster pipeline, so each agent's
+        script is its own command, ``CLUSTER_CONCURRENCY`` at a time (within the pool)."""
+
+        async def patch(org_id: str, agent_id: str) -> int | Exception:
+            try:
+                return int(
+                    await self._patch_counters(
+                        keys=self._hot_keys(org_id, agent_id),
+                        args=_patch_args(counters_by_agent[(org_id, agent_id)]),
+                    )
+                )
+            except (RedisError, OSError) as exc:
+                return exc
+
+        results: list[int | Exception] = []
+        for start in range(0, len(agents), CLUSTER_CONCURRENCY):
+            chunk = agents[start : start + CLUSTER_CONCURRENCY]
+            results += await asyncio.gather(*(patch(org, agent) for org, agent in chunk))
+        return results
+
+    async def _patch_counters_pipelined(
+        self,
+        agents: Sequence[tuple[str, str]],
+        counters_by_agent: Mapping[tuple[str, str], Sequence[MemoryCounters]],
+    ) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
             for org_id, agent_id in agents:
                 await self._patch_counters(
                     keys=self._hot_keys(org_id, agent_id),
                     args=_patch_args(counters_by_agent[(org_id, agent_id)]),
-                    client=pipe,
+                    # A pipeline (redis-py's stub names only clients): queued, sent by execute.
+                    client=pipe,  # type: ignore[arg-type]
                 )
-            results = await pipe.execute(raise_on_error=False)
-        return {
-            agent: result if isinstance(result, Exception) else int(result)
-            for agent, result in zip(agents, results, strict=True)
-        }
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
 
     async def remove_hot_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         """Removes members; returns how many were in the hot set."""

@@ -7,7 +7,9 @@ release, where this one spends ~100 k (``benchmarks/results/redis_reads-2026-11-
 And redis-py's connection release is not cancellation-safe, so a read cancelled by
 its deadline had to be shielded (an extra task per call).
 
-Design: ONE persistent connection per process, requests pipelined on it and replies
+Design: ONE persistent connection per process and server (behind Sentinel: the
+primary the sentinels name, ``stores.redis_sentinel``; in a Cluster: one per primary,
+``stores.redis_cluster_wire``), requests pipelined on it and replies
 matched to requests in order (a FIFO of futures); hiredis encodes the commands
 (``pack_command``) and parses the replies (``Reader``). Redis executes commands one
 at a time anyway, so one pipelined socket loses nothing to a pool and needs no
@@ -20,6 +22,8 @@ checkout or release. Consequences that make it safe:
   ``ConnectionError`` (a ``RedisError``, which the repository maps); the next call
   reconnects, lazily, one attempt shared by the callers waiting for it and bounded
   by ``connect_timeout``. Callers are bounded by their own deadlines besides.
+* Failover: a READONLY reply (a primary demoted under us) closes the connection too,
+  and with Sentinel each new connection asks where the primary is and checks ROLE.
 * Bounded: at most ``max_pending`` replies outstanding (then calls fail at once),
   and a connection that answers nothing for ``reply_timeout`` while replies are
   outstanding is dropped, so a hung Redis cannot pile up cancelled slots.
@@ -27,11 +31,12 @@ checkout or release. Consequences that make it safe:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import hashlib
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -39,7 +44,14 @@ from urllib.parse import urlsplit
 
 import hiredis
 from redis.asyncio.connection import parse_url
-from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -107,7 +119,7 @@ class LuaScript:
         self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
-def _pack(command: tuple[Argument, ...]) -> bytes:
+def pack_command(command: tuple[Argument, ...]) -> bytes:
     # The stub declares a 1-tuple; pack_command takes a tuple of any length.
     packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
     return packed
@@ -166,7 +178,13 @@ class _Replies(asyncio.Protocol):
             if waiter.done():  # its caller was cancelled: the reply is dropped
                 continue
             if isinstance(reply, ResponseError):
-                waiter.set_exception(_error_of(reply))
+                error = _error_of(reply)
+                waiter.set_exception(error)
+                if isinstance(error, ReadOnlyError):
+                    # A primary demoted by a failover: the next call connects afresh
+                    # (and, with Sentinel, asks again where the primary is).
+                    self.close(RedisConnectionError, "Redis is no longer the primary")
+                    return
             else:
                 waiter.set_result(reply)
 
@@ -199,13 +217,61 @@ class _Replies(asyncio.Protocol):
 
 
 def _error_of(reply: ResponseError) -> ResponseError:
+    """redis-py's exception for the error replies a caller acts on."""
     message = str(reply)
-    # NOSCRIPT: Redis restarted or its scripts were flushed; the caller loads and retries.
-    return NoScriptError(message) if message.startswith("NOSCRIPT") else reply
+    kind, _, detail = message.partition(" ")
+    if kind == "NOSCRIPT":  # Redis restarted or its scripts were flushed: load and retry
+        return NoScriptError(message)
+    if kind == "MOVED":  # Cluster: "MOVED <slot> <host>:<port>"
+        return MovedError(detail)
+    if kind == "ASK":  # Cluster, slot migrating: "ASK <slot> <host>:<port>"
+        return AskError(detail)
+    if kind == "READONLY":
+        return ReadOnlyError(message)
+    return reply
 
 
-class PipelinedRedis:
+class RedisReads(abc.ABC):
+    """The request path's reads, on whatever serves the key: ``execute`` routes a command."""
+
+    @abc.abstractmethod
+    async def execute(self, command: tuple[Argument, ...], *, key: str) -> object:
+        """Sends ``command`` to the server of ``key`` and returns its reply."""
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Opens the connection(s) now (start-up), so the first request pays no set-up."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def get(self, key: str) -> bytes | None:
+        reply = await self.execute(("GET", key), key=key)
+        if reply is None or isinstance(reply, bytes):
+            return reply
+        raise ResponseError(f"GET answered a {type(reply).__name__}")
+
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Argument]) -> object:
+        """Runs ``script`` (its keys share a slot: routed by the first); on NOSCRIPT loads
+        it where it ran and runs it again, once."""
+        command: tuple[Argument, ...] = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        route = keys[0] if keys else ""  # a script without keys may run anywhere
+        try:
+            return await self.execute(command, key=route)
+        except NoScriptError:
+            await self.execute(("SCRIPT", "LOAD", script.source), key=route)
+            return await self.execute(command, key=route)
+
+
+Locate = Callable[[], Awaitable[RedisEndpoint]]
+
+
+class PipelinedRedis(RedisReads):
     """GET and EVALSHA over one pipelined connection (see the module doc).
+
+    ``locate``, when given, says where to connect each time a connection is opened
+    (Sentinel: the current primary) and the server must then be a primary (ROLE);
+    otherwise it is always ``endpoint``.
 
     Raises redis-py's exceptions: ``ConnectionError``/``TimeoutError`` when Redis
     cannot be reached or stops answering, ``ResponseError`` for an error reply.
@@ -215,11 +281,13 @@ class PipelinedRedis:
         self,
         endpoint: RedisEndpoint,
         *,
+        locate: Locate | None = None,
         connect_timeout: float = 1.0,
         reply_timeout: float = 2.0,
         max_pending: int = 1024,
     ) -> None:
         self._endpoint = endpoint
+        self._locate = locate
         self._connect_timeout = connect_timeout
         self._reply_timeout = reply_timeout
         self._max_pending = max_pending
@@ -231,41 +299,44 @@ class PipelinedRedis:
     def from_url(cls, url: str, *, ca_file: Path | None = None) -> PipelinedRedis:
         return cls(RedisEndpoint.from_url(url, ca_file=ca_file))
 
-    async def get(self, key: str) -> bytes | None:
-        reply = await self._request(_pack(("GET", key)))
-        if reply is None or isinstance(reply, bytes):
-            return reply
-        raise ResponseError(f"GET answered a {type(reply).__name__}")
-
-    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Argument]) -> object:
-        """Runs ``script``; on NOSCRIPT loads it and runs it again, once."""
-        packed = _pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+    async def execute(self, command: tuple[Argument, ...], *, key: str = "", asking: bool = False) -> object:
+        """``command``'s reply; ``asking`` sends ASKING first, on the same connection
+        (Cluster: the one command may then use a slot being imported)."""
+        connection = self._connection
+        if connection is None or connection.closed:
+            connection = await self._reconnect()
+        if not asking:
+            return await connection.request(pack_command(command))
+        # Both written before any await: nothing can come between them on the connection.
+        asked = connection.request(pack_command(("ASKING",)))
         try:
-            return await self._request(packed)
-        except NoScriptError:
-            await self._request(_pack(("SCRIPT", "LOAD", script.source)))
-            return await self._request(packed)
+            reply = connection.request(pack_command(command))
+        except RedisConnectionError:
+            asked.cancel()  # its reply is dropped when it comes
+            raise
+        outcomes = await asyncio.gather(asked, reply, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes[1]
 
     async def connect(self) -> None:
-        """Opens the connection now (start-up), so the first request pays no set-up."""
         if self._connection is None or self._connection.closed:
             await self._reconnect()
 
     async def aclose(self) -> None:
+        self.close()
+        # Let the transport's close run its callbacks before the loop may end.
+        await asyncio.sleep(0)
+
+    def close(self) -> None:
+        """Closes the connection (pending callers fail as if it were lost); for good."""
         self._closed = True
         if self._connecting is not None:
             self._connecting.cancel()
         if self._connection is not None:
             self._connection.close(RedisConnectionError, "the client was closed")
             self._connection = None
-        # Let the transport's close run its callbacks before the loop may end.
-        await asyncio.sleep(0)
-
-    async def _request(self, packed: bytes) -> object:
-        connection = self._connection
-        if connection is None or connection.closed:
-            connection = await self._reconnect()
-        return await connection.request(packed)
 
     async def _reconnect(self) -> _Replies:
         if self._closed:
@@ -286,37 +357,58 @@ class PipelinedRedis:
             self._connection = attempt.result()
 
     async def _connect(self) -> _Replies:
-        endpoint, loop = self._endpoint, asyncio.get_running_loop()
-
-        def protocol() -> _Replies:
-            return _Replies(max_pending=self._max_pending, reply_timeout=self._reply_timeout)
-
         try:
             async with asyncio.timeout(self._connect_timeout):
-                if endpoint.unix_path is not None:
-                    _, connection = await loop.create_unix_connection(protocol, endpoint.unix_path)
-                else:
-                    _, connection = await loop.create_connection(
-                        protocol,
-                        endpoint.host,
-                        endpoint.port,
-                        ssl=endpoint.tls,
-                        server_hostname=endpoint.host if endpoint.tls is not None else None,
-                    )
-                try:
-                    await _handshake(connection, endpoint)
-                except BaseException:
-                    connection.close(RedisConnectionError, "set-up failed")
-                    raise
+                endpoint = self._endpoint if self._locate is None else await self._locate()
+                return await open_connection(
+                    endpoint,
+                    max_pending=self._max_pending,
+                    reply_timeout=self._reply_timeout,
+                    require_primary=self._locate is not None,
+                )
         except TimeoutError:
             raise RedisTimeoutError(f"connecting to Redis took over {self._connect_timeout} s") from None
-        except OSError as exc:  # refused, unreachable, TLS verification...
-            raise RedisConnectionError(f"connecting to Redis failed: {type(exc).__name__}") from exc
-        return connection
 
 
-async def _handshake(connection: _Replies, endpoint: RedisEndpoint) -> None:
-    """AUTH and SELECT, pipelined, as redis-py does them for the same URL."""
+async def open_connection(
+    endpoint: RedisEndpoint,
+    *,
+    max_pending: int = 16,
+    reply_timeout: float = 2.0,
+    require_primary: bool = False,
+) -> _Replies:
+    """A connected, authenticated connection to ``endpoint`` (its db selected); with
+    ``require_primary``, refused (ConnectionError) unless the server is a primary.
+    Unbounded in time: callers bound it."""
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> _Replies:
+        return _Replies(max_pending=max_pending, reply_timeout=reply_timeout)
+
+    try:
+        if endpoint.unix_path is not None:
+            _, connection = await loop.create_unix_connection(protocol, endpoint.unix_path)
+        else:
+            _, connection = await loop.create_connection(
+                protocol,
+                endpoint.host,
+                endpoint.port,
+                ssl=endpoint.tls,
+                server_hostname=endpoint.host if endpoint.tls is not None else None,
+            )
+    except OSError as exc:  # refused, unreachable, TLS verification...
+        raise RedisConnectionError(f"connecting to Redis failed: {type(exc).__name__}") from exc
+    try:
+        await _handshake(connection, endpoint, require_primary=require_primary)
+    except BaseException:
+        connection.close(RedisConnectionError, "set-up failed")
+        raise
+    return connection
+
+
+async def _handshake(connection: _Replies, endpoint: RedisEndpoint, *, require_primary: bool) -> None:
+    """AUTH and SELECT, pipelined, as redis-py does them for the same URL; ROLE when the
+    server must be a primary (a sentinel's answer may be a moment stale)."""
     commands: list[tuple[Argument, ...]] = []
     if endpoint.username is not None:
         commands.append(("AUTH", endpoint.username, endpoint.password or ""))
@@ -324,7 +416,9 @@ async def _handshake(connection: _Replies, endpoint: RedisEndpoint) -> None:
         commands.append(("AUTH", endpoint.password))
     if endpoint.db:
         commands.append(("SELECT", endpoint.db))
-    waiters = [connection.request(_pack(command)) for command in commands]
+    if require_primary:
+        commands.append(("ROLE",))
+    waiters = [connection.request(pack_command(command)) for command in commands]
     # Every reply is retrieved (no "never retrieved" warning when the first failed).
     outcomes = await asyncio.gather(*waiters, return_exceptions=True)
     for command, outcome in zip(commands, outcomes, strict=True):
@@ -334,3 +428,5 @@ async def _handshake(connection: _Replies, endpoint: RedisEndpoint) -> None:
             raise outcome
         if isinstance(outcome, BaseException):
             raise outcome
+        if command[0] == "ROLE" and not (isinstance(outcome, list) and outcome and outcome[0] == b"master"):
+            raise RedisConnectionError("the Redis named as primary is not (or no longer) one")
