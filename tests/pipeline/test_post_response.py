@@ -124,3 +124,35 @@ async def test_a_failed_batch_is_counted_and_logged_not_raised(
         assert counts.failed == 3  # the queue kept running
     finally:
         await queue.drain(timeout=1.0)
+
+
+class SlowRecorder(BatchesSeen):
+    """The real store, each batch held up until ``release`` is set."""
+
+    def __init__(self, store: PostgresMemoryStore) -> None:
+        super().__init__(store)
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def record_injections(self, injections: Sequence[Injection]) -> None:
+        self.writing.set()
+        await asyncio.wait_for(self.release.wait(), 5.0)
+        await super().record_injections(injections)
+
+
+async def test_shutdown_waits_for_the_batch_being_written_instead_of_losing_it(
+    pg_store: PostgresMemoryStore, make_memory: MakeMemory, tenant: Tenant
+) -> None:
+    ids = await _stored(pg_store, make_memory, tenant, 3)
+    recorder = SlowRecorder(pg_store)
+    queue = InjectionQueue(recorder, max_size=100, batch_size=10, flush_interval=0.01)
+    queue.start()
+    queue.submit(tenant.org_id, tenant.agent_id, ids)
+    await asyncio.wait_for(recorder.writing.wait(), 5.0)  # the batch left the queue
+
+    drained = asyncio.ensure_future(queue.drain(timeout=5.0))
+    await asyncio.sleep(0.05)
+    recorder.release.set()
+    await asyncio.wait_for(drained, 10.0)
+
+    assert await _counts(pg_store, tenant, ids) == [1, 1, 1]

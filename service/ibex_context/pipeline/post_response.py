@@ -45,6 +45,9 @@ class InjectionQueue:
         self._flush_interval = flush_interval
         self._hooks = hooks or QueueHooks()
         self._task: asyncio.Task[None] | None = None
+        # The batch being written: shielded from the drain's cancellation of ``_run``, so
+        # a shutdown waits for it instead of losing it half-way.
+        self._in_flight: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -77,7 +80,9 @@ class InjectionQueue:
                 async with asyncio.timeout_at(asyncio.get_running_loop().time() + self._flush_interval):
                     while len(batch) < self._batch_size:
                         batch.append(await self._queue.get())
-            await self._flush(batch)
+            self._in_flight = asyncio.ensure_future(self._flush(batch))
+            await asyncio.shield(self._in_flight)
+            self._in_flight = None
 
     async def _flush(self, batch: list[Injection]) -> None:
         try:
@@ -89,11 +94,14 @@ class InjectionQueue:
             self._hooks.depth(self._queue.qsize())
 
     async def drain(self, timeout: float) -> None:
-        """Flush what is queued (at shutdown), then stop."""
+        """Flush what is queued (at shutdown), the batch being written included, then stop."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout)
             self._task = None
+        if self._in_flight is not None:
+            await asyncio.wait({self._in_flight}, timeout=timeout)
+            self._in_flight = None
         pending: list[Injection] = []
         while not self._queue.empty():
             pending.append(self._queue.get_nowait())
