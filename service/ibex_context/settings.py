@@ -109,7 +109,8 @@ class Settings(BaseSettings):
     redis_max_connections: int = _f(
         64,
         "Redis connection pool size of the write side, rebuilds and health checks (each call's "
-        "directive and hot-set reads share one more, pipelined connection).",
+        "directive and hot-set reads share one more, pipelined connection). With IBEX_REDIS_CLUSTER:"
+        " per node, and one pipelined read connection per primary.",
         ge=1,
     )
     # NoDecode: read by _sentinel_list, which takes a comma-separated list too.
