@@ -27,13 +27,14 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
-from ibex_context.client.target import Target
+from ibex_context.client.credentials import ClientCredentials, bearer_metadata
+from ibex_context.client.target import Target, parse_target
 
-__all__ = ["TIMEOUTS_BEFORE_RECONNECT", "ManagedChannel", "channel_options"]
+__all__ = ["TIMEOUTS_BEFORE_RECONNECT", "ChannelClient", "ManagedChannel", "channel_options"]
 
 log = logging.getLogger("ibex_context.client")
 
@@ -205,3 +206,41 @@ async def _connected(channel: grpc.aio.Channel, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class ChannelClient:
+    """What ``ContextClient`` and ``MemoryClient`` hold alike: the parsed target, the calls'
+    timeout, the bearer metadata and a ``ManagedChannel``. Use ``async with`` or
+    ``start()``/``close()``."""
+
+    def __init__(
+        self,
+        target: str | Target,
+        *,
+        timeout: float,
+        credentials: ClientCredentials | None,
+        token: str | None,
+        refresh_seconds: float | None = None,
+    ) -> None:
+        """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
+        given, is sent in place of theirs."""
+        credentials = credentials or ClientCredentials()
+        self._auth = tuple(bearer_metadata(token or credentials.token).items())
+        self.target = parse_target(target) if isinstance(target, str) else target
+        self.timeout = timeout
+        self._channel = ManagedChannel(
+            self.target, credentials=credentials.channel_credentials(), refresh_seconds=refresh_seconds
+        )
+
+    async def start(self) -> None:
+        await self._channel.start()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -26,11 +26,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.channels import ManagedChannel
-from ibex_context.client.credentials import ClientCredentials, bearer_metadata
-from ibex_context.client.target import Target, parse_target
+from ibex_context.buckets import ASSEMBLY_BUCKETS
+from ibex_context.client.channels import ChannelClient
+from ibex_context.client.credentials import ClientCredentials
+from ibex_context.client.target import Target
 from ibex_context.models import ChatMessage
-from ibex_context.observability.metrics import ASSEMBLY_BUCKETS
 
 __all__ = [
     "ASSEMBLE_CONTEXT",
@@ -128,14 +128,7 @@ class _ClientMetrics:
             buckets=ASSEMBLY_BUCKETS,
             registry=registry,
         )
-        for result in (
-            "ok",
-            "degraded",
-            CLIENT_TIMEOUT,
-            CLIENT_UNAVAILABLE,
-            CLIENT_INVALID_ARGUMENT,
-            CLIENT_ERROR,
-        ):
+        for result in _CLIENT_RESULTS:
             self.results.labels(result)
 
     def record(self, result: AssembleResult) -> None:
@@ -165,7 +158,7 @@ class _RateLimitedLog:
         self._log.log(level, msg, *args, extra={"fallback_reason": reason, "suppressed": suppressed})
 
 
-class ContextClient:
+class ContextClient(ChannelClient):
     """AssembleContext over a long-lived grpc.aio channel. Use ``async with`` or ``start()``/``close()``.
 
     ``target`` is ``host:port`` (one connection) or ``dns:///name:port`` (a connection per
@@ -187,12 +180,8 @@ class ContextClient:
     ) -> None:
         """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
         given, is sent in place of theirs."""
-        credentials = credentials or ClientCredentials()
-        self._auth = tuple(bearer_metadata(token or credentials.token).items())
-        self.target = parse_target(target) if isinstance(target, str) else target
-        self.timeout = timeout
-        self._channel = ManagedChannel(
-            self.target, credentials=credentials.channel_credentials(), refresh_seconds=refresh_seconds
+        super().__init__(
+            target, timeout=timeout, credentials=credentials, token=token, refresh_seconds=refresh_seconds
         )
         self._metrics = _ClientMetrics(registry) if registry is not None else None
         self._tracer = tracer
@@ -202,7 +191,7 @@ class ContextClient:
 
     async def start(self) -> None:
         if not self._started:
-            await self._channel.start()
+            await super().start()
             self._started = True
 
     async def warm_up(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109, RUF100 - a cap on connecting
@@ -212,7 +201,7 @@ class ContextClient:
         return await self._channel.wait_connected(timeout)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await super().close()
         self._started = False
 
     async def check_health(self, service: str = "", *, timeout: float = 2.0) -> str:  # noqa: ASYNC109, RUF100
@@ -227,13 +216,6 @@ class ContextClient:
             HealthCheckRequest(service=service), timeout=timeout, metadata=self._auth
         )
         return str(HealthCheckResponse.ServingStatus.Name(reply.status))
-
-    async def __aenter__(self) -> ContextClient:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def assemble(
         self,

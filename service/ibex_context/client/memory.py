@@ -18,9 +18,9 @@ from typing import Any, cast
 import grpc
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.channels import ManagedChannel
+from ibex_context.client.channels import ChannelClient
 from ibex_context.client.context import classify_failure
-from ibex_context.client.credentials import ClientCredentials, bearer_metadata
+from ibex_context.client.credentials import ClientCredentials
 from ibex_context.client.memory_views import (
     ORDERS,
     DirectiveView,
@@ -30,7 +30,7 @@ from ibex_context.client.memory_views import (
     StoredMemory,
     timestamp,
 )
-from ibex_context.client.target import Target, parse_target
+from ibex_context.client.target import Target
 from ibex_context.errors import IbexError
 from ibex_context.models import NewMemory
 
@@ -132,7 +132,7 @@ def memory_input(memory: NewMemory) -> pb.MemoryInput:
     return message
 
 
-class MemoryClient:
+class MemoryClient(ChannelClient):
     """MemoryService over one grpc.aio channel. Use ``async with`` or ``start()``/``close()``."""
 
     def __init__(
@@ -146,25 +146,8 @@ class MemoryClient:
     ) -> None:
         """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
         given, is sent in place of theirs."""
-        credentials = credentials or ClientCredentials()
-        self._auth = tuple(bearer_metadata(token or credentials.token).items())
-        self.target = parse_target(target) if isinstance(target, str) else target
-        self.timeout = timeout
+        super().__init__(target, timeout=timeout, credentials=credentials, token=token)
         self.batch_size = batch_size
-        self._channel = ManagedChannel(self.target, credentials=credentials.channel_credentials())
-
-    async def start(self) -> None:
-        await self._channel.start()
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> MemoryClient:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def upsert_memories(
         self, org_id: str, agent_id: str, memories: Iterable[NewMemory | pb.MemoryInput]
