@@ -23,7 +23,6 @@ grpcio's too. Two things it lacks are added here, small:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -33,6 +32,7 @@ import grpc
 
 from ibex_context.client.credentials import ClientCredentials, bearer_metadata
 from ibex_context.client.target import Target, parse_target
+from ibex_context.tasks import cancel_and_wait
 
 __all__ = ["TIMEOUTS_BEFORE_RECONNECT", "ChannelClient", "ManagedChannel", "channel_options"]
 
@@ -183,9 +183,7 @@ class ManagedChannel:
 
     async def close(self) -> None:
         if self._refresh_task is not None:
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh_task
+            await cancel_and_wait(self._refresh_task)
             self._refresh_task = None
         if self._channel is not None:
             await self._channel.close()

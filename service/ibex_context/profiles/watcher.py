@@ -14,7 +14,6 @@ Log lines carry the path, checksum and error location, never file content.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Literal
 from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import load_profiles_file
 from ibex_context.profiles.registry import ProfileRegistry, ProfileStore
+from ibex_context.tasks import cancel_and_wait
 
 _log = logging.getLogger(__name__)
 
@@ -203,7 +203,4 @@ class ProfileWatcher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -24,7 +24,6 @@ replica's real ones, so a decision errs towards the primary.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -42,6 +41,7 @@ from ibex_context.errors import StoreError
 from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.redis_topology import RedisClient, RedisTopology
 from ibex_context.stores.redis_wire import RedisReads
+from ibex_context.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings
@@ -231,10 +231,7 @@ class ReadRouting:
 
     async def aclose(self) -> None:
         poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+        await cancel_and_wait(poller)
         for replica in self._replicas:
             pool, replica.pool = replica.pool, None
             if pool is not None:
