@@ -49,6 +49,8 @@ _log = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 10.0
 _CACHE_ERRORS = (RedisError, OSError)
 _AgentKey = tuple[str, str]
+# A cache operation that drops one agent's entry (its hot set, its directive).
+_Invalidation = Callable[[str, str], Awaitable[None]]
 
 
 class ContextRepository:
@@ -275,17 +277,23 @@ class ContextRepository:
     # ================================================================ invalidation
 
     async def _invalidate_hot_set(self, org_id: str, agent_id: str) -> None:
-        try:
-            await self._cache.invalidate_hot_set(org_id, agent_id)
-        except _CACHE_ERRORS:
-            self._pending_hot_invalidations.add((org_id, agent_id))
-            self._ensure_retrier()
+        await self._invalidate(
+            self._cache.invalidate_hot_set, self._pending_hot_invalidations, org_id, agent_id
+        )
 
     async def _invalidate_directive(self, org_id: str, agent_id: str) -> None:
+        await self._invalidate(
+            self._cache.delete_directive, self._pending_directive_invalidations, org_id, agent_id
+        )
+
+    async def _invalidate(
+        self, drop: _Invalidation, pending: set[_AgentKey], org_id: str, agent_id: str
+    ) -> None:
+        """Drops the agent's entry; when Redis fails, it is kept in ``pending`` for the retrier."""
         try:
-            await self._cache.delete_directive(org_id, agent_id)
+            await drop(org_id, agent_id)
         except _CACHE_ERRORS:
-            self._pending_directive_invalidations.add((org_id, agent_id))
+            pending.add((org_id, agent_id))
             self._ensure_retrier()
 
     @property
@@ -300,18 +308,16 @@ class ContextRepository:
         """Until Redis answers: a cache entry a failed write could not update must not survive."""
         while self._pending_hot_invalidations or self._pending_directive_invalidations:
             await asyncio.sleep(self._retry_interval)
-            for key in list(self._pending_hot_invalidations):
-                try:
-                    await self._cache.invalidate_hot_set(*key)
-                except _CACHE_ERRORS:
-                    break
-                self._pending_hot_invalidations.discard(key)
-            for key in list(self._pending_directive_invalidations):
-                try:
-                    await self._cache.delete_directive(*key)
-                except _CACHE_ERRORS:
-                    break
-                self._pending_directive_invalidations.discard(key)
+            for drop, pending in (
+                (self._cache.invalidate_hot_set, self._pending_hot_invalidations),
+                (self._cache.delete_directive, self._pending_directive_invalidations),
+            ):
+                for key in list(pending):
+                    try:
+                        await drop(*key)
+                    except _CACHE_ERRORS:
+                        break
+                    pending.discard(key)
 
     def _log_cache_failure(self, operation: str, exc: BaseException) -> None:
         """One warning per operation per ``LOG_INTERVAL_SECONDS``: a Redis outage would
