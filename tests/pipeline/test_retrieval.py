@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -118,3 +119,29 @@ async def test_the_cold_sources_detail_names_the_plan_the_store_chose() -> None:
     assert cold.searches == 1
     assert state.sources["cold"].status is SourceStatus.OK
     assert state.sources["cold"].detail == "plan: hnsw"
+
+
+async def _skips(plan: RetrievalPlan) -> dict[str, str]:
+    state = RetrievalState()
+    retriever = Retriever(
+        directives=_Directives(), hot_memories=_Hot(), cold_memories=_Cold(), embedder=HashingEmbedder(8)
+    )
+    tasks = retriever.start(plan, state)
+    await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
+    return {name: r.detail for name, r in state.sources.items() if r.status is SourceStatus.SKIPPED}
+
+
+async def test_each_skipped_source_says_why_first_the_query_then_the_budget_then_its_limit() -> None:
+    plan = _plan(cold_timeout=5.0)
+    assert await _skips(dataclasses.replace(plan, query="", lexical_limit=5)) == {
+        "embed": "no user message to search with",
+        "cold": "no user message to search with",
+        "lexical": "no user message to search with",
+    }
+    constrained = dataclasses.replace(plan, skip_cold_reason="budget too small", cold_limit=0)
+    assert await _skips(constrained) == {"cold": "budget too small", "lexical": "budget too small"}
+    assert await _skips(dataclasses.replace(plan, cold_limit=0, hot_limit=0)) == {
+        "hot": "hot_limit is 0",
+        "cold": "cold_limit is 0",
+        "lexical": "lexical_limit is 0",
+    }

@@ -164,14 +164,9 @@ class Retriever:
 
     async def _lexical(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """BM25 over the agent's memories; needs no embedding, so it runs from the start."""
-        if not plan.query:
-            _skip(state, SourceName.LEXICAL, "no user message to search with")
-            return
-        if plan.skip_cold_reason:
-            _skip(state, SourceName.LEXICAL, plan.skip_cold_reason)
-            return
-        if plan.lexical_limit <= 0:
-            _skip(state, SourceName.LEXICAL, "lexical_limit is 0")
+        why_not = _NO_QUERY if not plan.query else _why_not_search(plan, plan.lexical_limit, "lexical_limit")
+        if why_not:
+            _skip(state, SourceName.LEXICAL, why_not)
             return
         found = await _run_source(
             state,
@@ -186,8 +181,8 @@ class Retriever:
     async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """Embeds the query, then searches; ``deadline`` covers both together."""
         if not plan.query:
-            _skip(state, SourceName.EMBED, "no user message to search with")
-            _skip(state, SourceName.COLD, "no user message to search with")
+            _skip(state, SourceName.EMBED, _NO_QUERY)
+            _skip(state, SourceName.COLD, _NO_QUERY)
             return
         try:
             vectors = await _run_source(
@@ -206,11 +201,8 @@ class Retriever:
             _skip(state, SourceName.COLD, "query embedding failed")
             return
         state.query_embedding = vectors[0]
-        if plan.skip_cold_reason:
-            _skip(state, SourceName.COLD, plan.skip_cold_reason)
-            return
-        if plan.cold_limit <= 0:
-            _skip(state, SourceName.COLD, "cold_limit is 0")
+        if why_not := _why_not_search(plan, plan.cold_limit, "cold_limit"):
+            _skip(state, SourceName.COLD, why_not)
             return
         remaining = deadline - time.perf_counter()
         embedding = vectors[0]
@@ -313,6 +305,16 @@ async def _run_source(
 def _chosen_plan(found: Candidates) -> str:
     """The cold source's detail: the plan the store chose, into the metadata and metrics."""
     return plan_detail(found.plan.value) if isinstance(found, ColdMatches) else ""
+
+
+_NO_QUERY = "no user message to search with"
+
+
+def _why_not_search(plan: RetrievalPlan, limit: int, limit_name: str) -> str:
+    """Why a search of the stored memories (vector or lexical) is not run; '' when it is."""
+    if plan.skip_cold_reason:
+        return plan.skip_cold_reason
+    return f"{limit_name} is 0" if limit <= 0 else ""
 
 
 def _skip(state: RetrievalState, source: SourceName, why: str) -> None:
