@@ -22,8 +22,9 @@ from ibex_context.memory_api.reads import (
 from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.models import FloatVector
 from ibex_context.profiles.model import Scoring
+from ibex_context.stores.base import ListOrder, MemoryFilter
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.tenant_data import ListOrder, MemoryFilter, TenantData
+from ibex_context.stores.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock

@@ -10,7 +10,7 @@ import contextlib
 import numpy as np
 from ibex_context.server import memory_service
 from ibex_context.server.memory_service import CONVERT_CHUNK, stored_memory
-from ibex_context.stores.tenant_data import StoredRow
+from ibex_context.stores.base import StoredRow
 
 
 def _row(n: int = 0, **changes: object) -> StoredRow:

@@ -18,7 +18,7 @@ from ibex_context.server.read_validation import (
     MAX_QUERY_CHARS,
     MAX_TOP_K,
 )
-from ibex_context.stores.tenant_data import ListOrder
+from ibex_context.stores.base import ListOrder
 
 DIM = 8
 

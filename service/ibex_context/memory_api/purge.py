@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from redis.exceptions import RedisError
-
 from ibex_context.errors import StoreUnavailable
 
 _T = TypeVar("_T")
@@ -49,8 +47,8 @@ class TenantRows(Protocol):
 
 
 class TenantCache(Protocol):
-    """The cache's side of a purge (``stores.redis.RedisContextCache``); like every
-    cache adapter, it raises ``RedisError`` or ``OSError`` when Redis fails."""
+    """The cache's side of a purge (``stores.redis.RedisContextCache``); when Redis fails it
+    raises one of the errors ``TenantPurge`` is given (``stores.redis.CACHE_ERRORS``)."""
 
     def agents_with_keys(self, org_id: str) -> Awaitable[set[str]]: ...
     def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> Awaitable[int]: ...
@@ -73,12 +71,15 @@ class TenantPurge:
         data: TenantRows,
         cache: TenantCache,
         call_seconds: float,
+        cache_errors: tuple[type[Exception], ...],
         clock: Callable[[], float] = time.monotonic,
         purged: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._data = data
         self._cache = cache
         self._call_seconds = call_seconds
+        # What the cache raises when Redis fails: the call fails UNAVAILABLE.
+        self._cache_errors = cache_errors
         self._clock = clock
         # Told of each agent purged: read replicas must not serve what the primary
         # deleted (``ReadRouting.note_write``).
@@ -124,9 +125,8 @@ class TenantPurge:
                 break
         return PurgeReport(memories, directives, purged, keys, complete)
 
-    @staticmethod
-    async def _redis(call: Awaitable[_T]) -> _T:
+    async def _redis(self, call: Awaitable[_T]) -> _T:
         try:
             return await call
-        except (RedisError, OSError) as exc:
+        except self._cache_errors as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from None

@@ -26,8 +26,14 @@ from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.models import FloatVector
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Scoring
-from ibex_context.stores.base import ColdMemorySearch
-from ibex_context.stores.tenant_data import DirectiveRow, ListOrder, MemoryFilter, StoredRow, TenantData
+from ibex_context.stores.base import (
+    ColdMemorySearch,
+    DirectiveRow,
+    ListOrder,
+    MemoryFilter,
+    StoredRow,
+    TenantReads,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +137,7 @@ class MemoryReads:
     def __init__(
         self,
         *,
-        data: TenantData,
+        data: TenantReads,
         search: RetrievalSearch,
         embedder: Embedder,
         export_limit: RowRateLimit,

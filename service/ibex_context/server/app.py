@@ -54,7 +54,7 @@ from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
 from ibex_context.stores.read_routing import build_read_routing
-from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
 from ibex_context.stores.redis_topology import RedisTopology
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.stores.tenant_data import TenantData
@@ -253,6 +253,7 @@ class ContextService:
                 data=tenant_data,
                 cache=redis,
                 call_seconds=s.purge_call_seconds,
+                cache_errors=CACHE_ERRORS,
                 purged=read_routing.note_write if read_routing is not None else None,
             ),
             limits=limits,

@@ -16,7 +16,7 @@ from ibex_context.server import read_validation, validation
 from ibex_context.server.handlers import MemoryHandler
 from ibex_context.server.handling import agent_scoped, handled
 from ibex_context.server.lifecycle import InflightCalls
-from ibex_context.stores.tenant_data import StoredRow
+from ibex_context.stores.base import StoredRow
 
 
 def _stamp(target: Any, value: datetime) -> None:

@@ -18,7 +18,7 @@ from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api.reads import ListQuery
 from ibex_context.models import Category, FloatVector
 from ibex_context.server.validation import memory_ids, uuid_field
-from ibex_context.stores.tenant_data import ListOrder, MemoryFilter
+from ibex_context.stores.base import ListOrder, MemoryFilter
 
 MAX_GET_IDS = 1000
 MAX_PAGE_SIZE = 1000

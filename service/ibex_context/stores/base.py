@@ -8,9 +8,11 @@ two (write-through, cache fill on miss) is ``stores.repository``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 from ibex_context.candidates import Candidates
 from ibex_context.models import Directive, FloatVector
@@ -63,6 +65,92 @@ class StoreHealth:
     ok: bool
     detail: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class ListOrder(enum.Enum):
+    """Sort orders of a memory listing: by creation time or by when it happened (creation
+    time when unknown), newest or oldest first."""
+
+    CREATED_DESC = "created_desc"
+    CREATED_ASC = "created_asc"
+    OCCURRED_DESC = "occurred_desc"
+    OCCURRED_ASC = "occurred_asc"
+
+    @property
+    def descending(self) -> bool:
+        return self.name.endswith("_DESC")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFilter:
+    """Filters of ``list_memories``; ranges are half-open [after, before)."""
+
+    categories: tuple[str, ...] = ()
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    occurred_after: datetime | None = None
+    occurred_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """A memory as stored, every field the read side and the export return."""
+
+    agent_id: str
+    id: str
+    content: str
+    category: str
+    confidence: float
+    usefulness: float
+    metadata: dict[str, Any]
+    # Times in microseconds since the epoch.
+    occurred_at: int
+    created_at: int
+    updated_at: int
+    retrieval_count: int
+    last_injected_at: int | None
+    embedding: FloatVector | None
+    # The value of the listing's sort key (for its next page token).
+    sort_key: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveRow:
+    content: str | None
+    version: int
+    updated_at: datetime | None
+
+
+class TenantReads(Protocol):
+    """The memory API's reads of one tenant's rows (``stores.tenant_data``)."""
+
+    def get_memories(
+        self, org_id: str, agent_id: str, ids: Sequence[str], *, with_embedding: bool = False
+    ) -> Awaitable[list[StoredRow]]: ...
+
+    def list_memories(
+        self,
+        org_id: str,
+        agent_id: str,
+        *,
+        order: ListOrder,
+        filters: MemoryFilter,
+        after: tuple[datetime, str] | None,
+        limit: int,
+        with_embedding: bool = False,
+    ) -> Awaitable[list[StoredRow]]: ...
+
+    def export_memories(
+        self,
+        org_id: str,
+        agent_id: str | None,
+        *,
+        after: tuple[str, str] | None,
+        limit: int,
+        with_embedding: bool,
+    ) -> Awaitable[list[StoredRow]]: ...
+
+    def get_directive(self, org_id: str, agent_id: str) -> Awaitable[DirectiveRow]: ...
 
 
 class DirectiveReader(Protocol):

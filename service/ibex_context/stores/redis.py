@@ -47,6 +47,9 @@ from ibex_context.stores.postgres import DirectiveState, MemoryCounters
 from ibex_context.stores.redis_topology import RedisClient, RedisTopology
 from ibex_context.stores.redis_wire import LuaScript, RedisReads
 
+# What the cache's calls raise when Redis fails (the callers degrade, retry or answer UNAVAILABLE).
+CACHE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+
 BUILT_MARKER = "~"
 # Cluster mode: agents' scripts sent at once where a pipeline would carry them.
 CLUSTER_CONCURRENCY = 16
@@ -436,7 +439,7 @@ class RedisContextCache:
                         args=_patch_args(counters_by_agent[(org_id, agent_id)]),
                     )
                 )
-            except (RedisError, OSError) as exc:
+            except CACHE_ERRORS as exc:
                 return exc
 
         results: list[int | Exception] = []
@@ -533,6 +536,6 @@ class RedisContextCache:
     async def check_health(self) -> StoreHealth:
         try:
             await self._client.ping()
-        except (RedisError, OSError) as exc:
+        except CACHE_ERRORS as exc:
             return StoreHealth(ok=False, detail=f"redis: {type(exc).__name__}")
         return StoreHealth(ok=True, detail="redis: ok")

@@ -34,7 +34,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import asyncpg
-from redis.exceptions import RedisError
 
 from ibex_context.candidates import Candidates
 from ibex_context.errors import StoreError, StoreUnavailable
@@ -43,11 +42,10 @@ from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, 
 from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
 from ibex_context.stores.read_routing import ReadRouting
-from ibex_context.stores.redis import RedisContextCache
+from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
 
 _log = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 10.0
-_CACHE_ERRORS = (RedisError, OSError)
 _AgentKey = tuple[str, str]
 # A cache operation that drops one agent's entry (its hot set, its directive).
 _Invalidation = Callable[[str, str], Awaitable[None]]
@@ -95,7 +93,7 @@ class ContextRepository:
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
         try:
             cached = await self._cache.get_directive_state(org_id, agent_id)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             self._log_cache_failure("directive cache read", exc)
             return await self._postgres.get_directive(org_id, agent_id)
         if cached is not None:
@@ -105,7 +103,7 @@ class ContextRepository:
             return None  # never had a directive: nothing to cache (see the module doc)
         try:
             await self._cache.put_directive(org_id, agent_id, state)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             self._log_cache_failure("directive cache fill", exc)
         return state.to_directive()
 
@@ -116,7 +114,7 @@ class ContextRepository:
         """
         try:
             records = await self._cache.get_hot_memories(org_id, agent_id, limit)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
         if records is None:
             self.schedule_hot_set_rebuild(org_id, agent_id)
@@ -192,7 +190,7 @@ class ContextRepository:
             records = await self._postgres.fetch_memories(org_id, agent_id, ids)
             if not await self._cache.add_hot_memories(org_id, agent_id, self._scored(records)):
                 await self.rebuild_hot_set(org_id, agent_id)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             self._log_cache_failure("hot set write", exc)
             await self._invalidate_hot_set(org_id, agent_id)
         except (asyncpg.PostgresError, StoreError) as exc:
@@ -216,7 +214,7 @@ class ContextRepository:
             await self._routing.note_write(org_id, agent_id)
         try:
             removed = await self._cache.remove_hot_memories(org_id, agent_id, ids)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             self._log_cache_failure("hot set delete", exc)
             await self._invalidate_hot_set(org_id, agent_id)
             return deleted
@@ -244,7 +242,7 @@ class ContextRepository:
     async def _write_directive_through(self, org_id: str, agent_id: str, state: DirectiveState) -> None:
         try:
             await self._cache.put_directive(org_id, agent_id, state)
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             self._log_cache_failure("directive cache write", exc)
             await self._invalidate_directive(org_id, agent_id)
 
@@ -267,7 +265,7 @@ class ContextRepository:
             outcomes: dict[_AgentKey, int | Exception] = dict(
                 await self._cache.patch_hot_counters_of_agents(by_agent)
             )
-        except _CACHE_ERRORS as exc:
+        except CACHE_ERRORS as exc:
             outcomes = dict.fromkeys(by_agent, exc)
         for (org_id, agent_id), outcome in outcomes.items():
             if isinstance(outcome, Exception):
@@ -292,7 +290,7 @@ class ContextRepository:
         """Drops the agent's entry; when Redis fails, it is kept in ``pending`` for the retrier."""
         try:
             await drop(org_id, agent_id)
-        except _CACHE_ERRORS:
+        except CACHE_ERRORS:
             pending.add((org_id, agent_id))
             self._ensure_retrier()
 
@@ -315,7 +313,7 @@ class ContextRepository:
                 for key in list(pending):
                     try:
                         await drop(*key)
-                    except _CACHE_ERRORS:
+                    except CACHE_ERRORS:
                         break
                     pending.discard(key)
 

@@ -15,7 +15,6 @@ cursor is seen again or not at all, which is what a consistent keyset gives.
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from ibex_context.models import FloatVector
+from ibex_context.stores.base import DirectiveRow, ListOrder, MemoryFilter, StoredRow
 from ibex_context.stores.postgres.codecs import as_uuid
 from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.writes import WRITER_LOCK_CLASS
@@ -35,61 +34,13 @@ from ibex_context.stores.postgres.writes import WRITER_LOCK_CLASS
 PURGE_BATCH = 2000
 
 
-class ListOrder(enum.Enum):
-    """Sort keys of ``list_memories``; values are (key expression, descending)."""
-
-    CREATED_DESC = ("m.created_at", True)
-    CREATED_ASC = ("m.created_at", False)
-    OCCURRED_DESC = ("coalesce(m.occurred_at, m.created_at)", True)
-    OCCURRED_ASC = ("coalesce(m.occurred_at, m.created_at)", False)
-
-    @property
-    def key(self) -> str:
-        return self.value[0]
-
-    @property
-    def descending(self) -> bool:
-        return self.value[1]
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryFilter:
-    """Filters of ``list_memories``; ranges are half-open [after, before)."""
-
-    categories: tuple[str, ...] = ()
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    occurred_after: datetime | None = None
-    occurred_before: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRow:
-    """A memory as stored, every field the read side and the export return."""
-
-    agent_id: str
-    id: str
-    content: str
-    category: str
-    confidence: float
-    usefulness: float
-    metadata: dict[str, Any]
-    # Times in microseconds since the epoch.
-    occurred_at: int
-    created_at: int
-    updated_at: int
-    retrieval_count: int
-    last_injected_at: int | None
-    embedding: FloatVector | None
-    # The value of the listing's sort key (for its next page token).
-    sort_key: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DirectiveRow:
-    content: str | None
-    version: int
-    updated_at: datetime | None
+# The sort key of each listing order (migration 0007 indexes both).
+_ORDER_KEYS = {
+    ListOrder.CREATED_DESC: "m.created_at",
+    ListOrder.CREATED_ASC: "m.created_at",
+    ListOrder.OCCURRED_DESC: "coalesce(m.occurred_at, m.created_at)",
+    ListOrder.OCCURRED_ASC: "coalesce(m.occurred_at, m.created_at)",
+}
 
 
 # The next version the sequence will hand out (nextval's result, without taking it): a
@@ -213,14 +164,15 @@ class TenantData:
                 where.append(f"{column} >= {param(low)}")
             if high is not None:
                 where.append(f"{column} < {param(high)}")
+        key = _ORDER_KEYS[order]
         direction = "DESC" if order.descending else "ASC"
         if after is not None:
             compare = "<" if order.descending else ">"
-            where.append(f"({order.key}, m.id) {compare} ({param(after[0])}, {param(uuid.UUID(after[1]))})")
+            where.append(f"({key}, m.id) {compare} ({param(after[0])}, {param(uuid.UUID(after[1]))})")
         rows = await self._pool.fetch(
-            f"SELECT {_columns(with_embedding)}, {order.key} AS sort_key"
+            f"SELECT {_columns(with_embedding)}, {key} AS sort_key"
             f" FROM memories AS m {_USAGE} WHERE {' AND '.join(where)}"
-            f" ORDER BY {order.key} {direction}, m.id {direction} LIMIT {param(limit)}",
+            f" ORDER BY {key} {direction}, m.id {direction} LIMIT {param(limit)}",
             *args,
         )
         return [_row(r, r["sort_key"]) for r in rows]
