@@ -25,7 +25,7 @@ from ibex_context.devtools.embedded import RedisProcess, redis_server_binary
 from ibex_context.devtools.redis_ha import RedisSentinelSet
 from ibex_context.errors import ConfigurationError
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint
+from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint, SharedAttempt
 from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -426,3 +426,49 @@ async def test_a_server_named_as_primary_that_is_a_replica_is_refused(
             await wire.get("{o}:k")
     finally:
         await wire.aclose()
+
+
+async def test_a_shared_attempt_serves_every_caller_of_its_run_and_outlives_a_cancelled_one() -> None:
+    started: list[asyncio.Event] = []
+    ended: list[object] = []
+
+    async def attempt() -> int:
+        release = asyncio.Event()
+        started.append(release)
+        await release.wait()
+        return len(started)
+
+    def finished(future: asyncio.Future[int]) -> None:
+        ended.append(future.exception() or future.result())
+
+    shared = SharedAttempt(attempt, finished)
+    impatient = asyncio.create_task(shared.join())
+    patient = asyncio.create_task(shared.join())
+    await asyncio.sleep(0)
+    impatient.cancel()  # its deadline: the attempt the other waits for goes on
+    await asyncio.sleep(0)
+    started[0].set()
+    assert await patient == 1 and len(started) == 1 and ended == [1]
+    assert impatient.cancelled()
+
+    again = asyncio.create_task(shared.join())  # the next ask after it ended: a new attempt
+    while len(started) < 2:
+        await asyncio.sleep(0)
+    started[1].set()
+    assert await again == 2 and ended == [1, 2]
+
+
+async def test_a_cancelled_shared_attempt_fails_its_callers_and_the_next_ask_starts_anew() -> None:
+    ended: list[bool] = []
+
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    shared = SharedAttempt(never, lambda future: ended.append(future.cancelled()))
+    waiting = asyncio.create_task(shared.join())
+    await asyncio.sleep(0)
+    shared.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert ended == [True]
+    shared.cancel()  # nothing running: nothing to do

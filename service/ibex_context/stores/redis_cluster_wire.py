@@ -28,6 +28,7 @@ from ibex_context.stores.redis_wire import (
     PipelinedRedis,
     RedisEndpoint,
     RedisReads,
+    SharedAttempt,
     open_connection,
     pack_command,
 )
@@ -79,7 +80,7 @@ class PipelinedRedisCluster(RedisReads):
         self._stale = True
         self._has_map = False
         self._refreshed_at = -math.inf  # when the last refresh ended, loop time
-        self._refreshing: asyncio.Task[None] | None = None
+        self._refreshing = SharedAttempt(self._refresh, self._refresh_finished)
         self._closed = False
 
     async def execute(self, command: tuple[Argument, ...], *, key: str) -> object:
@@ -109,8 +110,7 @@ class PipelinedRedisCluster(RedisReads):
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._refreshing is not None:
-            self._refreshing.cancel()
+        self._refreshing.cancel()
         nodes, self._nodes = self._nodes, {}
         for node in nodes.values():
             await node.aclose()
@@ -146,16 +146,10 @@ class PipelinedRedisCluster(RedisReads):
             return  # the map in hand serves meanwhile (MOVED patches its slots)
         if self._closed:
             raise RedisConnectionError("the client was closed")
-        attempt = self._refreshing
-        if attempt is None:
-            attempt = self._refreshing = asyncio.ensure_future(self._refresh())
-            attempt.add_done_callback(self._refresh_finished)
-        # Shared and shielded, as PipelinedRedis's reconnection: a caller cancelled by
-        # its deadline does not abort the refresh the others wait for.
-        await asyncio.shield(attempt)
+        # Shared and shielded, as PipelinedRedis's reconnection.
+        await self._refreshing.join()
 
-    def _refresh_finished(self, attempt: asyncio.Task[None]) -> None:
-        self._refreshing = None
+    def _refresh_finished(self, attempt: asyncio.Future[None]) -> None:
         self._refreshed_at = asyncio.get_running_loop().time()
         if not attempt.cancelled():
             attempt.exception()  # retrieved: no "never retrieved" when every caller gave up

@@ -39,7 +39,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
 import hiredis
@@ -292,7 +292,7 @@ class PipelinedRedis(RedisReads):
         self._reply_timeout = reply_timeout
         self._max_pending = max_pending
         self._connection: _Replies | None = None
-        self._connecting: asyncio.Task[_Replies] | None = None
+        self._connecting = SharedAttempt(self._connect, self._connect_finished)
         self._closed = False
 
     @classmethod
@@ -332,8 +332,7 @@ class PipelinedRedis(RedisReads):
     def close(self) -> None:
         """Closes the connection (pending callers fail as if it were lost); for good."""
         self._closed = True
-        if self._connecting is not None:
-            self._connecting.cancel()
+        self._connecting.cancel()
         if self._connection is not None:
             self._connection.close(RedisConnectionError, "the client was closed")
             self._connection = None
@@ -341,16 +340,9 @@ class PipelinedRedis(RedisReads):
     async def _reconnect(self) -> _Replies:
         if self._closed:
             raise RedisConnectionError("the client was closed")
-        attempt = self._connecting
-        if attempt is None:
-            attempt = self._connecting = asyncio.ensure_future(self._connect())
-            attempt.add_done_callback(self._connect_finished)
-        # Shielded: waiting callers share the attempt; one cancelled by its deadline
-        # must not abort the connection the others (and the next calls) wait for.
-        return await asyncio.shield(attempt)
+        return await self._connecting.join()
 
-    def _connect_finished(self, attempt: asyncio.Task[_Replies]) -> None:
-        self._connecting = None
+    def _connect_finished(self, attempt: asyncio.Future[_Replies]) -> None:
         # Retrieving the outcome here also keeps a failure whose callers all gave up
         # from being logged as "exception never retrieved".
         if not attempt.cancelled() and attempt.exception() is None:
@@ -368,6 +360,44 @@ class PipelinedRedis(RedisReads):
                 )
         except TimeoutError:
             raise RedisTimeoutError(f"connecting to Redis took over {self._connect_timeout} s") from None
+
+
+_T = TypeVar("_T")
+
+
+class SharedAttempt(Generic[_T]):
+    """One attempt at a time (a connection, a map refresh), shared by every caller that
+    asks while it runs; the next ask after it ended starts a new one.
+
+    Shielded: a caller cancelled by its deadline does not abort the attempt the others
+    (and the next calls) wait for. ``finished`` runs when the attempt ends, however it
+    ends, and must retrieve its outcome (else a failure whose callers all gave up is
+    logged as "exception never retrieved").
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], Awaitable[_T]],
+        finished: Callable[[asyncio.Future[_T]], None],
+    ) -> None:
+        self._start = start
+        self._finished = finished
+        self._attempt: asyncio.Future[_T] | None = None
+
+    async def join(self) -> _T:
+        attempt = self._attempt
+        if attempt is None:
+            attempt = self._attempt = asyncio.ensure_future(self._start())
+            attempt.add_done_callback(self._ended)
+        return await asyncio.shield(attempt)
+
+    def cancel(self) -> None:
+        if self._attempt is not None:
+            self._attempt.cancel()
+
+    def _ended(self, attempt: asyncio.Future[_T]) -> None:
+        self._attempt = None
+        self._finished(attempt)
 
 
 async def open_connection(
