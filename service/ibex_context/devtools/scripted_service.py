@@ -1,5 +1,5 @@
-"""A small scripted AssembleContext server for the observability and client tests and
-benchmarks/observability.py (no stores, no pipeline).
+"""A small scripted AssembleContext server for the observability and client tests (no
+stores, no pipeline).
 
 It behaves like the real handler towards the observability layer: once it has
 answered, it builds one ``AssemblyReport`` with real stage timings and attaches it to

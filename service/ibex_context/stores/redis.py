@@ -237,7 +237,7 @@ def decode_directive(value: bytes) -> DirectiveState:
 # One patch as the script reads it: the member id (canonical UUID text), the new
 # retrieval_count and last_injected_at. A batch's patches of one agent travel as one
 # argument: redis-py encodes each argument in Python (three per memory made packing a
-# 1,000-injection batch the bookkeeping's largest cost, benchmarks.bookkeeping).
+# 1,000-injection batch the bookkeeping's largest cost, benchmarks/results/bookkeeping-2026-11-26.md).
 _PATCH = struct.Struct("<36sId")
 _UUID_TEXT_LENGTH = 36
 

@@ -76,7 +76,7 @@ class InjectionCounters:
         # The batch goes as it is, one array per field: PostgreSQL groups repeated
         # injections and sorts the keys. Building, grouping and sorting key tuples in
         # Python made the batch's first loop step ~1 ms for 200 injections (now ~0.6 ms,
-        # benchmarks.bookkeeping). Each distinct id is checked once.
+        # benchmarks/results/bookkeeping-2026-11-26.md). Each distinct id is checked once.
         orgs = [item.org_id for item in injections]
         agents = [item.agent_id for item in injections]
         memories = [item.memory_id for item in injections]
