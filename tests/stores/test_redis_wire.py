@@ -429,14 +429,14 @@ async def test_a_server_named_as_primary_that_is_a_replica_is_refused(
 
 
 async def test_a_shared_attempt_serves_every_caller_of_its_run_and_outlives_a_cancelled_one() -> None:
-    started: list[asyncio.Event] = []
+    runs: asyncio.Queue[asyncio.Event] = asyncio.Queue()
     ended: list[object] = []
 
     async def attempt() -> int:
         release = asyncio.Event()
-        started.append(release)
+        runs.put_nowait(release)
         await release.wait()
-        return len(started)
+        return len(ended) + 1
 
     def finished(future: asyncio.Future[int]) -> None:
         ended.append(future.exception() or future.result())
@@ -444,17 +444,15 @@ async def test_a_shared_attempt_serves_every_caller_of_its_run_and_outlives_a_ca
     shared = SharedAttempt(attempt, finished)
     impatient = asyncio.create_task(shared.join())
     patient = asyncio.create_task(shared.join())
-    await asyncio.sleep(0)
+    first = await runs.get()
     impatient.cancel()  # its deadline: the attempt the other waits for goes on
     await asyncio.sleep(0)
-    started[0].set()
-    assert await patient == 1 and len(started) == 1 and ended == [1]
+    first.set()
+    assert await patient == 1 and runs.empty() and ended == [1]
     assert impatient.cancelled()
 
     again = asyncio.create_task(shared.join())  # the next ask after it ended: a new attempt
-    while len(started) < 2:
-        await asyncio.sleep(0)
-    started[1].set()
+    (await runs.get()).set()
     assert await again == 2 and ended == [1, 2]
 
 
