@@ -42,12 +42,14 @@ import grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.devtools.scripted_service import scripted_server
-from ibex_context.models import ChatMessage, Degradation
+from ibex_context.models import ChatMessage, Degradation, MemoryRecord, ScoredMemory
 from ibex_context.observability.calls import ASSEMBLE_CONTEXT_METHOD, CallObserver
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.state import current_call
 from ibex_context.observability.tracing import Tracing
+from ibex_context.pipeline.assembly import Assembly, Composition
+from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.outcome import (
     STAGES,
     Outcome,
@@ -56,8 +58,10 @@ from ibex_context.pipeline.outcome import (
     SourceResult,
     SourceStatus,
     StageSpan,
+    Timings,
 )
-from ibex_context.pipeline.report import AssemblyReport
+from ibex_context.profiles.model import BudgetLimits
+from ibex_context.tokens.catalogue import resolve_model
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import (
     CollectorRegistry,
@@ -88,21 +92,33 @@ def summarise(ns: Sequence[int]) -> Sample:
     return Sample(statistics.median(us), _pct(us, 0.99), len(us))
 
 
-def a_report(*, degraded: bool = True) -> AssemblyReport:
+def an_assembly(*, degraded: bool = True) -> Assembly:
     t = time.perf_counter_ns()
-    return AssemblyReport(
+    memory = ScoredMemory(MemoryRecord(id="m", content="x", category="factual"), 0.5, 0.5, 0.5, 0.5, 0.5, 0.0)
+    budget = compute_budget(
+        resolve_model("gpt-4o", {}),
+        messages_tokens=20,
+        directive_tokens=40,
+        limits=BudgetLimits(),
+        exact=True,
+    )
+    return Assembly(
         request_id="req-1",
         model="gpt-4o",
         profile="default",
-        encoding="o200k_base",
-        started_ns=t,
-        finished_ns=t + 9_000_000,
-        stages=tuple(
-            StageSpan(stage, t + i * 1_000_000, t + (i + 1) * 1_000_000) for i, stage in enumerate(STAGES)
+        composed=Composition(
+            (),
+            directive_injected=True,
+            memories=(memory,) * 6,
+            handles=tuple(range(1, 7)),
+            memories_available=9,
+            tokens_injected=2300,
+            memory_tokens=2100,
+            budget=budget,
         ),
-        outcome=Outcome.DEGRADED if degraded else Outcome.FULL,
         degradation=Degradation.HOT_ONLY if degraded else Degradation.FULL,
         reasons=(Reason.COLD_TIMEOUT, Reason.EMBED_ERROR) if degraded else (),
+        outcome=Outcome.DEGRADED if degraded else Outcome.FULL,
         sources=(
             SourceResult(SourceName.DIRECTIVE, SourceStatus.OK, 300, 1),
             SourceResult(SourceName.HOT, SourceStatus.OK, 900, 12),
@@ -110,11 +126,16 @@ def a_report(*, degraded: bool = True) -> AssemblyReport:
             SourceResult(SourceName.COLD, SourceStatus.TIMEOUT, 35_000, 0, "timed out"),
         ),
         candidates_evaluated=12,
-        memories_available=9,
-        memories_injected=6,
-        memory_budget=4000,
-        memory_tokens_used=2100,
-        tokens_injected=2300,
+        context_window_used=2,
+        timings=Timings(
+            t,
+            t + 9_000_000,
+            tuple(
+                StageSpan(stage, t + i * 1_000_000, t + (i + 1) * 1_000_000)
+                for i, stage in enumerate(STAGES)
+                if stage != "serialize"
+            ),
+        ),
     )
 
 
@@ -179,7 +200,7 @@ async def bench_observer(iterations: int, rounds: int, tracing_mode: str) -> dic
                 t1 = time.perf_counter_ns()
                 assert state is not None
                 # "dropped" needs an ordinary call: a degraded one is always kept.
-                state.report = a_report(degraded=tracing_mode != "dropped")
+                state.assembly = an_assembly(degraded=tracing_mode != "dropped")
                 t2 = time.perf_counter_ns()
                 observer.end(state, grpc.StatusCode.OK)
                 t3 = time.perf_counter_ns()
@@ -211,7 +232,8 @@ def bench_scrape(rounds: int, *, created_series: bool) -> tuple[Sample, int, int
         disable_created_metrics()
     metrics = Metrics(CollectorRegistry())
     for _ in range(10_000):
-        metrics.record_assembly(a_report())
+        assembly = an_assembly()
+        metrics.record_assembly(assembly, assembly.timings.stages)
         metrics.record_call(ASSEMBLE_CONTEXT_METHOD, grpc.StatusCode.OK, 0.01)
     samples = sum(len(family.samples) for family in metrics.registry.collect())
     times: list[int] = []
