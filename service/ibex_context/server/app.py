@@ -155,7 +155,9 @@ class ContextService:
             )
         self._closers.append(embedder.aclose)
         await _check_database(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
-        query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
+        query_embedder = CachedEmbedder(
+            embedder, max_entries=s.embedding_cache_size, query_max_tokens=s.embedding_query_max_tokens
+        )
         self.metrics.track_query_embedding_cache(query_embedder.counts)
 
         postgres = await PostgresMemoryStore.from_settings(s)
