@@ -123,24 +123,30 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
     try:
         handler = service.assembly_handler
         stage_us: dict[str, list[int]] = {}
-        sink = handler._report_sink
-
+        observer = handler._observer
+        # The last call's assembly and its stages, the send included.
         last_report: list[Any] = [None]
 
-        def collect(report: Any) -> None:
-            last_report[0] = report
-            for span in report.stages:
-                stage_us.setdefault(span.stage, []).append(span.duration_us)
-            if args.trace and len(stage_us.get("hot", ())) % 50 == 7:
-                t0 = report.started_ns
-                spans = (
-                    f"{s.stage}:{(s.start_ns - t0) / 1e6:.2f}-{(s.end_ns - t0) / 1e6:.2f}"
-                    for s in report.stages
-                )
-                print(" ".join(spans), file=sys.stderr)
-            sink(report)
+        class Collecting:
+            """The handler's observer, collecting each call's stages on the way."""
 
-        handler._report_sink = collect
+            def answered(self, assembly: Any, send: Any) -> None:
+                stages = (*assembly.timings.stages, *((send,) if send is not None else ()))
+                last_report[0] = (assembly, stages)
+                for span in stages:
+                    stage_us.setdefault(span.stage, []).append(span.duration_us)
+                if args.trace and len(stage_us.get("hot", ())) % 50 == 7:
+                    t0 = assembly.timings.started_ns
+                    spans = (
+                        f"{s.stage}:{(s.start_ns - t0) / 1e6:.2f}-{(s.end_ns - t0) / 1e6:.2f}" for s in stages
+                    )
+                    print(" ".join(spans), file=sys.stderr)
+                observer.answered(assembly, send)
+
+            def rejected(self, rejection: Any) -> None:
+                observer.rejected(rejection)
+
+        handler._observer = Collecting()
         workload = Workload(agents_file, args.seed)
         warm = _requests(workload, args.warmup, args.seed + 7)
         calls = _requests(workload, args.calls, args.seed)
@@ -182,15 +188,15 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str, agents_file: 
             cpu.append((c1 - c0) * 1000)
             wall.append((w1 - w0) * 1000)
             by_scenario.setdefault(scenario, []).append((c1 - c0) * 1000)
-            report = last_report[0]
-            if report is not None:
+            if last_report[0] is not None:
+                assembly, stages = last_report[0]
                 per_call.append(
                     {
                         "cpu_ms": round((c1 - c0) * 1000, 2),
                         "scenario": scenario,
                         "messages": len(message.messages),
-                        "candidates": report.candidates_evaluated,
-                        "stages_ms": {sp.stage: round(sp.duration_us / 1000, 2) for sp in report.stages},
+                        "candidates": assembly.candidates_evaluated,
+                        "stages_ms": {sp.stage: round(sp.duration_us / 1000, 2) for sp in stages},
                     }
                 )
             # Let the post-response queue flush between calls, as it would at 50 RPS.

@@ -1,5 +1,5 @@
 """CPU of one assembly after retrieval: what the assembler does with what the stores
-returned (merge, score, cost, pack, render, report), without any I/O.
+returned (merge, score, cost, pack, render, the call's outcome), without any I/O.
 
 Run: ``.venv/bin/python -m benchmarks.compose [--calls N] [--out FILE]``
 
@@ -258,6 +258,7 @@ async def _identity(
         formats, modes, models, budgets, variants
     ):
         profile = Profile(
+            name=fmt,  # the response names its profile: the digest has always carried the format
             budget=BudgetLimits(max_memory_tokens=tokens, max_memories=count),
             format=fmt,  # type: ignore[arg-type]
             injection_mode=mode,  # type: ignore[arg-type]
@@ -297,14 +298,14 @@ async def _identity(
                     # The assembler caught an error of this harness (it no longer fits
                     # the assembler's retriever): a digest of fallbacks would prove nothing.
                     raise RuntimeError(f"{variant}: the assembly failed; run with logging to see why")
-                response = assemble_response(assembly, request_id="r", profile=fmt)
+                response = assemble_response(assembly)
                 response.metadata.ClearField("timings")
                 for source in response.metadata.sources:
                     source.duration_us = 0
                 digest.update(response.SerializeToString(deterministic=True))
                 covered[assembly.degradation.name] += 1
                 covered["with memories"] += bool(assembly.memories)
-                covered["truncated"] += assembly.was_truncated
+                covered["truncated"] += assembly.composed.was_truncated
     logging.disable(logging.NOTSET)
     return digest.hexdigest(), covered
 

@@ -10,6 +10,10 @@ Run: ``.venv/bin/python -m benchmarks.embedder [--rounds N] [--out FILE]``
    both cores, ``concurrency`` queries kept in flight from an event loop as the server
    keeps them; queries a second and each query's wall time from submission to result.
 
+3. ``--lengths 16,48,256``: instead of 1 and 2, the ONNX embedder's CPU per query by the
+   query's length in word pieces, pinned to one core, lengths alternated in rounds: what
+   ``IBEX_EMBEDDING_QUERY_MAX_TOKENS`` bounds.
+
 The hashing embedder is not here: it is a lexical toy, not a semantic model.
 """
 
@@ -183,6 +187,49 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def text_of(pieces: int, start: int) -> str:
+    """Distinct whole words making ``pieces`` word pieces ([CLS] and [SEP] aside)."""
+    return " ".join(WORDS[(start + i) % len(WORDS)] for i in range(pieces))
+
+
+def lengths(sizes: list[int], rounds: int, per_round: int, cpu: int) -> str:
+    embedder = MiniLMEmbedder.load()
+    cpu_ms: dict[int, list[float]] = {n: [] for n in sizes}
+    for warm in sizes:
+        embedder.embed_sync([text_of(warm, 0)])
+    start = 1
+    for r in range(rounds):
+        for n in sizes if r % 2 == 0 else list(reversed(sizes)):
+            for _ in range(per_round):
+                text = text_of(n, start)
+                start += n
+                t0 = time.process_time()
+                embedder.embed_sync([text])
+                cpu_ms[n].append((time.process_time() - t0) * 1000)
+    pieces = {n: len(embedder._whole.encode(text_of(n, 7), add_special_tokens=False).ids) for n in sizes}
+    lines = [
+        f"# Query embedding CPU by query length ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Command: `.venv/bin/python -m benchmarks.embedder --lengths {','.join(map(str, sizes))}"
+        f" --rounds {rounds} --per-round {per_round} --cpu {cpu}`",
+        "",
+        f"Setup: {platform.machine()}, pinned to CPU {cpu} of {os.cpu_count()} (shared VM; load average"
+        f" {os.getloadavg()[0]:.1f} at the end), Python {platform.python_version()}, all-MiniLM-L6-v2 on"
+        " ONNX Runtime (fp32, one intra-op thread), one query per inference, distinct texts of whole"
+        " vocabulary words, lengths alternated round by round.",
+        "",
+        "| word pieces | queries | CPU ms p50 | p90 | ms a word piece (p50 / pieces) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in sizes:
+        values = cpu_ms[n]
+        lines.append(
+            f"| {pieces[n]} | {len(values)} | {statistics.median(values):.1f} | {pct(values, 90):.1f}"
+            f" | {statistics.median(values) / pieces[n]:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -192,9 +239,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--cpu", type=int, default=None, help="core to pin part 1 to (default: the last)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--lengths", default="", help="word-piece lengths, comma-separated: part 3 only")
     args = parser.parse_args()
     everywhere = os.sched_getaffinity(0)
     cpu = args.cpu if args.cpu is not None else max(everywhere)
+    if args.lengths:
+        os.sched_setaffinity(0, {cpu})
+        sizes = [int(n) for n in args.lengths.split(",")]
+        text = lengths(sizes, args.rounds, args.per_round, cpu)
+        print(text)
+        if args.out:
+            args.out.write_text(text, encoding="utf-8")
+        return
     os.sched_setaffinity(0, {cpu})
     single_runs, single_cpu = single(args.rounds, args.per_round)
     os.sched_setaffinity(0, everywhere)

@@ -291,14 +291,20 @@ async def _paced_calls(args: argparse.Namespace, dsn: str, redis_url: str, data_
     try:
         handler = service.assembly_handler
         levels: dict[str, int] = {}
-        sink = handler._report_sink
+        observer = handler._observer
 
-        def collect(report: Any) -> None:
-            level = str(report.degradation.name).lower()
-            levels[level] = levels.get(level, 0) + 1
-            sink(report)
+        class Counting:
+            """The handler's observer, counting each call's degradation level on the way."""
 
-        handler._report_sink = collect
+            def answered(self, assembly: Any, send: Any) -> None:
+                level = str(assembly.degradation.name).lower()
+                levels[level] = levels.get(level, 0) + 1
+                observer.answered(assembly, send)
+
+            def rejected(self, rejection: Any) -> None:
+                observer.rejected(rejection)
+
+        handler._observer = Counting()
         if args.lift_deadlines:
             handler._deadlines = _LiftedDeadlines()
         workload = Workload(data_dir / "agents.json", args.seed)

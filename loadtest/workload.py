@@ -22,6 +22,9 @@ SCENARIOS: tuple[str, ...] = (
     "constrained_model",
     "large_agent",
     "agent_loop",
+    # A new session whose user pastes a long text (600-1,600 characters) before the question:
+    # the query the embedder gets is long (off by default: --scenario-weights).
+    "long_message",
 )
 DEFAULT_WEIGHTS = "new_session=5,long_conversation=3,constrained_model=1,large_agent=1"
 # An agent loop's turn: the user's message, then this many tool calls (uniform, both ends
@@ -94,7 +97,7 @@ def build_request(workload: Workload, caller: Caller, rng: random.Random, scenar
         model=caller.constrained_model if scenario == "constrained_model" else caller.model,
         request_id=f"lt-{rng.getrandbits(64):016x}",
     )
-    if scenario == "new_session":
+    if scenario in ("new_session", "long_message"):
         if rng.random() < 0.5:
             req.messages.add(role="system", content=rng.choice(workload.system_prompts))
     else:
@@ -108,6 +111,8 @@ def build_request(workload: Workload, caller: Caller, rng: random.Random, scenar
     question: str = rng.choice(agent["queries"])
     if caller.unique_questions:
         question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+    if scenario == "long_message":
+        question = f"{corpus.user_turn(rng, rng.randint(600, 1600))}\n\n{question}"
     req.messages.add(role="user", content=question)
     return req
 

@@ -248,6 +248,15 @@ class Settings(BaseSettings):
         384, "Embedding dimension; checked against the embedder and the database.", ge=8, le=4096
     )
     embedding_cache_size: int = _f(10_000, "Query embeddings kept in the LRU cache.", ge=0)
+    embedding_query_max_tokens: int = _f(
+        48,
+        "Word pieces of a query the minilm embedder reads: the query's last ones. Its CPU grows"
+        " ~0.4 ms a word piece (one core); 48 keeps a long message's embedding inside the cold"
+        " search's bound and off other calls' way (benchmarks/results/query-length-2026-11-28.md)."
+        " 0: the model's own limit (256, ~90 ms).",
+        ge=0,
+        le=256,
+    )
     openai_base_url: str = _f("https://api.openai.com/v1", "OpenAI-compatible API serving /embeddings.")
     openai_api_key: str = _f("", "Bearer token for openai_base_url.")
     openai_embedding_model: str = _f("text-embedding-3-small", "Model name sent to /embeddings.")

@@ -129,3 +129,53 @@ def test_onnxruntime_writes_no_telemetry(tmp_path: Path) -> None:
     )
     assert done.returncode == 0 and done.stdout.strip() == "Fail", done.stdout + done.stderr
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == []
+
+
+LONG_MESSAGE = (
+    "Here is the thread from the vendor, pasted as it came: the quarterly numbers moved again, "
+    "the renewal is due next month, finance wants the revised quote before Thursday and the "
+    "warehouse team asked twice about the loading dock schedule. So what did we agree about "
+    "the budget for the new dock?"
+)
+
+
+def test_the_tail_of_a_long_text_makes_at_most_the_word_pieces_asked(minilm: MiniLMEmbedder) -> None:
+    tail = minilm.text_tail(LONG_MESSAGE, 24)
+    assert LONG_MESSAGE.endswith(tail) and len(tail) < len(LONG_MESSAGE)
+    pieces = minilm._whole.encode(tail, add_special_tokens=False).ids
+    assert 20 <= len(pieces) <= 24
+    assert tail.endswith("the budget for the new dock?")
+
+
+def test_a_tail_starts_at_a_whole_word_and_never_exceeds_the_bound(minilm: MiniLMEmbedder) -> None:
+    # Words of several word pieces each, so most bounds fall inside a word.
+    text = "unbelievably dockmasterships reconfigurations antidisestablishmentarianism overwhelmingly"
+    assert len(minilm._whole.encode(text, add_special_tokens=False).ids) > 10
+    last_word_pieces = len(minilm._whole.encode("overwhelmingly", add_special_tokens=False).ids)
+    for bound in range(last_word_pieces, 40):
+        tail = minilm.text_tail(text, bound)
+        assert text.endswith(tail) and tail
+        assert tail == text or text[len(text) - len(tail) - 1] == " ", (bound, tail)
+        assert len(minilm._whole.encode(tail, add_special_tokens=False).ids) <= bound
+    # A last word longer than the bound: its end, never nothing.
+    assert "overwhelmingly".endswith(minilm.text_tail(text, 1)) and minilm.text_tail(text, 1)
+
+
+def test_a_text_within_the_word_pieces_asked_is_its_own_tail(minilm: MiniLMEmbedder) -> None:
+    assert minilm.text_tail("what about the dock?", 24) == "what about the dock?"
+    assert minilm.text_tail(LONG_MESSAGE, 0) == LONG_MESSAGE  # 0: no bound
+    assert minilm.text_tail(LONG_MESSAGE, 1000) == LONG_MESSAGE
+
+
+async def test_a_long_query_is_embedded_as_its_tail_and_keyed_by_it(minilm: MiniLMEmbedder) -> None:
+    from ibex_context.embedding.cache import CachedEmbedder
+
+    queries = CachedEmbedder(minilm, max_entries=10, query_max_tokens=24)
+    [bounded] = await queries.embed([LONG_MESSAGE])
+    [tail] = await minilm.embed([minilm.text_tail(LONG_MESSAGE, 24)])
+    [whole] = await minilm.embed([LONG_MESSAGE])
+    assert _cosine(bounded, tail) > 0.9999
+    assert _cosine(bounded, whole) < 0.99  # the whole message is another vector
+    # Another message with the same tail is the same query: one embedding.
+    await queries.embed(["Different preamble entirely, and yet " + minilm.text_tail(LONG_MESSAGE, 24)])
+    assert queries.counts()[0] == 1

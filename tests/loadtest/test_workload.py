@@ -126,3 +126,22 @@ def test_the_default_mix_sends_no_agent_loop(workload: Workload) -> None:
 def test_an_unknown_scenario_in_the_weights_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="agent_loops"):
         parse_weights("agent_loops=1")
+
+
+def test_a_long_message_pastes_a_long_text_before_its_question_in_a_new_session(workload: Workload) -> None:
+    from loadtest.workload import build_request
+
+    rng = random.Random(3)
+    for _ in range(20):
+        request = build_request(workload, Caller(SESSION), rng, "long_message")
+        last = request.messages[-1]
+        text, _, question = last.content.rpartition("\n\n")
+        assert last.role == "user" and 600 <= len(text) <= 1700
+        assert question.startswith("What do we know about the Acme renewal")
+        assert request.session_id == ""
+
+
+def test_the_default_mix_sends_no_long_message(workload: Workload) -> None:
+    from loadtest.workload import DEFAULT_WEIGHTS
+
+    assert "long_message" not in parse_weights(DEFAULT_WEIGHTS)

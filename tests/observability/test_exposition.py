@@ -14,8 +14,10 @@ from ibex_context.observability.exposition import (
     start_metrics_server,
 )
 from ibex_context.observability.metrics import Metrics
-from ibex_context.pipeline.report import AssemblyReport
+from ibex_context.pipeline.outcome import Timings
 from prometheus_client import CollectorRegistry
+
+from tests.pipeline.assemblies import an_assembly
 
 Start = Callable[..., MetricsServer]
 
@@ -41,7 +43,7 @@ async def get(server: MetricsServer, path: str, **headers: str) -> httpx.Respons
 
 async def test_metrics_are_served_in_the_prometheus_text_format(start: Start) -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(AssemblyReport("r", started_ns=0, finished_ns=5_000_000))
+    metrics.record_assembly(an_assembly(timings=Timings(0, 5_000_000)), ())
     response = await get(start(metrics.registry), "/metrics")
 
     assert response.status_code == 200
@@ -52,7 +54,7 @@ async def test_metrics_are_served_in_the_prometheus_text_format(start: Start) ->
 async def test_openmetrics_scrapes_carry_the_trace_id_exemplar(start: Start) -> None:
     metrics = Metrics(CollectorRegistry())
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    metrics.record_assembly(AssemblyReport("r", started_ns=0, finished_ns=5_000_000), trace_id=trace_id)
+    metrics.record_assembly(an_assembly(timings=Timings(0, 5_000_000)), (), trace_id=trace_id)
     response = await get(
         start(metrics.registry), "/metrics", accept="application/openmetrics-text; version=1.0.0"
     )

@@ -1,19 +1,17 @@
-"""Metrics: derived from each call's AssemblyReport, scraped over HTTP after real calls."""
+"""Metrics: derived from each call's Assembly, scraped over HTTP after real calls."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
 from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus, StageSpan, plan_detail
-from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.stores.read_routing import ReplicaStatus
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample
+from tests.pipeline.assemblies import a_budget, an_assembly
 
 MESSAGES = [ChatMessage("user", "What do I like to drink?")]
 ASSEMBLE = {
@@ -27,10 +25,6 @@ async def call(client: ContextClient, model: str) -> None:
     await client.assemble(org_id="org", agent_id="agent", model=model, messages=MESSAGES)
 
 
-def fresh_report(**changes: Any) -> AssemblyReport:
-    return AssemblyReport(request_id="r1", started_ns=1_000_000, finished_ns=13_000_000)._replace(**changes)
-
-
 def values(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return {
         (s.name, frozenset(s.labels.items())): s.value
@@ -39,12 +33,12 @@ def values(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
     }
 
 
-# --- derived from the report -----------------------------------------------------------
+# --- derived from the assembly -----------------------------------------------------------
 
 
 def test_assembly_duration_lands_in_the_bucket_of_its_outcome() -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(fresh_report(outcome=Outcome.DEGRADED))  # 12 ms
+    metrics.record_assembly(an_assembly(outcome=Outcome.DEGRADED), ())  # 12 ms
 
     v = values(metrics)
     name = "ibex_context_assembly_duration_seconds_bucket"
@@ -56,7 +50,7 @@ def test_assembly_duration_lands_in_the_bucket_of_its_outcome() -> None:
 
 def test_every_reason_counts_once_and_unknown_reasons_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(fresh_report(reasons=("cold_timeout", "hot_error", "tenant-42 exploded")))
+    metrics.record_assembly(an_assembly(reasons=("cold_timeout", "hot_error", "tenant-42 exploded")), ())
 
     v = values(metrics)
     assert v[("ibex_context_fallbacks_total", frozenset({("reason", "cold_timeout")}))] == 1
@@ -78,14 +72,15 @@ def test_every_reason_the_assembler_can_give_is_a_known_label() -> None:
 def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
     metrics = Metrics(CollectorRegistry())
     metrics.record_assembly(
-        fresh_report(
+        an_assembly(
             sources=(
                 SourceResult("cold", SourceStatus.TIMEOUT),
                 SourceResult("hot", SourceStatus.ERROR),
                 SourceResult("directive", SourceStatus.OK),
                 SourceResult("embed", SourceStatus.SKIPPED),
             )
-        )
+        ),
+        (),
     )
     v = values(metrics)
     failures = {
@@ -99,15 +94,18 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
 def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> None:
     metrics = Metrics(CollectorRegistry())
     for detail in (plan_detail("hnsw"), plan_detail("hnsw"), plan_detail("exact"), plan_detail("guess")):
-        metrics.record_assembly(fresh_report(sources=(SourceResult("cold", SourceStatus.OK, detail=detail),)))
+        metrics.record_assembly(
+            an_assembly(sources=(SourceResult("cold", SourceStatus.OK, detail=detail),)), ()
+        )
     # A failed search and a skipped one name no plan; neither counts.
     metrics.record_assembly(
-        fresh_report(
+        an_assembly(
             sources=(
                 SourceResult("cold", SourceStatus.TIMEOUT, detail="no answer within 20.0 ms"),
                 SourceResult("cold", SourceStatus.SKIPPED, detail="cold_limit is 0"),
             )
-        )
+        ),
+        (),
     )
     plans = {
         dict(labels)["plan"]: value
@@ -119,10 +117,8 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
 
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:
     metrics = Metrics(CollectorRegistry())
-    report = fresh_report(
-        stages=(StageSpan("score", 0, 180_000), StageSpan("teleport", 0, 1_000))  # 180 us, 1 us
-    )
-    metrics.record_assembly(report)
+    stages = (StageSpan("score", 0, 180_000), StageSpan("teleport", 0, 1_000))  # 180 us, 1 us
+    metrics.record_assembly(an_assembly(), stages)
 
     v = values(metrics)
     bucket = "ibex_context_stage_duration_seconds_bucket"
@@ -133,8 +129,11 @@ def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() 
 
 def test_budget_utilisation_is_observed_only_when_there_was_a_budget() -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(fresh_report(memory_budget=1000, memory_tokens_used=850))
-    metrics.record_assembly(fresh_report(memory_budget=0))
+    metrics.record_assembly(
+        an_assembly(composed={"budget": a_budget(memory_budget=1000), "memory_tokens": 850}), ()
+    )
+    metrics.record_assembly(an_assembly(composed={"budget": a_budget(memory_budget=0)}), ())
+    metrics.record_assembly(an_assembly(composed={"budget": None}), ())
 
     v = values(metrics)
     assert v[("ibex_context_budget_utilisation_ratio_count", frozenset())] == 1
@@ -146,8 +145,7 @@ def test_budget_utilisation_is_observed_only_when_there_was_a_budget() -> None:
 
 def test_invalid_requests_count_their_duration_but_no_assembly_distributions() -> None:
     metrics = Metrics(CollectorRegistry())
-    untimed = AssemblyReport(request_id="r", outcome=Outcome.INVALID, invalid_field="org_id")
-    metrics.record_assembly(untimed, call_seconds=0.003)
+    metrics.record_rejection(0.003)
 
     v = values(metrics)
     assert v[("ibex_context_assembly_duration_seconds_count", frozenset({("outcome", "invalid")}))] == 1
@@ -158,7 +156,7 @@ def test_invalid_requests_count_their_duration_but_no_assembly_distributions() -
 
 def test_degradation_level_is_counted_by_name() -> None:
     metrics = Metrics(CollectorRegistry())
-    metrics.record_assembly(fresh_report(degradation=Degradation.DIRECTIVE_ONLY))
+    metrics.record_assembly(an_assembly(degradation=Degradation.DIRECTIVE_ONLY), ())
     v = values(metrics)
     assert v[("ibex_context_assembly_degradation_total", frozenset({("level", "directive_only")}))] == 1
 

@@ -116,7 +116,7 @@ REQUEST = AssemblyRequest(
 async def test_a_healthy_assembly_injects_directive_and_memory() -> None:
     assembly = await (await _assembler()).assemble(REQUEST, Profile(), within(1.0, Profile()))
     assert assembly.degradation is Degradation.FULL
-    assert assembly.directive_injected and len(assembly.memories) == 1
+    assert assembly.composed.directive_injected and len(assembly.memories) == 1
     assert assembly.messages[-1] == REQUEST.messages[-1]
 
 
@@ -138,7 +138,7 @@ async def test_an_exception_inside_assembly_degrades_to_the_fetched_directive() 
     assembly = await (await _assembler()).assemble(REQUEST, broken, within(1.0, broken))
     assert assembly.reasons[0] == "assembly_error"
     assert assembly.degradation is Degradation.DIRECTIVE_ONLY
-    assert assembly.directive_injected and not assembly.memories
+    assert assembly.composed.directive_injected and not assembly.memories
     assert "Be exact." in assembly.messages[0].content
     assert assembly.messages[-1] == REQUEST.messages[-1]
 
@@ -174,7 +174,7 @@ async def test_the_call_stops_waiting_for_a_late_source_once_nothing_else_keeps_
     assembly = await assembler.assemble(REQUEST, SPREAD, within(1.0, SPREAD))
     assert assembly.reasons == ("hot_timeout",)
     # The cold search answered: COLD_ONLY names what was used.
-    assert assembly.degradation is Degradation.COLD_ONLY and assembly.directive_injected
+    assert assembly.degradation is Degradation.COLD_ONLY and assembly.composed.directive_injected
 
 
 async def test_an_assembly_carries_every_sources_outcome_and_its_stages_timings() -> None:

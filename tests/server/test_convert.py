@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.models import ChatMessage, Degradation, MemoryRecord, ScoredMemory
-from ibex_context.pipeline.assembler import Assembly
+from ibex_context.pipeline.assembly import Assembly, Composition
 from ibex_context.pipeline.outcome import (
     STAGES,
+    Outcome,
     Reason,
     SourceName,
     SourceResult,
@@ -30,24 +31,29 @@ def test_the_response_carries_the_assembly_its_stages_and_its_handles() -> None:
         StageSpan(stage, 1_000_000 * n, 1_000_000 * n + 1000 * (n + 1)) for n, stage in enumerate(STAGES)
     )
     assembly = Assembly(
-        messages=(ChatMessage("system", '<memory id="4">\nThe dock opens at six.\n</memory>'),),
-        directive_injected=False,
-        memories=(ScoredMemory(memory, 0.9, 0.9, 0.5, 0.5, 0.8, 0.0, tokens=12),),
-        handles=(4,),
-        memories_available=3,
-        tokens_injected=20,
-        context_window_used=1,
-        was_truncated=True,
+        request_id="r1",
+        model="gpt-4o",
+        profile="p",
+        composed=Composition(
+            (ChatMessage("system", '<memory id="4">\nThe dock opens at six.\n</memory>'),),
+            memories=(ScoredMemory(memory, 0.9, 0.9, 0.5, 0.5, 0.8, 0.0, tokens=12),),
+            handles=(4,),
+            memories_available=3,
+            tokens_injected=20,
+            memory_tokens=12,
+            was_truncated=True,
+        ),
         degradation=Degradation.HOT_ONLY,
         reasons=(Reason.COLD_TIMEOUT, Reason.LEXICAL_ERROR),
-        budget=None,
-        memory_tokens_used=12,
+        outcome=Outcome.DEGRADED,
         sources=(SourceResult(SourceName.COLD, SourceStatus.TIMEOUT, 35_000, 0, "timed out"),),
         candidates_evaluated=7,
+        context_window_used=1,
         timings=Timings(0, 50_000_000, stages),
     )
-    response = assemble_response(assembly, request_id="r1", profile="p")
+    response = assemble_response(assembly)
     md = response.metadata
+    assert (md.request_id, md.profile) == ("r1", "p")
     assert [m.content for m in response.messages] == [assembly.messages[0].content]
     assert (md.memories_injected, md.memories_available, md.total_tokens_injected) == (1, 3, 20)
     assert [(m.id, m.handle, m.tokens) for m in md.memories] == [("m1", 4, 12)]

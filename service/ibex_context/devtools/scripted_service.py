@@ -2,8 +2,8 @@
 stores, no pipeline).
 
 It behaves like the real handler towards the observability layer: once it has
-answered, it builds one ``AssemblyReport`` with real stage timings and attaches it to
-the current ``CallState`` (a rejected request gets the report naming the field). The
+answered, it tells the service's ``AssemblyObserver`` one ``Assembly`` with real stage
+timings and the send's span (a rejected request, the ``Rejection`` naming the field). The
 request's ``model`` picks a scenario, so one server covers every path. It injects
 ``MEMORY_TEXT`` (distinctive memory text) into the messages it returns: tests check
 that none of it leaks into logs, labels or span attributes.
@@ -23,15 +23,25 @@ from typing import cast
 import grpc
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.models import Degradation
+from ibex_context.models import Degradation, MemoryRecord, ScoredMemory
 from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.metrics import Metrics
-from ibex_context.observability.state import current_call
+from ibex_context.observability.state import CurrentCallObserver, current_call
 from ibex_context.observability.tracing import Tracing
-from ibex_context.pipeline.outcome import Outcome, Reason, SourceName, SourceResult, SourceStatus, StageSpan
-from ibex_context.pipeline.report import AssemblyReport, invalid_report
+from ibex_context.pipeline.assembly import Assembly, Composition, Rejection
+from ibex_context.pipeline.budget import TokenBudget
+from ibex_context.pipeline.outcome import (
+    Outcome,
+    Reason,
+    SourceName,
+    SourceResult,
+    SourceStatus,
+    StageSpan,
+    Timings,
+)
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.rpc import CallError, Context, Method, unary
+from ibex_context.tokens.catalogue import resolve_model
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 MEMORY_TEXT = "Zanzibar-quokka-PAPAYA-7731 prefers dark roast"
@@ -48,14 +58,36 @@ EMPTY = "scenario-empty-response"
 SLOW_SECONDS = 1.0
 
 
+_OBSERVER = CurrentCallObserver()
+_MEMORIES = tuple(
+    ScoredMemory(
+        MemoryRecord(id=f"m{i}", content=MEMORY_TEXT, category="preference"), 0.8, 0.8, 0.5, 0.5, 0.5, 0.0
+    )
+    for i in (1, 2)
+)
+_BUDGET = TokenBudget(
+    model=resolve_model("gpt-4o", {}),
+    encoding="o200k_base",
+    exact=True,
+    approximation_reason="",
+    context_window=128_000,
+    messages_tokens=20,
+    directive_tokens=10,
+    response_reserve=4_096,
+    safety_buffer=0,
+    memory_budget=1_000,
+    is_constrained=False,
+)
+
+
 @dataclass
 class ScriptedAssembly:
     """Counts calls; ``delay`` is added to every call (for 'slower than the deadline' tests)."""
 
     calls: int = 0
     delay: float = 0.0
-    # The real handler only attaches its report (when it is built); this one also names
-    # the request early.
+    # The real handler only tells its observer (once the call is answered); this one
+    # also names the request early.
     sets_request_id: bool = True
     seen_metadata: list[dict[str, str]] = field(default_factory=list)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tests.scripted_service"))
@@ -82,8 +114,7 @@ class ScriptedAssembly:
         if self.delay:
             await asyncio.sleep(self.delay)
         if request.model == INVALID:
-            if state is not None:
-                state.report = invalid_report(request_id, request.model, "org_id")
+            _OBSERVER.rejected(Rejection(request_id, request.model, "org_id"))
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "org_id: must be a UUID")
         if request.model == CRASH:
             raise RuntimeError("handler bug")
@@ -129,29 +160,33 @@ class ScriptedAssembly:
         )
         start = time.perf_counter_ns()
         payload = pb.AssembleContextResponse(messages=messages, metadata=metadata).SerializeToString()
-        stages.append(StageSpan("serialize", start, time.perf_counter_ns()))
-        # Like the real handler: the report is built once, after the send.
-        if state is not None:
-            state.report = AssemblyReport(
+        send = StageSpan("serialize", start, time.perf_counter_ns())
+        # Like the real handler: the observer is told once, after the send.
+        _OBSERVER.answered(
+            Assembly(
                 request_id=request_id,
                 model=request.model,
                 profile="default",
-                started_ns=started_ns,
-                finished_ns=finished_ns,
-                outcome=outcome,
+                composed=Composition(
+                    (),
+                    directive_injected=True,
+                    memories=_MEMORIES,
+                    handles=(1, 2),
+                    memories_available=5,
+                    tokens_injected=260,
+                    memory_tokens=250,
+                    budget=_BUDGET,
+                ),
                 degradation=degradation,
                 reasons=reasons,
-                stages=tuple(stages),
+                outcome=outcome,
                 sources=tuple(sources),
                 candidates_evaluated=7,
-                memories_available=5,
-                memories_injected=2,
-                directive_injected=True,
-                tokens_injected=260,
-                memory_budget=1000,
-                memory_tokens_used=250,
-                encoding="o200k_base",
-            )
+                context_window_used=1,
+                timings=Timings(started_ns, finished_ns, tuple(stages)),
+            ),
+            send,
+        )
         return payload
 
 

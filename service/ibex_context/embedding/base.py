@@ -39,3 +39,12 @@ class ThreadedEmbedder(Embedder, Protocol):
     future's error is an ``EmbeddingError``."""
 
     def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...
+
+
+@runtime_checkable
+class TokenisedEmbedder(Embedder, Protocol):
+    """An embedder whose cost grows with its model's tokens: ``text_tail`` is the end of
+    ``text`` that makes at most ``max_tokens`` of them (``text`` itself when it makes no
+    more), so the query cache can bound what one query costs."""
+
+    def text_tail(self, text: str, max_tokens: int) -> str: ...

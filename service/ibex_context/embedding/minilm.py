@@ -88,6 +88,14 @@ def open_session(graph: Path) -> Any:
 TURN_TEXTS = 4
 
 
+def _untruncated(tokenizer: Tokenizer) -> Tokenizer:
+    import tokenizers
+
+    whole = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    whole.no_truncation()
+    return whole
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384 dims) on the CPU, off the event loop."""
 
@@ -104,6 +112,8 @@ class MiniLMEmbedder:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
         self._session = session
         self._tokenizer = tokenizer
+        # The same vocabulary without truncation, for ``text_tail``'s offsets.
+        self._whole = _untruncated(tokenizer)
         self._max_batch = max_batch
         self._queue = EmbeddingQueue(
             self._embed_or_error, workers=workers, max_batch=turn_texts, name="minilm"
@@ -153,6 +163,25 @@ class MiniLMEmbedder:
             for i, vector in zip(chunk, embeddings, strict=True):
                 vectors[i] = np.ascontiguousarray(vector, dtype=np.float32)
         return [v for v in vectors if v is not None]
+
+    def text_tail(self, text: str, max_tokens: int) -> str:
+        """The end of ``text`` that makes at most ``max_tokens`` word pieces (the model's
+        own [CLS] and [SEP] aside), starting at a whole word. A word piece spans at least
+        one character, so a text of at most ``max_tokens`` characters is returned without
+        tokenising it."""
+        if max_tokens <= 0 or len(text) <= max_tokens:
+            return text
+        encoding = self._whole.encode(text, add_special_tokens=False)
+        offsets, words = encoding.offsets, encoding.word_ids
+        first = len(offsets) - max_tokens
+        if first <= 0:
+            return text
+        # Start at a whole word: a word's later pieces alone would tokenise differently.
+        # (Unless the last word alone is longer than the bound: then its end, cut as is.)
+        start = first
+        while start < len(offsets) and words[start] is not None and words[start] == words[start - 1]:
+            start += 1
+        return text[offsets[start if start < len(offsets) else first][0] :]
 
     def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
         """Hands ``texts`` to the worker threads now (``ThreadedEmbedder``)."""

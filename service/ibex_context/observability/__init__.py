@@ -1,4 +1,4 @@
-"""Metrics, traces and logs, all derived from each call's ``AssemblyReport`` after the response.
+"""Metrics, traces and logs, all derived from each call's ``Assembly`` after the response.
 
 Wiring (once, in the app factory)::
 
@@ -9,8 +9,9 @@ Wiring (once, in the app factory)::
     server = ServiceServer(methods, max_request_bytes=..., observer=observer)  # server/grpc_server.py
     metrics_server = start_metrics_server(settings.metrics_port, metrics.registry)  # .port, await .close()
 
-Handlers attach their report, built once when the call is answered (never changed after),
-with ``state = current_call.get(); if state: state.report = report``.
+The AssembleContext handler tells its ``AssemblyObserver`` (``CurrentCallObserver``) the
+call's ``Assembly`` (made once, never changed) after the send, or its ``Rejection``; the
+observer attaches it to the call's ``CallState``, which the listeners read when the call ends.
 """
 
 from ibex_context.observability.calls import CallObserver

@@ -9,7 +9,8 @@ log) with ``loop.call_soon``: the call is not finished for its caller until the
 response and the status are written, and grpc.aio writes them after the method
 returns, so the recording waits until after that step.
 
-Handlers attach what they did: ``state = current_call.get(); if state: state.report = report``.
+The AssembleContext handler tells its observer (``state.CurrentCallObserver``) what the
+call produced; the observer attaches it to the call's ``CallState``.
 """
 
 from __future__ import annotations
@@ -93,17 +94,19 @@ class CallObserver:
 
     def _record(self, state: CallState) -> None:
         assert state.status is not None
-        if not state.request_id and state.report is not None:
-            # The caller sent no x-request-id; the handler's report knows the id it used.
-            state.request_id = safe_request_id(state.report.request_id)
+        produced = state.assembly or state.rejection
+        if not state.request_id and produced is not None:
+            # The caller sent no x-request-id; the handler knows the id it used.
+            state.request_id = safe_request_id(produced.request_id)
         try:
             self._metrics.record_call(state.method, state.status, state.duration_seconds)
             if state.method.startswith(QUIET_METHOD_PREFIXES):
                 return
             trace_id = self._tracing.record(state)
-            report = state.report
-            if report is not None:
-                self._metrics.record_assembly(report, trace_id=trace_id, call_seconds=state.duration_seconds)
+            if state.assembly is not None:
+                self._metrics.record_assembly(state.assembly, state.stages, trace_id=trace_id)
+            elif state.rejection is not None:
+                self._metrics.record_rejection(state.duration_seconds, trace_id=trace_id)
             elif state.method == ASSEMBLE_CONTEXT_METHOD and state.status is not grpc.StatusCode.OK:
                 self._metrics.record_unfinished_assembly(state.status, state.duration_seconds)
             if self._log.isEnabledFor(logging.INFO):
@@ -155,34 +158,37 @@ def access_log_fields(state: CallState, *, traced: bool) -> dict[str, object]:
     }
     if state.deadline_ms is not None:
         fields["deadline_ms"] = round(state.deadline_ms, 3)
-    report = state.report
-    if report is None:
+    rejection = state.rejection
+    if rejection is not None:
+        fields.update(outcome=rejection.outcome.value, model=rejection.model, invalid_field=rejection.field)
+        return fields
+    assembly = state.assembly
+    if assembly is None:
         if state.method == ASSEMBLE_CONTEXT_METHOD and state.status not in (None, grpc.StatusCode.OK):
             outcome, reason = unfinished_outcome(state.status)
             fields.update(outcome=outcome.value, reasons=[reason] if reason else [])
         return fields
     stages_us: dict[str, int] = {}
-    for stage in report.stages:
+    for stage in state.stages:
         stages_us[stage.stage] = stages_us.get(stage.stage, 0) + stage.duration_us
+    composed = assembly.composed
     fields.update(
-        outcome=report.outcome.value,
-        degradation=report.degradation.name.lower(),
-        reasons=list(report.reasons),
-        model=report.model,
-        profile=report.profile,
-        assembly_ms=round(report.duration_seconds * 1000, 3),
-        directive_injected=report.directive_injected,
-        memories_injected=report.memories_injected,
-        memories_available=report.memories_available,
-        candidates_evaluated=report.candidates_evaluated,
-        tokens_injected=report.tokens_injected,
-        memory_budget=report.memory_budget,
-        budget_utilisation=round(report.budget_utilisation, 4),
-        encoding=report.encoding,
-        exact_tokens=report.exact_tokens,
+        outcome=assembly.outcome.value,
+        degradation=assembly.degradation.name.lower(),
+        reasons=list(assembly.reasons),
+        model=assembly.model,
+        profile=assembly.profile,
+        assembly_ms=round(assembly.duration_seconds * 1000, 3),
+        directive_injected=composed.directive_injected,
+        memories_injected=assembly.memories_injected,
+        memories_available=composed.memories_available,
+        candidates_evaluated=assembly.candidates_evaluated,
+        tokens_injected=composed.tokens_injected,
+        memory_budget=assembly.memory_budget,
+        budget_utilisation=round(assembly.budget_utilisation, 4),
+        encoding=assembly.encoding,
+        exact_tokens=assembly.exact_tokens,
         stages_us=stages_us,
-        sources={s.source: s.status.name.lower() for s in report.sources},
+        sources={s.source: s.status.name.lower() for s in assembly.sources},
     )
-    if report.invalid_field:
-        fields["invalid_field"] = report.invalid_field
     return fields

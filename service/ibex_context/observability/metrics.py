@@ -1,4 +1,4 @@
-"""Prometheus metrics of the service, derived from the ``AssemblyReport`` of each call.
+"""Prometheus metrics of the service, derived from the ``Assembly`` of each call.
 
 Everything lives in a ``CollectorRegistry`` passed in (never the global default
 registry), so tests and embedded servers each get their own.
@@ -34,8 +34,17 @@ from ibex_context.observability.exposition import (
     MetricsServer,
     start_metrics_server,
 )
-from ibex_context.pipeline.outcome import SOURCES, STAGES, Outcome, Reason, SourceName, SourceStatus, plan_of
-from ibex_context.pipeline.report import AssemblyReport
+from ibex_context.pipeline.assembly import Assembly
+from ibex_context.pipeline.outcome import (
+    SOURCES,
+    STAGES,
+    Outcome,
+    Reason,
+    SourceName,
+    SourceStatus,
+    StageSpan,
+    plan_of,
+)
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
 
@@ -79,7 +88,7 @@ LOOP_LAG_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 COLD_PLANS: tuple[str, ...] = tuple(plan.value for plan in ColdPlan)
 
-# Degradation reasons the assembler reports (``AssemblyReport.reasons``). Anything
+# Degradation reasons the assembler reports (``Assembly.reasons``). Anything
 # else is counted as ``other``: a new reason shows up on the dashboard as ``other``
 # until it is added here, instead of silently creating series.
 KNOWN_REASONS: frozenset[str] = frozenset(
@@ -352,28 +361,21 @@ class Metrics:
         histogram.observe(duration_seconds)
 
     def record_assembly(
-        self, report: AssemblyReport, *, trace_id: str | None = None, call_seconds: float | None = None
+        self, assembly: Assembly, stages: Sequence[StageSpan], *, trace_id: str | None = None
     ) -> None:
-        """Everything an assembly tells the metrics. ``trace_id`` (hex) becomes an exemplar.
-
-        ``call_seconds`` stands in for the duration when the report was never timed
-        (a request rejected before assembly started).
-        """
+        """Everything an answered assembly tells the metrics: ``stages`` are its stages and
+        the response's send (``CallState.stages``). ``trace_id`` (hex) becomes an exemplar."""
         exemplar = {"trace_id": trace_id} if trace_id else None
-        duration = report.duration_seconds if report.finished_ns else (call_seconds or 0.0)
-        self._by_outcome[report.outcome.value].observe(duration, exemplar)
-        if report.outcome is Outcome.INVALID:
-            # Nothing was assembled; the counts below would only dilute the distributions.
-            return
-        for stage in report.stages:
+        self._by_outcome[assembly.outcome.value].observe(assembly.duration_seconds, exemplar)
+        for stage in stages:
             child = self._by_stage.get(stage.stage) or self._by_stage[OTHER]
             child.observe(max(0, stage.end_ns - stage.start_ns) / 1e9)
-        level = self._by_level.get(report.degradation)
+        level = self._by_level.get(assembly.degradation)
         if level is not None:
             level.inc()
-        for reason in report.reasons:
+        for reason in assembly.reasons:
             self._by_reason[normalise_reason(reason, self._known_reasons)].inc()
-        for source in report.sources:
+        for source in assembly.sources:
             kind = _FAILURE_KINDS.get(source.status)
             if kind is not None:
                 name = source.source if source.source in SOURCES else OTHER
@@ -382,11 +384,18 @@ class Metrics:
                 plan = plan_of(source.detail)
                 if plan is not None:
                     self._by_plan[plan if plan in COLD_PLANS else OTHER].inc()
-        self.memories_injected.observe(report.memories_injected)
-        self.tokens_injected.observe(report.tokens_injected)
-        self.candidates_evaluated.observe(report.candidates_evaluated)
-        if report.memory_budget > 0:
-            self.budget_utilisation.observe(report.budget_utilisation)
+        composed = assembly.composed
+        self.memories_injected.observe(len(composed.memories))
+        self.tokens_injected.observe(composed.tokens_injected)
+        self.candidates_evaluated.observe(assembly.candidates_evaluated)
+        if assembly.memory_budget > 0:
+            self.budget_utilisation.observe(assembly.budget_utilisation)
+
+    def record_rejection(self, call_seconds: float, *, trace_id: str | None = None) -> None:
+        """A request rejected with INVALID_ARGUMENT: nothing was assembled, so only the
+        call's duration under the ``invalid`` outcome (counts would dilute the rest)."""
+        exemplar = {"trace_id": trace_id} if trace_id else None
+        self._by_outcome[Outcome.INVALID.value].observe(call_seconds, exemplar)
 
     def record_unfinished_assembly(self, status: grpc.StatusCode, call_seconds: float) -> None:
         """An AssembleContext call that ended (deadline, cancellation, crash, rejection) before

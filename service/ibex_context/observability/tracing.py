@@ -1,4 +1,4 @@
-"""Spans of the service, built after each call from its ``CallState`` and ``AssemblyReport``.
+"""Spans of the service, built after each call from its ``CallState`` and ``Assembly``.
 
 Starting live spans on the request path (OpenTelemetry's grpcio instrumentation does)
 would cost time inside the deadline. So nothing is traced while the call runs:
@@ -37,8 +37,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ibex_context.observability.metrics import split_method
+from ibex_context.pipeline.assembly import Assembly
 from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus
-from ibex_context.pipeline.report import AssemblyReport
 
 if TYPE_CHECKING:
     from ibex_context.observability.state import CallState
@@ -255,11 +255,11 @@ class Tracing:
         """Export the spans of a finished call if it is kept; return its trace id (hex) if so."""
         if self._tracer is None or state.status is None:
             return None
-        report = state.report
+        assembly = state.assembly
         reason = sampling_decision(
             parent_sampled=state.parent_sampled,
             failed=state.status is not grpc.StatusCode.OK,
-            degraded=report is not None and (report.outcome in _DEGRADED or bool(report.reasons)),
+            degraded=assembly is not None and (assembly.outcome in _DEGRADED or bool(assembly.reasons)),
             duration_ms=state.duration_seconds * 1000,
             slow_ms=self.slow_ms,
             trace_id=state.trace_id,
@@ -285,12 +285,11 @@ class Tracing:
             self._ids.next_trace_id = 0
         if state.status in SERVER_ERROR_CODES:
             root.set_status(StatusCode.ERROR, state.status.name)
-        report = state.report
-        if report is not None:
+        if state.assembly is not None:
             inside_root = trace.set_span_in_context(root)
             # Stage names are plain strings; a source's name equals its stage's.
-            sources: dict[str, SourceResult] = {s.source: s for s in report.sources}
-            for stage in report.stages:
+            sources: dict[str, SourceResult] = {s.source: s for s in state.assembly.sources}
+            for stage in state.stages:
                 source = sources.get(stage.stage)
                 child = tracer.start_span(
                     f"ibex.context.{stage.stage}",
@@ -330,34 +329,36 @@ def call_attributes(state: CallState, sampling_reason: str) -> dict[str, Attribu
         attributes["ibex.request_id"] = state.request_id
     if state.deadline_ms is not None:
         attributes["ibex.deadline_ms"] = round(state.deadline_ms, 3)
-    report = state.report
-    if report is not None:
-        attributes.update(report_attributes(report))
+    if state.assembly is not None:
+        attributes.update(assembly_attributes(state.assembly))
+    elif state.rejection is not None:
+        attributes["ibex.outcome"] = state.rejection.outcome.value
+        attributes["ibex.model"] = state.rejection.model
+        attributes["ibex.invalid_field"] = state.rejection.field
     return attributes
 
 
-def report_attributes(report: AssemblyReport) -> dict[str, AttributeValue]:
+def assembly_attributes(assembly: Assembly) -> dict[str, AttributeValue]:
+    composed = assembly.composed
     attributes: dict[str, AttributeValue] = {
-        "ibex.outcome": report.outcome.value,
-        "ibex.degradation": report.degradation.name.lower(),
-        "ibex.model": report.model,
-        "ibex.profile": report.profile,
-        "ibex.directive_injected": report.directive_injected,
-        "ibex.memories_injected": report.memories_injected,
-        "ibex.memories_available": report.memories_available,
-        "ibex.candidates_evaluated": report.candidates_evaluated,
-        "ibex.tokens_injected": report.tokens_injected,
-        "ibex.memory_budget": report.memory_budget,
-        "ibex.memory_tokens_used": report.memory_tokens_used,
-        "ibex.budget_utilisation": round(report.budget_utilisation, 4),
-        "ibex.encoding": report.encoding,
-        "ibex.exact_tokens": report.exact_tokens,
+        "ibex.outcome": assembly.outcome.value,
+        "ibex.degradation": assembly.degradation.name.lower(),
+        "ibex.model": assembly.model,
+        "ibex.profile": assembly.profile,
+        "ibex.directive_injected": composed.directive_injected,
+        "ibex.memories_injected": len(composed.memories),
+        "ibex.memories_available": composed.memories_available,
+        "ibex.candidates_evaluated": assembly.candidates_evaluated,
+        "ibex.tokens_injected": composed.tokens_injected,
+        "ibex.memory_budget": assembly.memory_budget,
+        "ibex.memory_tokens_used": composed.memory_tokens,
+        "ibex.budget_utilisation": round(assembly.budget_utilisation, 4),
+        "ibex.encoding": assembly.encoding,
+        "ibex.exact_tokens": assembly.exact_tokens,
     }
-    if report.reasons:
-        attributes["ibex.fallback_reason"] = report.reasons[0]
-        attributes["ibex.degradation_reasons"] = tuple(report.reasons)
-    if report.invalid_field:
-        attributes["ibex.invalid_field"] = report.invalid_field
+    if assembly.reasons:
+        attributes["ibex.fallback_reason"] = assembly.reasons[0]
+        attributes["ibex.degradation_reasons"] = tuple(assembly.reasons)
     return attributes
 
 

@@ -33,9 +33,9 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from ibex_context.models import AssemblyRequest, ChatMessage, Degradation, ScoredMemory
+from ibex_context.models import AssemblyRequest, ChatMessage, Degradation
+from ibex_context.pipeline.assembly import Assembly, Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
 from ibex_context.pipeline.costing import count_injection
@@ -49,6 +49,7 @@ from ibex_context.pipeline.outcome import (
     SourceStatus,
     StageSpan,
     Timings,
+    outcome_of,
 )
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
 from ibex_context.profiles.model import Profile
@@ -57,30 +58,6 @@ from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
 log = logging.getLogger(__name__)
-
-
-class Assembly(NamedTuple):
-    """The result of one assembly, before it is put on the wire; its report is built
-    from it (``report.build_report``). A ``NamedTuple``, like the report: immutable and
-    cheap to build once per call."""
-
-    messages: tuple[ChatMessage, ...]
-    directive_injected: bool
-    memories: tuple[ScoredMemory, ...]
-    # Each memory's handle in the injected text (``formatting.Injection.handles``).
-    handles: tuple[int, ...]
-    memories_available: int
-    tokens_injected: int
-    context_window_used: int
-    was_truncated: bool
-    degradation: Degradation
-    reasons: tuple[Reason, ...]
-    budget: TokenBudget | None
-    memory_tokens_used: int
-    # Every source's outcome, in ``SOURCES`` order (none when no source was asked).
-    sources: tuple[SourceResult, ...]
-    candidates_evaluated: int
-    timings: Timings
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,17 +202,10 @@ class Assembler:
         return self._finish(
             call,
             sources,
-            messages=composition.messages,
-            directive_injected=composition.directive_injected,
-            memories=composition.memories,
-            handles=composition.handles,
-            tokens_injected=composition.tokens_injected,
-            memory_tokens=composition.memory_tokens,
-            was_truncated=composition.was_truncated,
+            composition,
             degradation=_degradation(state, reasons),
             reasons=reasons,
             candidates_evaluated=len(candidates),
-            memories_available=composition.memories_available,
         )
 
     # -- degraded paths -------------------------------------------------------------------
@@ -260,18 +230,14 @@ class Assembler:
                 tokens = count_injection(injection, call.encoding, self._counter)
                 if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
                     return self._pass_through(call, sources, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
-                return self._finish(
-                    call,
-                    sources,
-                    messages=injection.messages(call.request.messages),
+                directive_only = Composition(
+                    injection.messages(call.request.messages),
                     directive_injected=bool(injection.chunks),
-                    memories=(),
-                    handles=(),
                     tokens_injected=tokens,
-                    memory_tokens=0,
-                    was_truncated=False,
-                    degradation=Degradation.DIRECTIVE_ONLY,
-                    reasons=reasons,
+                    budget=call.budget,
+                )
+                return self._finish(
+                    call, sources, directive_only, degradation=Degradation.DIRECTIVE_ONLY, reasons=reasons
                 )
             except Exception:
                 log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
@@ -291,60 +257,46 @@ class Assembler:
     ) -> Assembly:
         """The client's messages unchanged, with ``reasons`` and ``level`` (DIRECTIVE_ONLY
         when the directive was fetched but could not be injected)."""
+        unchanged = Composition(
+            call.request.messages, memories_available=memories_available, budget=call.budget
+        )
         return self._finish(
             call,
             sources,
-            messages=call.request.messages,
-            directive_injected=False,
-            memories=(),
-            handles=(),
-            tokens_injected=0,
-            memory_tokens=0,
-            was_truncated=False,
+            unchanged,
             degradation=level,
             reasons=reasons,
             candidates_evaluated=candidates_evaluated,
-            memories_available=memories_available,
         )
 
     def _finish(
         self,
         call: _Call,
         sources: tuple[SourceResult, ...],
+        composed: Composition,
         *,
-        messages: tuple[ChatMessage, ...],
-        directive_injected: bool,
-        memories: tuple[ScoredMemory, ...],
-        handles: tuple[int, ...],
-        tokens_injected: int,
-        memory_tokens: int,
-        was_truncated: bool,
         degradation: Degradation,
         reasons: Sequence[Reason],
         candidates_evaluated: int = 0,
-        memories_available: int = 0,
     ) -> Assembly:
         """The one place an ``Assembly`` is made: every path ends here, and the call's
         timings end with it."""
-        budget = call.budget
+        budget = composed.budget
         window = budget.context_window if budget else 0
-        used = call.messages_tokens + tokens_injected
+        used = call.messages_tokens + composed.tokens_injected
+        ordered = tuple(reasons)
         return Assembly(
-            messages=tuple(messages),
-            directive_injected=directive_injected,
-            memories=memories,
-            handles=handles,
-            memories_available=memories_available,
-            tokens_injected=tokens_injected,
-            # Rounded up: above 100 means past the window, never hidden by rounding down.
-            context_window_used=math.ceil(100 * used / window) if window else 0,
-            was_truncated=was_truncated,
+            request_id=call.request.request_id,
+            model=call.request.model,
+            profile=call.profile.name,
+            composed=composed,
             degradation=degradation,
-            reasons=tuple(reasons),
-            budget=budget,
-            memory_tokens_used=memory_tokens,
+            reasons=ordered,
+            outcome=outcome_of(degradation, ordered),
             sources=sources,
             candidates_evaluated=candidates_evaluated,
+            # Rounded up: above 100 means past the window, never hidden by rounding down.
+            context_window_used=math.ceil(100 * used / window) if window else 0,
             timings=Timings(call.started_ns, time.perf_counter_ns(), tuple(call.stages)),
         )
 

@@ -1,13 +1,13 @@
 """The compose step: what arrived from the stores in, the injected messages out.
 
-Pure (no I/O, no clock, no report): rank the candidates (``candidates.Candidates``,
+Pure (no I/O, no clock): rank the candidates (``candidates.Candidates``,
 the stores' columns; ``scoring.rank``: no per-candidate objects), cost the ones the
 packer reaches (``costing.BlockCosts``: a lookup of the block counts stored at write
 time), walk them in rank order into the budget (``packing.pack_ranked``), and only
 then build objects, for the chosen memories: lay the injection out once
 (``formatting.lay_out``), count it exactly from that layout and render the messages
-from it. The assembler times it and turns the result into the response and the
-report.
+from it. Its ``Composition`` (``pipeline.assembly``) is what the call injected: the
+assembler times the step and keeps the composition whole in the call's ``Assembly``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
+from ibex_context.pipeline.assembly import Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.costing import BlockCosts, count_injection, section_overhead
 from ibex_context.pipeline.formatting import Injection, lay_out
@@ -44,23 +45,6 @@ class ComposeInput:
     budget: TokenBudget
     nonce: str
     now: float
-
-
-@dataclass(frozen=True, slots=True)
-class Composition:
-    messages: tuple[ChatMessage, ...]
-    directive_injected: bool
-    memories: tuple[ScoredMemory, ...]  # in rank order, ``tokens`` set to their cost
-    handles: tuple[int, ...]  # each memory's handle in the injected text
-    memories_available: int  # candidates above the relevance floor
-    tokens_injected: int
-    memory_tokens: int
-    was_truncated: bool
-    budget: TokenBudget
-    # The directive alone would not leave the response reserve: nothing injected.
-    directive_exceeds_window: bool
-    # perf_counter_ns marks: start, ranked, packed, rendered.
-    marks: tuple[int, int, int, int]
 
 
 def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
@@ -95,7 +79,11 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         # The directive would push the prompt into the response reserve (or past the
         # window): inject nothing rather than a prompt the model cannot answer.
         return Composition(
-            given.messages, False, (), (), len(ranking), 0, 0, False, budget, True, (t0, t1, t1, t1)
+            given.messages,
+            memories_available=len(ranking),
+            budget=budget,
+            directive_exceeds_window=True,
+            marks=(t0, t1, t1, t1),
         )
 
     candidates = ranking.candidates

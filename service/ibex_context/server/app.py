@@ -26,14 +26,14 @@ from ibex_context.memory_api.reads import MemoryReads, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
 from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
 from ibex_context.models import AssemblyRequest, ChatMessage
-from ibex_context.observability.calls import CallObserver, current_call
+from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
 from ibex_context.observability.metrics import Metrics
+from ibex_context.observability.state import CurrentCallObserver
 from ibex_context.observability.tracing import Tracing
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig
 from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
-from ibex_context.pipeline.report import AssemblyReport
 from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
@@ -155,7 +155,9 @@ class ContextService:
             )
         self._closers.append(embedder.aclose)
         await _check_database(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
-        query_embedder = CachedEmbedder(embedder, max_entries=s.embedding_cache_size)
+        query_embedder = CachedEmbedder(
+            embedder, max_entries=s.embedding_cache_size, query_max_tokens=s.embedding_query_max_tokens
+        )
         self.metrics.track_query_embedding_cache(query_embedder.counts)
 
         postgres = await PostgresMemoryStore.from_settings(s)
@@ -237,7 +239,7 @@ class ContextService:
             deadlines=deadlines,
             injections=self._injections,
             inflight=self.inflight,
-            report_sink=_attach_report,
+            observer=CurrentCallObserver(),
             limit=AssemblyLimit(s.max_concurrent_assemblies),
         )
         tenant_data = TenantData(postgres.pool)
@@ -450,9 +452,3 @@ async def _check_database(dsn: str, dim: int, tls: ssl.SSLContext | None) -> Non
         await check_schema(conn, dim)
     finally:
         await conn.close()
-
-
-def _attach_report(report: AssemblyReport) -> None:
-    state = current_call.get()
-    if state is not None:
-        state.report = report

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.pipeline.assembler import Assembly
+from ibex_context.pipeline.assembly import Assembly
 from ibex_context.pipeline.outcome import STAGES
 
 # Each stage's field in the wire's StageTimings: every stage of ``STAGES`` but the send,
-# which is timed after the response is built (it reaches the report, not the wire).
+# which is timed after the response is built (observability reads it, the wire does not).
 WIRE_STAGE_FIELDS: tuple[tuple[str, str], ...] = tuple(
     (stage, f"{stage}_us") for stage in STAGES if stage != "serialize"
 )
 
 
-def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> pb.AssembleContextResponse:
-    """``assembly`` on the wire, for the request ``request_id`` under the profile named ``profile``."""
+def assemble_response(assembly: Assembly) -> pb.AssembleContextResponse:
+    """``assembly`` on the wire."""
     # Built in place (add(), CopyFrom-free): constructing upb messages from Python
     # lists costs more per call (benchmarks/results/serialization.md).
     budget, timings = assembly.budget, assembly.timings
@@ -22,17 +22,17 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
     for message in assembly.messages:
         response.messages.add(role=message.role, content=message.content)
     md = response.metadata
-    md.directive_injected = assembly.directive_injected
-    md.memories_injected = len(assembly.memories)
-    md.memories_available = assembly.memories_available
-    md.total_tokens_injected = assembly.tokens_injected
+    md.directive_injected = assembly.composed.directive_injected
+    md.memories_injected = assembly.memories_injected
+    md.memories_available = assembly.composed.memories_available
+    md.total_tokens_injected = assembly.composed.tokens_injected
     md.context_window_used = assembly.context_window_used
-    md.was_truncated = assembly.was_truncated
+    md.was_truncated = assembly.composed.was_truncated
     md.fallback_reason = assembly.reasons[0] if assembly.reasons else ""
     md.degradation_level = int(assembly.degradation)  # type: ignore[assignment]
     md.degradation_reasons.extend(assembly.reasons)
-    md.profile = profile
-    md.request_id = request_id
+    md.profile = assembly.profile
+    md.request_id = assembly.request_id
     t = md.timings
     stages_us = timings.stages_us()
     for stage, field in WIRE_STAGE_FIELDS:
@@ -74,7 +74,7 @@ def assemble_response(assembly: Assembly, *, request_id: str, profile: str) -> p
         tokens.response_reserve = budget.response_reserve
         tokens.safety_buffer = budget.safety_buffer
         tokens.memory_budget = budget.memory_budget
-        tokens.memory_tokens_used = assembly.memory_tokens_used
+        tokens.memory_tokens_used = assembly.composed.memory_tokens
         tokens.constrained = budget.is_constrained
         tokens.approximation_reason = budget.approximation_reason
     return response

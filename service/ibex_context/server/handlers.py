@@ -18,10 +18,10 @@ from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
+from ibex_context.pipeline.assembly import AssemblyObserver, Rejection
 from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.outcome import Reason, StageSpan
 from ibex_context.pipeline.post_response import InjectionQueue
-from ibex_context.pipeline.report import AssemblyReport, build_report, invalid_report
 from ibex_context.profiles.model import Profile
 from ibex_context.server import convert, validation
 from ibex_context.server.handling import agent_scoped
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 ProfileResolver = Callable[[str, str], Profile]
 # The degradation reason of a call shed over ``IBEX_MAX_CONCURRENT_ASSEMBLIES``.
 OVERLOADED = Reason.OVERLOADED
-ReportSink = Callable[[AssemblyReport], None]
 
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
 
@@ -48,7 +47,7 @@ class ContextAssemblyHandler:
         deadlines: DeadlinePolicy,
         injections: InjectionQueue,
         inflight: InflightCalls,
-        report_sink: ReportSink,
+        observer: AssemblyObserver,
         limit: AssemblyLimit | None = None,
     ) -> None:
         self._assembler = assembler
@@ -58,19 +57,19 @@ class ContextAssemblyHandler:
         self._deadlines = deadlines
         self._injections = injections
         self._inflight = inflight
-        self._report_sink = report_sink
+        self._observer = observer
 
     def methods(self) -> list[Method]:
         return service_methods(pb.DESCRIPTOR.services_by_name["ContextAssemblyService"], pb, self)
 
     async def AssembleContext(self, message: pb.AssembleContextRequest, context: Context) -> bytes:
-        """Returns the response serialized: its serialization is a stage of the report."""
+        """Returns the response serialized: its serialization is a stage the observer is told of."""
         with self._inflight.track():
             try:
                 request = validation.assemble_request(message, self._limits)
             except InvalidRequest as exc:
-                self._report_sink(
-                    invalid_report(
+                self._observer.rejected(
+                    Rejection(
                         validation.loggable(message.request_id, 128),
                         validation.loggable(message.model.strip(), 200),
                         exc.field,
@@ -87,15 +86,13 @@ class ContextAssemblyHandler:
                     self._limit.release()
             else:
                 assembly = self._assembler.shed(request, profile, OVERLOADED)
-            response = convert.assemble_response(
-                assembly, request_id=request.request_id, profile=profile.name
-            )
+            response = convert.assemble_response(assembly)
             start = time.perf_counter_ns()
             payload = response.SerializeToString()
             serialize = StageSpan("serialize", start, time.perf_counter_ns())
-            # Built once, after the last thing it describes; what runs after the
-            # response (metrics, spans, the access log) only reads it.
-            self._report_sink(build_report(request, profile.name, assembly, serialize))
+            # After the last thing it times; what runs after the response (metrics,
+            # spans, the access log) only reads the assembly.
+            self._observer.answered(assembly, serialize)
             if assembly.memories:
                 self._injections.submit(
                     request.org_id, request.agent_id, [m.memory.id for m in assembly.memories]
