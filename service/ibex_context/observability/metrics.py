@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ibex_context.buckets import ASSEMBLY_BUCKETS
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (
     HealthCheck,
@@ -63,10 +64,6 @@ __all__ = [
 
 OTHER = "other"
 
-# Seconds. Dense around the 40-50 ms deadline, where the interesting percentiles live.
-ASSEMBLY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25,
-)  # fmt: skip
 # Stages take tens of microseconds (scoring, packing) to tens of milliseconds (cold search).
 STAGE_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05,
