@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import AssembleResult
+from ibex_context.pipeline.outcome import STAGES
 
 
 def result_metadata(result: AssembleResult) -> pb.InjectionMetadata:
@@ -65,9 +66,7 @@ def render_result(result: AssembleResult) -> str:
             f"freq={mem.frequency:.2f} tokens={mem.tokens}"
         )
     tm = md.timings
-    lines.append(
-        f"timings µs: total={tm.total_us} budget={tm.budget_us} directive={tm.directive_us} hot={tm.hot_us} "
-        f"embed={tm.embed_us} cold={tm.cold_us} lexical={tm.lexical_us} score={tm.score_us} "
-        f"pack={tm.pack_us} format={tm.format_us}"
-    )
+    # Every stage on the wire, in the pipeline's order (the send is timed after the response).
+    stages = " ".join(f"{stage}={getattr(tm, f'{stage}_us')}" for stage in STAGES if stage != "serialize")
+    lines.append(f"timings µs: total={tm.total_us} {stages}")
     return "\n".join(lines)
