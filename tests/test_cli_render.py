@@ -54,3 +54,14 @@ def test_the_text_view_lists_each_injected_memory() -> None:
     text = render_result(_served())
     assert "directive_injected=True memories=1/0" in text
     assert "#1   m-1 factual" in text
+
+
+def test_the_text_view_times_every_stage_on_the_wire_in_the_pipelines_order() -> None:
+    result = _served()
+    assert result.metadata is not None
+    timings = result.metadata.timings
+    timings.total_us, timings.budget_us, timings.lexical_us, timings.format_us = 900, 10, 300, 40
+    [line] = [line for line in render_result(result).splitlines() if line.startswith("timings")]
+    assert line == (
+        "timings µs: total=900 budget=10 directive=0 hot=0 embed=0 cold=0 lexical=300 score=0 pack=0 format=40"
+    )
