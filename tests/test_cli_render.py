@@ -63,5 +63,6 @@ def test_the_text_view_times_every_stage_on_the_wire_in_the_pipelines_order() ->
     timings.total_us, timings.budget_us, timings.lexical_us, timings.format_us = 900, 10, 300, 40
     [line] = [line for line in render_result(result).splitlines() if line.startswith("timings")]
     assert line == (
-        "timings µs: total=900 budget=10 directive=0 hot=0 embed=0 cold=0 lexical=300 score=0 pack=0 format=40"
+        "timings µs: total=900 budget=10 directive=0 hot=0 embed=0 cold=0 lexical=300"
+        " score=0 pack=0 format=40"
     )
