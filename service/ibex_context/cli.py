@@ -147,9 +147,7 @@ def serve(workers: int | None) -> None:
         raise SystemExit(Supervisor.for_serve(count, settings.metrics_port).run())
     _setup_logging(settings)
     from ibex_context.errors import ConfigurationError
-    from ibex_context.server.gil import set_switch_interval
 
-    set_switch_interval(settings.gil_switch_interval_ms)
     try:
         _run(lambda: _serve(settings), use_uvloop=settings.use_uvloop, timed_loop=True)
     except ConfigurationError as exc:  # e.g. authentication on without a credentials file

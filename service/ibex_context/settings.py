@@ -61,14 +61,6 @@ class Settings(BaseSettings):
         "Run on uvloop: 0.7-1.2 ms less server CPU per call than asyncio's loop at 50 RPS "
         "(ADR-0010). False: asyncio's loop, which also reports the longest loop iteration.",
     )
-    gil_switch_interval_ms: float = _f(
-        0.5,
-        "How long the event loop or an embedding worker may hold the GIL while the other waits"
-        " (sys.setswitchinterval); CPython's 5 ms made each embedding wait for the loop"
-        " (server/gil.py). 0: CPython's default.",
-        ge=0,
-        le=100,
-    )
     gc_freeze: bool = _f(
         True,
         "Freeze the start-up heap (gc.freeze) before serving, so full garbage collections do "
