@@ -382,7 +382,7 @@ class Metrics:
                 if plan is not None:
                     self._by_plan[plan if plan in COLD_PLANS else OTHER].inc()
         composed = assembly.composed
-        self.memories_injected.observe(len(composed.memories))
+        self.memories_injected.observe(assembly.memories_injected)
         self.tokens_injected.observe(composed.tokens_injected)
         self.candidates_evaluated.observe(assembly.candidates_evaluated)
         if assembly.memory_budget > 0:

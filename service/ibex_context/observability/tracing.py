@@ -346,7 +346,7 @@ def assembly_attributes(assembly: Assembly) -> dict[str, AttributeValue]:
         "ibex.model": assembly.model,
         "ibex.profile": assembly.profile,
         "ibex.directive_injected": composed.directive_injected,
-        "ibex.memories_injected": len(composed.memories),
+        "ibex.memories_injected": assembly.memories_injected,
         "ibex.memories_available": composed.memories_available,
         "ibex.candidates_evaluated": assembly.candidates_evaluated,
         "ibex.tokens_injected": composed.tokens_injected,
