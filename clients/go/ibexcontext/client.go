@@ -171,7 +171,14 @@ func (c *ContextClient) assemble(ctx context.Context, req Request) Result {
 		Messages:  req.Messages,
 	})
 	if err != nil {
-		return Result{Messages: req.Messages, FallbackReason: classify(err), Err: err}
+		reason := classify(err)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// The call's own deadline ran out. grpc-go usually says DEADLINE_EXCEEDED, but
+			// when the deadline fires while the stream is being set up it can surface as
+			// UNKNOWN "context deadline exceeded" (seen in CI): the deadline decides.
+			reason = ReasonTimeout
+		}
+		return Result{Messages: req.Messages, FallbackReason: reason, Err: err}
 	}
 	if len(reply.GetMessages()) == 0 && len(req.Messages) > 0 {
 		return Result{
