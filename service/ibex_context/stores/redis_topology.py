@@ -105,7 +105,7 @@ class RedisTopology:
             return aioredis.Redis.from_url(self.url, max_connections=max_connections, **common)
         endpoint = self.endpoint()
         secure = {"ssl": True, **tls} if endpoint.tls is not None else {}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
             list(self.sentinels),
             sentinel_kwargs={
                 "password": self.sentinel_password or None,
