@@ -53,7 +53,7 @@ from ibex_context.profiles.schema import Deadlines  # noqa: E402
 
 from benchmarks.call_cpu import _Context, _requests, in_process_settings  # noqa: E402
 from loadtest.datastores import PgActivitySampler, stores, warm_postgres  # noqa: E402
-from loadtest.machine import git_commit  # noqa: E402
+from loadtest.machine import git_commit, process_cpu_ns  # noqa: E402
 from loadtest.workload import DEFAULT_WEIGHTS, Workload  # noqa: E402
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -67,14 +67,6 @@ def thread_group_cpu_ns(pid: int) -> int:
             with contextlib.suppress(OSError, ValueError):
                 total += int((task / "schedstat").read_text().split()[0])
     return total
-
-
-def process_cpu_ns(pid: int) -> int:
-    """One single-threaded process's CPU time (a PostgreSQL process), ns."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-    except (OSError, ValueError):
-        return 0
 
 
 def reaped_children_cpu_s(pid: int) -> float:

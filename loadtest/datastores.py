@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest.machine import PYTHON, ROOT, cpu_seconds
+from loadtest.machine import PYTHON, ROOT, process_cpu_ns
 
 
 class PgActivitySampler:
@@ -72,14 +72,7 @@ class PgActivitySampler:
         backend exits with the connection). ~45 queries a second cost the stores
         0.15-0.3 ms per call at 50 RPS (benchmarks/results/stores-cpu-2026-11-26.md):
         the run's stores figure leaves it out."""
-        if self.backend_pid is None:
-            return 0.0
-        # The scheduler's nanoseconds (a backend is one thread): /proc's stat counts in
-        # 10 ms ticks, and a fast core runs a few hundred of these queries inside one tick.
-        try:
-            return int(Path(f"/proc/{self.backend_pid}/schedstat").read_text().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return cpu_seconds(self.backend_pid)
+        return 0.0 if self.backend_pid is None else process_cpu_ns(self.backend_pid) / 1e9
 
     def summary(self, top: int = 8) -> list[str]:
         if not self.samples:
