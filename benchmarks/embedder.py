@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ibex_context.embedding.minilm import MiniLMEmbedder  # noqa: E402
+from ibex_context.embedding.minilm_graph import PRECISIONS, Precision  # noqa: E402
 from ibex_context.embedding.minilm_reference import (  # noqa: E402
     MiniLMModel,
     default_model_dir,
@@ -96,7 +97,7 @@ def single(rounds: int, per_round: int) -> tuple[dict[str, list[float]], dict[st
                 backends[name](text)
                 runs[name].append((time.perf_counter() - t0) * 1000)
                 cpu[name].append((time.thread_time() - c0) * 1000)
-    onnx._executor.shutdown()
+    asyncio.run(onnx.aclose())
     return runs, cpu
 
 
@@ -129,7 +130,7 @@ def workers(rounds: int, seconds: float, concurrency: int) -> dict[int, list[tup
             latencies = asyncio.run(_closed_loop(embedders[n], concurrency, seconds, start=round_ * 1000))
             results[n].append((len(latencies) / seconds, latencies))
     for embedder in embedders.values():
-        embedder._executor.shutdown()
+        asyncio.run(embedder.aclose())
     return results
 
 
@@ -192,11 +193,11 @@ def text_of(pieces: int, start: int) -> str:
     return " ".join(WORDS[(start + i) % len(WORDS)] for i in range(pieces))
 
 
-def lengths(sizes: list[int], rounds: int, per_round: int, cpu: int) -> str:
-    embedder = MiniLMEmbedder.load()
+def lengths(sizes: list[int], rounds: int, per_round: int, cpu: int, precision: Precision) -> str:
+    embedder = MiniLMEmbedder.load(query_precision=precision)
     cpu_ms: dict[int, list[float]] = {n: [] for n in sizes}
     for warm in sizes:
-        embedder.embed_sync([text_of(warm, 0)])
+        embedder.embed_sync([text_of(warm, 0)], query=True)
     start = 1
     for r in range(rounds):
         for n in sizes if r % 2 == 0 else list(reversed(sizes)):
@@ -204,19 +205,19 @@ def lengths(sizes: list[int], rounds: int, per_round: int, cpu: int) -> str:
                 text = text_of(n, start)
                 start += n
                 t0 = time.process_time()
-                embedder.embed_sync([text])
+                embedder.embed_sync([text], query=True)
                 cpu_ms[n].append((time.process_time() - t0) * 1000)
     pieces = {n: len(embedder._whole.encode(text_of(n, 7), add_special_tokens=False).ids) for n in sizes}
     lines = [
         f"# Query embedding CPU by query length ({time.strftime('%Y-%m-%d')})",
         "",
         f"Command: `.venv/bin/python -m benchmarks.embedder --lengths {','.join(map(str, sizes))}"
-        f" --rounds {rounds} --per-round {per_round} --cpu {cpu}`",
+        f" --rounds {rounds} --per-round {per_round} --cpu {cpu} --query-precision {precision}`",
         "",
         f"Setup: {platform.machine()}, pinned to CPU {cpu} of {os.cpu_count()} (shared VM; load average"
         f" {os.getloadavg()[0]:.1f} at the end), Python {platform.python_version()}, all-MiniLM-L6-v2 on"
-        " ONNX Runtime (fp32, one intra-op thread), one query per inference, distinct texts of whole"
-        " vocabulary words, lengths alternated round by round.",
+        f" ONNX Runtime (queries in {precision}, one intra-op thread), one query per inference,"
+        " distinct texts of whole vocabulary words, lengths alternated round by round.",
         "",
         "| word pieces | queries | CPU ms p50 | p90 | ms a word piece (p50 / pieces) |",
         "|---:|---:|---:|---:|---:|",
@@ -240,13 +241,16 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=None, help="core to pin part 1 to (default: the last)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--lengths", default="", help="word-piece lengths, comma-separated: part 3 only")
+    parser.add_argument(
+        "--query-precision", choices=PRECISIONS, default="fp32", help="with --lengths: the query graph"
+    )
     args = parser.parse_args()
     everywhere = os.sched_getaffinity(0)
     cpu = args.cpu if args.cpu is not None else max(everywhere)
     if args.lengths:
         os.sched_setaffinity(0, {cpu})
         sizes = [int(n) for n in args.lengths.split(",")]
-        text = lengths(sizes, args.rounds, args.per_round, cpu)
+        text = lengths(sizes, args.rounds, args.per_round, cpu, args.query_precision)
         print(text)
         if args.out:
             args.out.write_text(text, encoding="utf-8")

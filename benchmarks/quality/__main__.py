@@ -247,7 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-_SHOWN_SETTINGS = ("IBEX_EMBEDDER", "IBEX_POST_RESPONSE_FLUSH_MS", "OPENBLAS_NUM_THREADS")
+_SHOWN_SETTINGS = (
+    "IBEX_EMBEDDER",
+    "IBEX_EMBEDDING_QUERY_PRECISION",
+    "IBEX_POST_RESPONSE_FLUSH_MS",
+    "OPENBLAS_NUM_THREADS",
+)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ibex_context.embedding.minilm_graph import Precision
+
 
 def _f(default: Any, description: str, **bounds: Any) -> Any:
     return Field(default, description=description, **bounds)
@@ -243,6 +245,12 @@ class Settings(BaseSettings):
         "Threads running minilm inferences at once, one core each (docs/adr/0011).",
         ge=1,
         le=64,
+    )
+    embedding_query_precision: Precision = _f(
+        "fp32",
+        "The minilm graph queries run on: fp32 (the weights as trained) or int8 (matrix products"
+        " quantised per channel: about half the CPU where the processor has AVX-512 VNNI or AMX,"
+        " vectors within cosine 0.99; docs/adr/0011). Stored texts are always embedded in fp32.",
     )
     embedding_dim: int = _f(
         384, "Embedding dimension; checked against the embedder and the database.", ge=8, le=4096

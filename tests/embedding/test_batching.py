@@ -1,5 +1,6 @@
 """The embedding queue (``embedding.batching``): queued queries run together, a write's
-texts a few at a time with queries first, abandoned jobs are not computed."""
+texts a few at a time with queries first, each turn all queries or all texts to store,
+abandoned jobs are not computed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.turns: list[list[str]] = []
+        self.kinds: list[bool] = []  # each turn: were its texts queries?
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -29,8 +31,9 @@ class Recorder:
         self.started.clear()
         self.release.clear()
 
-    def __call__(self, texts: list[str]) -> list[FloatVector]:
+    def __call__(self, texts: list[str], query: bool) -> list[FloatVector]:
         self.turns.append(list(texts))
+        self.kinds.append(query)
         self.started.set()
         assert self.release.wait(WAIT)
         if self.fail_on in texts:
@@ -56,17 +59,17 @@ def lengths(future: Future[list[FloatVector]]) -> list[float]:
 
 
 def test_each_job_gets_its_own_vectors_in_order(queue: EmbeddingQueue) -> None:
-    assert lengths(queue.submit(["a", "bbb", "cc"])) == [1, 3, 2]
-    assert queue.submit([]).result(WAIT) == []
+    assert lengths(queue.submit(["a", "bbb", "cc"], query=True)) == [1, 3, 2]
+    assert queue.submit([], query=True).result(WAIT) == []
 
 
 def test_queries_that_queue_behind_a_turn_run_together_in_the_next(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
     recorder.hold()
-    first = queue.submit(["first"])
+    first = queue.submit(["first"], query=True)
     assert recorder.started.wait(WAIT)
-    waiting = [queue.submit([text]) for text in ("x", "yy", "zzz", "wwww", "vvvvv")]
+    waiting = [queue.submit([text], query=True) for text in ("x", "yy", "zzz", "wwww", "vvvvv")]
     recorder.release.set()
     assert lengths(first) == [5]
     assert [lengths(f) for f in waiting] == [[1], [2], [3], [4], [5]]
@@ -78,9 +81,9 @@ def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
     recorder.hold()
-    write = queue.submit([f"m{i}" for i in range(10)])
+    write = queue.submit([f"m{i}" for i in range(10)], query=False)
     assert recorder.started.wait(WAIT)  # the write's first chunk is being computed
-    query = queue.submit(["question"])
+    query = queue.submit(["question"], query=True)
     recorder.release.set()
     assert lengths(query) == [8]
     assert lengths(write) == [2.0] * 10
@@ -90,16 +93,17 @@ def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
         ["m4", "m5", "m6", "m7"],
         ["m8", "m9"],
     ]
+    assert recorder.kinds == [False, True, False, False]
 
 
 def test_a_job_cancelled_before_its_turn_is_not_computed(queue: EmbeddingQueue, recorder: Recorder) -> None:
     recorder.hold()
-    first = queue.submit(["first"])
+    first = queue.submit(["first"], query=True)
     assert recorder.started.wait(WAIT)
-    abandoned = queue.submit(["abandoned"])
-    abandoned_write = queue.submit([f"m{i}" for i in range(6)])
+    abandoned = queue.submit(["abandoned"], query=True)
+    abandoned_write = queue.submit([f"m{i}" for i in range(6)], query=False)
     assert abandoned.cancel() and abandoned_write.cancel()
-    kept = queue.submit(["kept"])
+    kept = queue.submit(["kept"], query=True)
     recorder.release.set()
     assert lengths(first) == [5] and lengths(kept) == [4]
     assert recorder.turns == [["first"], ["kept"]]
@@ -109,39 +113,62 @@ def test_a_failed_turn_fails_every_job_in_it_and_only_those(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
     recorder.hold()
-    first = queue.submit(["first"])
+    first = queue.submit(["first"], query=True)
     assert recorder.started.wait(WAIT)
     recorder.fail_on = "bad"
-    bad, neighbour = queue.submit(["bad"]), queue.submit(["neighbour"])
+    bad, neighbour = queue.submit(["bad"], query=True), queue.submit(["neighbour"], query=True)
     recorder.release.set()
     assert lengths(first) == [5]
     for future in (bad, neighbour):
         with pytest.raises(RuntimeError, match="inference failed"):
             future.result(WAIT)
     recorder.fail_on = None
-    assert lengths(queue.submit(["after"])) == [5]
+    assert lengths(queue.submit(["after"], query=True)) == [5]
 
 
 def test_a_write_whose_chunk_fails_fails_once_and_its_other_chunks_are_dropped(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
     recorder.fail_on = "m1"
-    write = queue.submit([f"m{i}" for i in range(12)])
+    write = queue.submit([f"m{i}" for i in range(12)], query=False)
     with pytest.raises(RuntimeError):
         write.result(WAIT)
     recorder.fail_on = None
-    assert lengths(queue.submit(["after"])) == [5]
+    assert lengths(queue.submit(["after"], query=True)) == [5]
     assert ["m4", "m5", "m6", "m7"] not in recorder.turns
 
 
 def test_closing_cancels_what_is_queued_and_refuses_more(queue: EmbeddingQueue, recorder: Recorder) -> None:
     recorder.hold()
-    queue.submit(["first"])
+    queue.submit(["first"], query=True)
     assert recorder.started.wait(WAIT)
-    queued = queue.submit(["queued"])
+    queued = queue.submit(["queued"], query=True)
     queue.close()
     recorder.release.set()
     with pytest.raises(CancelledError):
         queued.result(WAIT)
     with pytest.raises(RuntimeError, match="closed"):
-        queue.submit(["late"])
+        queue.submit(["late"], query=True)
+
+
+def test_a_write_of_one_text_waits_behind_the_queries_and_never_shares_their_turn(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["first"], query=True)
+    assert recorder.started.wait(WAIT)
+    stored = queue.submit(["memory"], query=False)
+    asked = [queue.submit([text], query=True) for text in ("q1", "q2")]
+    recorder.release.set()
+    assert lengths(stored) == [6] and [lengths(f) for f in asked] == [[2], [2]] and lengths(first) == [5]
+    assert recorder.turns == [["first"], ["q1", "q2"], ["memory"]]
+    assert recorder.kinds == [True, True, False]
+
+
+def test_a_query_job_larger_than_a_turn_runs_in_chunks_as_queries(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    many = queue.submit([f"q{i}" for i in range(6)], query=True)
+    assert lengths(many) == [2.0] * 6
+    assert recorder.turns == [["q0", "q1", "q2", "q3"], ["q4", "q5"]]
+    assert recorder.kinds == [True, True]

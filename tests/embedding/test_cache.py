@@ -96,14 +96,14 @@ async def test_entries_are_per_model_and_read_only() -> None:
 
 
 class ThreadedCountingEmbedder(CountingEmbedder):
-    """A real (hashing) embedder run in a worker thread, like minilm: ``submit`` hands it over."""
+    """A real (hashing) embedder run in a worker thread, like minilm: ``submit_queries`` hands it over."""
 
     def __init__(self) -> None:
         super().__init__()
         self.submitted: list[list[str]] = []
         self._executor = ThreadPoolExecutor(max_workers=1)
 
-    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
         self.submitted.append(list(texts))
         return self._executor.submit(lambda: [self._inner.embed_one(t) for t in texts])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -35,6 +36,13 @@ FIXED_TEXTS = [
 @pytest.fixture(scope="module")
 async def minilm() -> AsyncIterator[MiniLMEmbedder]:
     embedder = MiniLMEmbedder.load(workers=2)
+    yield embedder
+    await embedder.aclose()
+
+
+@pytest.fixture(scope="module")
+async def minilm_int8_queries() -> AsyncIterator[MiniLMEmbedder]:
+    embedder = MiniLMEmbedder.load(query_precision="int8")
     yield embedder
     await embedder.aclose()
 
@@ -91,6 +99,41 @@ async def test_batch_results_keep_the_input_order_whatever_the_lengths(minilm: M
 
 async def test_an_empty_batch_embeds_to_nothing(minilm: MiniLMEmbedder) -> None:
     assert await minilm.embed([]) == []
+
+
+async def test_int8_queries_stay_within_cosine_0_99_of_the_reference_and_differ_from_fp32(
+    minilm_int8_queries: MiniLMEmbedder, numpy_vectors: list[FloatVector]
+) -> None:
+    queries = await asyncio.wrap_future(minilm_int8_queries.submit_queries(FIXED_TEXTS))
+    cosines = [_cosine(q, r) for q, r in zip(queries, numpy_vectors, strict=True)]
+    # The shortest texts move most ("ok": 0.974); LoCoMo's questions 0.992 at worst.
+    assert min(cosines) >= 0.97 and float(np.mean(cosines)) >= 0.99, cosines
+    assert min(cosines) < 0.9999  # the quantised graph answered, not the fp32 one
+    for query in queries:
+        assert query.dtype == np.float32 and float(np.linalg.norm(query)) == pytest.approx(1.0, abs=1e-5)
+
+
+async def test_an_int8_query_vector_depends_on_its_text_alone_not_on_the_queries_beside_it(
+    minilm_int8_queries: MiniLMEmbedder,
+) -> None:
+    together = minilm_int8_queries.embed_sync(FIXED_TEXTS, query=True)
+    for text, vector in zip(FIXED_TEXTS, together, strict=True):
+        [alone] = minilm_int8_queries.embed_sync([text], query=True)
+        np.testing.assert_array_equal(vector, alone, err_msg=text)
+
+
+async def test_texts_to_store_are_embedded_in_fp32_whatever_the_query_precision(
+    minilm_int8_queries: MiniLMEmbedder, numpy_vectors: list[FloatVector]
+) -> None:
+    stored = await minilm_int8_queries.embed(FIXED_TEXTS)
+    for text, vector, reference in zip(FIXED_TEXTS, stored, numpy_vectors, strict=True):
+        assert _cosine(vector, reference) >= 0.9999, text
+
+
+async def test_fp32_queries_are_the_stored_texts_vectors(minilm: MiniLMEmbedder) -> None:
+    [query] = await asyncio.wrap_future(minilm.submit_queries(["What did I tell you about my service dog?"]))
+    [stored] = await minilm.embed(["What did I tell you about my service dog?"])
+    assert _cosine(query, stored) > 0.99999
 
 
 def test_texts_are_batched_by_length_so_padding_stays_small() -> None:

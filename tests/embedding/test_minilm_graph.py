@@ -7,25 +7,46 @@ from pathlib import Path
 import numpy as np
 import onnx
 from ibex_context.embedding.minilm import open_session
-from ibex_context.embedding.minilm_graph import GRAPH_VERSION, OPSET, ensure_graph, graph_file_name, main
+from ibex_context.embedding.minilm_graph import (
+    GRAPH_VERSION,
+    OPSET,
+    PRECISIONS,
+    ensure_graph,
+    graph_file_name,
+    main,
+)
 from ibex_context.embedding.minilm_reference import default_model_dir
 
 
-def test_the_graph_is_built_into_the_directory_and_runs(tmp_path: Path) -> None:
+def test_every_precisions_graph_is_built_into_the_directory_and_runs(tmp_path: Path) -> None:
     main([str(tmp_path)])
-    [built] = [p for p in tmp_path.iterdir()]
-    assert built.name == graph_file_name() and f"-g{GRAPH_VERSION}.onnx" in built.name
-    # Readable by every user: the image builds it as root and serves it as uid 10001.
-    assert built.stat().st_mode & 0o777 == 0o644
-    model = onnx.load(str(built))
-    onnx.checker.check_model(model)
-    assert [o.version for o in model.opset_import if o.domain == ""] == [OPSET]
-    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
-    ids = np.array([[101, 7592, 102, 0]], dtype=np.int64)
-    [vectors] = open_session(built).run(
-        ["embeddings"], {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
-    )
-    assert vectors.shape == (1, 384)
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert built == sorted(graph_file_name(precision) for precision in PRECISIONS)
+    assert graph_file_name("fp32").endswith(f"-g{GRAPH_VERSION}.onnx")
+    assert graph_file_name("int8").endswith(f"-g{GRAPH_VERSION}-int8.onnx")
+    for precision in PRECISIONS:
+        path = tmp_path / graph_file_name(precision)
+        # Readable by every user: the image builds it as root and serves it as uid 10001.
+        assert path.stat().st_mode & 0o777 == 0o644
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+        assert [o.version for o in model.opset_import if o.domain == ""] == [OPSET]
+        assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+        ids = np.array([[101, 7592, 102, 0]], dtype=np.int64)
+        [vectors] = open_session(path).run(
+            ["embeddings"], {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+        )
+        assert vectors.shape == (1, 384)
+        operators = {n.op_type for n in model.graph.node}
+        # int8: the matrix products' weights are int8 (one scale per output channel).
+        assert ("MatMulInteger" in operators) == (precision == "int8"), precision
+
+
+def test_the_int8_graph_is_quantised_from_the_fp32_one_building_it_first(tmp_path: Path) -> None:
+    int8 = ensure_graph(default_model_dir(), tmp_path, "int8")
+    assert int8.name == graph_file_name("int8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([graph_file_name("fp32"), int8.name])
+    assert int8.stat().st_size < (tmp_path / graph_file_name("fp32")).stat().st_size
 
 
 def test_a_graph_already_there_is_used_not_rebuilt(tmp_path: Path) -> None:

@@ -206,12 +206,12 @@ class _Recording:
     name = "recording"
     dim = 384
 
-    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
         self.events.append("embed")
         return self._executor.submit(lambda: [self._embedder.embed_one(t) for t in texts])
 
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
-        return await asyncio.wrap_future(self.submit(texts))
+        return await asyncio.wrap_future(self.submit_queries(texts))
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=True)

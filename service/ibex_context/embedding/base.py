@@ -34,11 +34,13 @@ class Embedder(Protocol):
 
 @runtime_checkable
 class ThreadedEmbedder(Embedder, Protocol):
-    """An embedder whose work runs in its own threads: ``submit`` hands it over at once
-    (the caller's event loop need not turn first) and never raises for the texts; the
-    future's error is an ``EmbeddingError``."""
+    """An embedder whose work runs in its own threads: ``submit_queries`` hands queries
+    over at once (the caller's event loop need not turn first) and never raises for the
+    texts; the future's error is an ``EmbeddingError``. Queries may be embedded with a
+    cheaper model than ``embed``'s (the texts it stores), whose vectors compare with
+    theirs: MiniLM's int8 query precision."""
 
-    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...
+    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...
 
 
 @runtime_checkable

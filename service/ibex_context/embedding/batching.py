@@ -6,9 +6,14 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   that arrive queue up; the next turn takes all of them (up to ``max_batch`` texts) in
   one inference. A batch of 4 short queries costs ~7.5 ms of CPU a text against ~11 ms
   alone, and nobody waits for a batch to fill: a query alone runs alone, at once.
-* **Bulk work never holds a query up for long.** A job of more than ``max_batch`` texts
-  (a write of many memories) is run a chunk at a time, and queued queries go before the
-  bulk job's next chunk: a query waits for at most one chunk, not for the whole write.
+* **Bulk work never holds a query up for long.** A write (texts to store, however
+  few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
+  time, and queued queries go before its next chunk: a query waits for at most one
+  chunk, not for the whole write.
+
+Each turn is all queries or all texts to store, and the embedding function is told
+which: an embedder may embed queries with a cheaper model (MiniLM's int8 graph) than
+the texts it stores.
 
 A job whose future was cancelled before its turn is not computed.
 """
@@ -23,13 +28,15 @@ from dataclasses import dataclass, field
 
 from ibex_context.models import FloatVector
 
-EmbedBatch = Callable[[list[str]], list[FloatVector]]
+# (texts, whether they are queries) -> their vectors, in order.
+EmbedBatch = Callable[[list[str], bool], list[FloatVector]]
 
 
 @dataclass(eq=False, slots=True)
 class _Job:
     texts: list[str]
     future: Future[list[FloatVector]]
+    query: bool
     results: list[FloatVector | None] = field(default_factory=list)
     next_offset: int = 0  # bulk: the first text no worker has taken yet
     pending: int = 0  # bulk: texts taken and not yet computed, plus those not taken
@@ -43,6 +50,7 @@ class _Turn:
     texts: list[str]
     # (job, offset in the job, how many texts), in ``texts`` order.
     parts: list[tuple[_Job, int, int]]
+    query: bool
 
 
 class EmbeddingQueue:
@@ -63,17 +71,18 @@ class EmbeddingQueue:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
-        """The vectors of ``texts``, in order, once a worker has computed them."""
+    def submit(self, texts: Sequence[str], *, query: bool) -> Future[list[FloatVector]]:
+        """The vectors of ``texts`` (queries, or texts to store), in order, once a worker
+        has computed them."""
         future: Future[list[FloatVector]] = Future()
-        job = _Job(list(texts), future)
+        job = _Job(list(texts), future, query)
         if not job.texts:
             future.set_result([])
             return future
         with self._ready:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
-            if len(job.texts) <= self._max_batch:
+            if query and len(job.texts) <= self._max_batch:
                 self._queries.append(job)
             else:
                 job.results = [None] * len(job.texts)
@@ -95,7 +104,7 @@ class EmbeddingQueue:
     def _work(self) -> None:
         while (turn := self._next_turn()) is not None:
             try:
-                vectors = self._embed_batch(turn.texts)
+                vectors = self._embed_batch(turn.texts, turn.query)
             except BaseException as exc:  # handed to every job of the turn, never lost
                 self._fail(turn, exc)
             else:
@@ -120,7 +129,7 @@ class EmbeddingQueue:
                 continue  # its caller has gone
             parts.append((job, 0, len(job.texts)))
             texts.extend(job.texts)
-        return _Turn(texts, parts) if parts else None
+        return _Turn(texts, parts, query=True) if parts else None
 
     def _take_bulk_chunk(self) -> _Turn | None:
         while self._bulk:
@@ -133,7 +142,7 @@ class EmbeddingQueue:
             job.next_offset += count
             if job.next_offset == len(job.texts):
                 self._bulk.popleft()
-            return _Turn(job.texts[start : start + count], [(job, start, count)])
+            return _Turn(job.texts[start : start + count], [(job, start, count)], job.query)
         return None
 
     def _deliver(self, turn: _Turn, vectors: list[FloatVector]) -> None:

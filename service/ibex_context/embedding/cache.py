@@ -52,7 +52,7 @@ def _retrieve_exception(future: asyncio.Future[FloatVector]) -> None:
 class CachedEmbedder:
     def __init__(self, inner: Embedder, max_entries: int, *, query_max_tokens: int = 0) -> None:
         self._inner = inner
-        self._submit = inner.submit if isinstance(inner, ThreadedEmbedder) else None
+        self._submit = inner.submit_queries if isinstance(inner, ThreadedEmbedder) else None
         self._tail = (
             inner.text_tail if isinstance(inner, TokenisedEmbedder) and query_max_tokens > 0 else None
         )

@@ -21,7 +21,9 @@ def build_embedder(settings: Settings) -> Embedder:
         embedder = HashingEmbedder(settings.embedding_dim)
     elif settings.embedder == "minilm":
         embedder = MiniLMEmbedder.load(
-            graph_dir=settings.embedder_graph_dir, workers=settings.embedding_workers
+            graph_dir=settings.embedder_graph_dir,
+            query_precision=settings.embedding_query_precision,
+            workers=settings.embedding_workers,
         )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)

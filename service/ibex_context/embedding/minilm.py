@@ -10,6 +10,12 @@ own work overlap. Queries that queue while a worker computes run together in its
 inference (a few texts: cheaper a text, and short enough for a call's deadline), and a
 write's texts go a few at a time, queries first.
 
+Queries can run on a second graph, the first quantised to int8 (``query_precision``,
+``embedding.minilm_graph``): about half the CPU where the processor has int8 dot-product
+instructions, vectors within cosine 0.99 of fp32's. The texts it stores are always
+embedded in fp32, so stored vectors do not depend on the setting and the setting can
+change without re-embedding anything.
+
 Texts are tokenised in one batch call, sorted by length and run in batches padded to
 their longest text, with the attention mask keeping padding out of attention and
 pooling: each text's vector equals the one it gets alone (tests/embedding/test_minilm.py
@@ -30,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ibex_context.embedding.batching import EmbeddingQueue
-from ibex_context.embedding.minilm_graph import default_graph_dir, ensure_graph
+from ibex_context.embedding.minilm_graph import Precision, default_graph_dir, ensure_graph
 from ibex_context.embedding.minilm_reference import (
     HIDDEN,
     MODEL_NAME,
@@ -104,13 +110,21 @@ class MiniLMEmbedder:
         session: Any,
         tokenizer: Tokenizer,
         *,
+        query_session: Any | None = None,
         workers: int = 1,
         max_batch: int = 32,
         turn_texts: int = TURN_TEXTS,
     ) -> None:
+        """``session`` embeds the texts to store; ``query_session`` the queries (default:
+        ``session``)."""
         if workers < 1:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
         self._session = session
+        self._query_session = query_session if query_session is not None else session
+        # A quantised graph scales its activations per inference, over every text of the
+        # batch (padding included): batched, a query's vector would depend on the queries
+        # beside it (cosine 0.97-0.99 to itself alone). Run alone, it is its text's alone.
+        self._query_max_batch = 1 if query_session is not None else max_batch
         self._tokenizer = tokenizer
         # The same vocabulary without truncation, for ``text_tail``'s offsets.
         self._whole = _untruncated(tokenizer)
@@ -125,20 +139,35 @@ class MiniLMEmbedder:
         model_dir: Path | None = None,
         *,
         graph_dir: Path | None = None,
+        query_precision: Precision = "fp32",
         workers: int = 1,
         max_batch: int = 32,
     ) -> MiniLMEmbedder:
-        """Reads the tokenizer and opens the graph (under a second), building the graph
-        first when ``graph_dir`` has none (a few seconds, once); call at start-up."""
+        """Reads the tokenizer and opens the graphs (under a second each), building a
+        graph first when ``graph_dir`` has none (a few seconds, once); call at start-up."""
         # The weights first: an install without them should be told what to install.
         directory = model_dir or default_model_dir()
         if not (directory / "model.safetensors").exists():
             raise ConfigurationError(f"embedder: no model.safetensors in {directory}")
         started = time.perf_counter()
-        graph = ensure_graph(directory, graph_dir or default_graph_dir())
-        session = open_session(graph)
-        _log.info("minilm: onnx graph ready", extra={"seconds": round(time.perf_counter() - started, 2)})
-        return cls(session, load_tokenizer(directory), workers=workers, max_batch=max_batch)
+        graphs = graph_dir or default_graph_dir()
+        session = open_session(ensure_graph(directory, graphs))
+        query_session = (
+            open_session(ensure_graph(directory, graphs, query_precision))
+            if query_precision != "fp32"
+            else None
+        )
+        _log.info(
+            "minilm: onnx graphs ready",
+            extra={"seconds": round(time.perf_counter() - started, 2), "query_precision": query_precision},
+        )
+        return cls(
+            session,
+            load_tokenizer(directory),
+            query_session=query_session,
+            workers=workers,
+            max_batch=max_batch,
+        )
 
     @property
     def name(self) -> str:
@@ -148,18 +177,22 @@ class MiniLMEmbedder:
     def dim(self) -> int:
         return HIDDEN
 
-    def embed_sync(self, texts: Sequence[str]) -> list[FloatVector]:
-        """The blocking computation; ``embed`` runs it in a worker thread."""
+    def embed_sync(self, texts: Sequence[str], *, query: bool = False) -> list[FloatVector]:
+        """The blocking computation (of queries or of texts to store); ``embed`` and
+        ``submit_queries`` run it in a worker thread."""
+        session, max_batch = (
+            (self._query_session, self._query_max_batch) if query else (self._session, self._max_batch)
+        )
         token_ids: list[list[int]] = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
         vectors: list[FloatVector | None] = [None] * len(texts)
-        for chunk in length_batches([len(ids) for ids in token_ids], self._max_batch):
+        for chunk in length_batches([len(ids) for ids in token_ids], max_batch):
             length = max(len(token_ids[i]) for i in chunk)
             ids = np.zeros((len(chunk), length), dtype=np.int64)
             mask = np.zeros((len(chunk), length), dtype=np.int64)
             for row, i in enumerate(chunk):
                 ids[row, : len(token_ids[i])] = token_ids[i]
                 mask[row, : len(token_ids[i])] = 1
-            [embeddings] = self._session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
+            [embeddings] = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
             for i, vector in zip(chunk, embeddings, strict=True):
                 vectors[i] = np.ascontiguousarray(vector, dtype=np.float32)
         return [v for v in vectors if v is not None]
@@ -183,21 +216,22 @@ class MiniLMEmbedder:
             start += 1
         return text[offsets[start if start < len(offsets) else first][0] :]
 
-    def submit(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
-        """Hands ``texts`` to the worker threads now (``ThreadedEmbedder``)."""
-        return self._queue.submit(texts)
+    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+        """Hands queries to the worker threads now (``ThreadedEmbedder``)."""
+        return self._queue.submit(texts, query=True)
 
-    def _embed_or_error(self, texts: list[str]) -> list[FloatVector]:
+    def _embed_or_error(self, texts: list[str], query: bool) -> list[FloatVector]:
         try:
-            return self.embed_sync(texts)
+            return self.embed_sync(texts, query=query)
         except (ValueError, RuntimeError, MemoryError) as exc:
             # onnxruntime's own failures derive from RuntimeError.
             raise EmbeddingError(f"minilm: {type(exc).__name__}") from exc
 
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        """The vectors of texts to store (fp32, whatever the query precision)."""
         if not texts:
             return []
-        return await asyncio.wrap_future(self.submit(texts))
+        return await asyncio.wrap_future(self._queue.submit(texts, query=False))
 
     async def aclose(self) -> None:
         self._queue.close()
