@@ -46,6 +46,8 @@ class RunResult:
     # The server's query-embedding cache lookups over the window, by result: hit (cached),
     # shared (joined the same query's embedding in flight), miss (embedded).
     embedding_cache: dict[str, float] = field(default_factory=dict)
+    # The embedding worker's inferences (minilm), like ``stages``, by "<kind> <phase>".
+    embedding: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     @property
     def embedding_cache_hit_rate(self) -> float | None:
@@ -56,10 +58,14 @@ class RunResult:
         return served / lookups if lookups else None
 
 
-def stage_table(deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str) -> dict[str, Any]:
+def stage_table(
+    deltas: dict[promdelta.LabelKey, promdelta.HistogramDelta], label: str, *more_labels: str
+) -> dict[str, Any]:
+    """Rows named by the values of ``label`` (and ``more_labels``, space-separated)."""
     table: dict[str, dict[str, float | None]] = {}
     for key, delta in sorted(deltas.items()):
-        name = dict(key).get(label, "all")
+        labels = dict(key)
+        name = " ".join(labels.get(name, "all") for name in (label, *more_labels))
         if not delta.count:
             continue
 
@@ -123,6 +129,7 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
     stage_deltas = _histogram(before, after, "ibex_context_stage_duration_seconds")
     assembly_deltas = _histogram(before, after, "ibex_context_assembly_duration_seconds")
     gc_deltas = _histogram(before, after, "ibex_context_gc_pause_seconds")
+    embedding_deltas = _histogram(before, after, "ibex_context_embedding_seconds")
     gc_over_deadline = sum(
         d.count - next((c for bound, c in d.buckets if bound >= DEADLINE_S), d.count)
         for d in gc_deltas.values()
@@ -140,6 +147,7 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
         "stages": stage_table(stage_deltas, "stage"),
         "assembly": stage_table(assembly_deltas, "outcome"),
         "gc_pauses": stage_table(gc_deltas, "generation"),
+        "embedding": stage_table(embedding_deltas, "kind", "phase"),
         "gc_pauses_over_deadline": gc_over_deadline,
         "fallbacks_server": _counter_by(before, after, "ibex_context_fallbacks", "reason"),
         "degradation_server": _counter_by(before, after, "ibex_context_assembly_degradation", "level"),

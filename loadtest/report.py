@@ -108,12 +108,21 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         ("stage", result.stages),
         ("GC pause, generation", result.gc_pauses),
         ("event loop", result.event_loop),
+        ("embedding inference", result.embedding),
     ):
         for name, row in table.items():
             lines.append(
                 f"| {title} `{name}` | {_fmt(int(row['count'] or 0))} | {_fmt(row['mean_ms'], 2)} | "
                 f"{_fmt(row['p50_ms'], 2)} | {_fmt(row['p95_ms'], 2)} | {_fmt(row['p99_ms'], 2)} |"
             )
+    if result.embedding:
+        lines += [
+            "",
+            "Embedding inferences (`calls` counts the worker's turns, each of one or more queries or"
+            " texts to store): `queued` from the turn's oldest text's submission to its start, `computing`"
+            " its wall time, `on_cpu` the worker thread's CPU in it; `computing` minus `on_cpu` is time"
+            " the worker waited for a core or the GIL.",
+        ]
     if result.gc_pauses:
         lines += [
             "",

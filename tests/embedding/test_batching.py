@@ -5,12 +5,13 @@ abandoned jobs are not computed."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError, Future
 
 import numpy as np
 import pytest
-from ibex_context.embedding.batching import EmbeddingQueue
+from ibex_context.embedding.batching import EmbeddingQueue, EmbeddingTurn
 from ibex_context.models import FloatVector
 
 WAIT = 5.0  # seconds: every wait is bounded
@@ -172,3 +173,38 @@ def test_a_query_job_larger_than_a_turn_runs_in_chunks_as_queries(
     assert lengths(many) == [2.0] * 6
     assert recorder.turns == [["q0", "q1", "q2", "q3"], ["q4", "q5"]]
     assert recorder.kinds == [True, True]
+
+
+def test_each_turn_reports_its_queueing_inference_and_cpu_time(recorder: Recorder) -> None:
+    turns: list[EmbeddingTurn] = []
+    queue = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed", observe=turns.append)
+    try:
+        recorder.hold()
+        first = queue.submit(["first"], query=True)
+        assert recorder.started.wait(WAIT)
+        stored = queue.submit(["memory"], query=False)
+        time.sleep(0.02)  # "memory" queues behind "first" for at least this long
+        recorder.release.set()
+        lengths(first), lengths(stored)
+        deadline = time.monotonic() + WAIT
+        while len(turns) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        recorder.release.set()
+        queue.close()
+    assert [(t.query, t.texts) for t in turns] == [(True, 1), (False, 1)]
+    assert turns[1].queued >= 0.02
+    # The first turn was held (blocked, off the CPU) for the 20 ms: wall time, not CPU time.
+    assert turns[0].computing >= 0.02 > turns[0].on_cpu >= 0.0
+
+
+def test_a_failing_observer_does_not_stop_the_worker(recorder: Recorder) -> None:
+    def broken(turn: EmbeddingTurn) -> None:
+        raise ValueError("observer bug")
+
+    queue = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed", observe=broken)
+    try:
+        assert lengths(queue.submit(["one"], query=True)) == [3]
+        assert lengths(queue.submit(["two"], query=True)) == [3]
+    finally:
+        queue.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
+from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import ChatMessage, Degradation
 from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
 from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus, StageSpan, plan_detail
@@ -178,6 +179,7 @@ def test_no_label_can_carry_an_id() -> None:
         "grpc_method",
         "grpc_code",
         "generation",
+        "phase",
         # python_info: the interpreter's version, a fixed set.
         "implementation",
         "major",
@@ -319,6 +321,27 @@ def test_gc_pauses_are_recorded_by_generation_and_unknown_generations_ignored() 
     assert v[("ibex_context_gc_pause_seconds_bucket", frozenset({("generation", "2"), ("le", "0.045")}))] == 0
     assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "0")}))] == 1
     assert v[("ibex_context_gc_pause_seconds_count", frozenset({("generation", "1")}))] == 0
+
+
+def test_each_embedding_turn_is_recorded_by_kind_and_phase() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_embedding_turn(
+        EmbeddingTurn(query=True, texts=2, queued=0.004, computing=0.006, on_cpu=0.003)
+    )
+    v = values(metrics)
+
+    def count_and_sum(kind: str, phase: str) -> tuple[float, float]:
+        labels = frozenset({("kind", kind), ("phase", phase)})
+        return (
+            v[("ibex_context_embedding_seconds_count", labels)],
+            v[("ibex_context_embedding_seconds_sum", labels)],
+        )
+
+    assert count_and_sum("query", "queued") == (1, 0.004)
+    assert count_and_sum("query", "computing") == (1, 0.006)
+    assert count_and_sum("query", "on_cpu") == (1, 0.003)
+    # Writes' series exist before their first turn: they read 0, not absent.
+    assert count_and_sum("stored", "computing") == (0, 0)
 
 
 def test_query_embedding_cache_lookups_are_read_from_the_cache_at_scrape_time() -> None:

@@ -16,11 +16,18 @@ which: an embedder may embed queries with a cheaper model (MiniLM's int8 graph) 
 the texts it stores.
 
 A job whose future was cancelled before its turn is not computed.
+
+Each turn's timings go to ``observe`` when given (``EmbeddingTurn``): how long its
+oldest job queued, how long the inference took, and how much of that the worker thread
+spent on a core. The difference is time the worker was ready but waited for a core or
+for the GIL, which the process's other threads (the event loop, grpc's poller) hold.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -31,12 +38,30 @@ from ibex_context.models import FloatVector
 # (texts, whether they are queries) -> their vectors, in order.
 EmbedBatch = Callable[[list[str], bool], list[FloatVector]]
 
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingTurn:
+    """What one turn of a worker cost: seconds, by ``time.perf_counter`` and the worker
+    thread's ``time.thread_time``."""
+
+    query: bool
+    texts: int
+    queued: float  # from its oldest job's submission to the inference's start
+    computing: float  # the inference, wall time
+    on_cpu: float  # the worker thread's CPU time during it
+
+
+TurnObserver = Callable[[EmbeddingTurn], None]
+
 
 @dataclass(eq=False, slots=True)
 class _Job:
     texts: list[str]
     future: Future[list[FloatVector]]
     query: bool
+    submitted: float = field(default_factory=time.perf_counter)
     results: list[FloatVector | None] = field(default_factory=list)
     next_offset: int = 0  # bulk: the first text no worker has taken yet
     pending: int = 0  # bulk: texts taken and not yet computed, plus those not taken
@@ -52,14 +77,28 @@ class _Turn:
     parts: list[tuple[_Job, int, int]]
     query: bool
 
+    @property
+    def submitted(self) -> float:
+        """When its oldest job was submitted."""
+        return min(job.submitted for job, _, _ in self.parts)
+
 
 class EmbeddingQueue:
     """``workers`` threads computing ``embed_batch`` over the texts handed to ``submit``."""
 
-    def __init__(self, embed_batch: EmbedBatch, *, workers: int, max_batch: int, name: str) -> None:
+    def __init__(
+        self,
+        embed_batch: EmbedBatch,
+        *,
+        workers: int,
+        max_batch: int,
+        name: str,
+        observe: TurnObserver | None = None,
+    ) -> None:
         if workers < 1 or max_batch < 1:
             raise ValueError("workers and max_batch must be at least 1")
         self._embed_batch = embed_batch
+        self._observe = observe
         self._max_batch = max_batch
         self._queries: deque[_Job] = deque()
         self._bulk: deque[_Job] = deque()
@@ -103,12 +142,25 @@ class EmbeddingQueue:
 
     def _work(self) -> None:
         while (turn := self._next_turn()) is not None:
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 vectors = self._embed_batch(turn.texts, turn.query)
             except BaseException as exc:  # handed to every job of the turn, never lost
                 self._fail(turn, exc)
-            else:
-                self._deliver(turn, vectors)
+                continue
+            timing = EmbeddingTurn(
+                query=turn.query,
+                texts=len(turn.texts),
+                queued=started - turn.submitted,
+                computing=time.perf_counter() - started,
+                on_cpu=time.thread_time() - cpu,
+            )
+            self._deliver(turn, vectors)
+            if self._observe is not None:
+                try:
+                    self._observe(timing)
+                except Exception:  # an observer's failure must not stop the worker
+                    _log.exception("embedding turn observer failed")
 
     def _next_turn(self) -> _Turn | None:
         with self._ready:

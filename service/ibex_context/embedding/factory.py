@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.batching import TurnObserver
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.embedding.openai import OpenAIEmbedder
@@ -10,9 +11,10 @@ from ibex_context.errors import ConfigurationError, EmbeddingError
 from ibex_context.settings import Settings
 
 
-def build_embedder(settings: Settings) -> Embedder:
+def build_embedder(settings: Settings, *, observe: TurnObserver | None = None) -> Embedder:
     """The embedder named by ``settings.embedder``, unwrapped: the caller decides where the
-    query cache (``CachedEmbedder``) goes, so the write path can bypass it.
+    query cache (``CachedEmbedder``) goes, so the write path can bypass it. ``observe`` gets
+    the timings of each inference of an embedder that runs in worker threads (minilm).
 
     Raises ConfigurationError when its dimension is not ``settings.embedding_dim``.
     """
@@ -24,6 +26,7 @@ def build_embedder(settings: Settings) -> Embedder:
             graph_dir=settings.embedder_graph_dir,
             query_precision=settings.embedding_query_precision,
             workers=settings.embedding_workers,
+            observe=observe,
         )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)

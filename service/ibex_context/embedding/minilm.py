@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ibex_context.embedding.batching import EmbeddingQueue
+from ibex_context.embedding.batching import EmbeddingQueue, TurnObserver
 from ibex_context.embedding.minilm_graph import Precision, default_graph_dir, ensure_graph
 from ibex_context.embedding.minilm_reference import (
     HIDDEN,
@@ -114,9 +114,10 @@ class MiniLMEmbedder:
         workers: int = 1,
         max_batch: int = 32,
         turn_texts: int = TURN_TEXTS,
+        observe: TurnObserver | None = None,
     ) -> None:
         """``session`` embeds the texts to store; ``query_session`` the queries (default:
-        ``session``)."""
+        ``session``); ``observe`` gets each worker turn's timings."""
         if workers < 1:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
         self._session = session
@@ -130,7 +131,7 @@ class MiniLMEmbedder:
         self._whole = _untruncated(tokenizer)
         self._max_batch = max_batch
         self._queue = EmbeddingQueue(
-            self._embed_or_error, workers=workers, max_batch=turn_texts, name="minilm"
+            self._embed_or_error, workers=workers, max_batch=turn_texts, name="minilm", observe=observe
         )
 
     @classmethod
@@ -142,6 +143,7 @@ class MiniLMEmbedder:
         query_precision: Precision = "fp32",
         workers: int = 1,
         max_batch: int = 32,
+        observe: TurnObserver | None = None,
     ) -> MiniLMEmbedder:
         """Reads the tokenizer and opens the graphs (under a second each), building a
         graph first when ``graph_dir`` has none (a few seconds, once); call at start-up."""
@@ -167,6 +169,7 @@ class MiniLMEmbedder:
             query_session=query_session,
             workers=workers,
             max_batch=max_batch,
+            observe=observe,
         )
 
     @property

@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ibex_context.buckets import ASSEMBLY_BUCKETS
+from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (
     HealthCheck,
@@ -84,6 +85,12 @@ LOOP_LAG_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.045, 0.1, 0.25,
 )  # fmt: skip
 COLD_PLANS: tuple[str, ...] = tuple(plan.value for plan in ColdPlan)
+# Seconds. A query's inference takes 2-5 ms (int8 / fp32) on this project's machine and
+# 10-20 ms on an older one; a write's turn of long texts, and its chunks' queueing, more.
+EMBEDDING_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.045, 0.1, 0.25, 1.0,
+)  # fmt: skip
+EMBEDDING_PHASES: tuple[str, ...] = ("queued", "computing", "on_cpu")
 
 # Degradation reasons the assembler reports (``Assembly.reasons``). Anything
 # else is counted as ``other``: a new reason shows up on the dashboard as ``other``
@@ -303,6 +310,15 @@ class Metrics:
             "(bound to another org). No principal or tenant ids.",
             ["method", "reason"],
         )
+        self.embedding_seconds = declare.histogram(
+            "ibex_context_embedding_seconds",
+            "Each inference of the embedding worker threads (minilm), by what it embedded (kind:"
+            " query, stored) and phase: queued (its oldest text waiting for a worker), computing"
+            " (the inference, wall time), on_cpu (the worker thread's CPU time during it; computing"
+            " minus on_cpu is time the worker waited for a core or for the GIL).",
+            ["kind", "phase"],
+            buckets=EMBEDDING_BUCKETS,
+        )
         self.gc_frozen_objects = declare.gauge(
             "ibex_context_gc_frozen_objects",
             "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
@@ -322,6 +338,11 @@ class Metrics:
         for outcome in ("success", "failure"):
             self.profile_reloads.labels(outcome)
         self._by_generation = [self.gc_pause.labels(g) for g in GC_GENERATIONS]
+        self._embedding = {
+            (query, phase): self.embedding_seconds.labels("query" if query else "stored", phase)
+            for query in (True, False)
+            for phase in EMBEDDING_PHASES
+        }
         self._by_plan = {p: self.cold_plans.labels(p) for p in (*COLD_PLANS, OTHER)}
         self._postgres_reads = {
             (target, reason): self.postgres_reads.labels(target, reason)
@@ -448,6 +469,11 @@ class Metrics:
         self.registry.register(_QueryEmbeddingCache(counts))
 
     # --- runtime --------------------------------------------------------------------------
+    def record_embedding_turn(self, turn: EmbeddingTurn) -> None:
+        """From an embedding worker thread (prometheus_client's histograms are thread-safe)."""
+        for phase, seconds in zip(EMBEDDING_PHASES, (turn.queued, turn.computing, turn.on_cpu), strict=True):
+            self._embedding[turn.query, phase].observe(seconds)
+
     def record_gc_pause(self, generation: int, seconds: float) -> None:
         if 0 <= generation < len(self._by_generation):
             self._by_generation[generation].observe(seconds)

@@ -147,7 +147,7 @@ class ContextService:
         # In a thread: a first start of the minilm embedder builds its graph (seconds).
         embedder = self.embedder
         if embedder is None:
-            embedder = await asyncio.to_thread(build_embedder, s)
+            embedder = await asyncio.to_thread(build_embedder, s, observe=self.metrics.record_embedding_turn)
         if embedder.dim != s.embedding_dim:
             raise ConfigurationError(
                 f"embedding_dim: embedder {embedder.name} produces {embedder.dim} dimensions, "
