@@ -247,10 +247,10 @@ class Settings(BaseSettings):
         le=64,
     )
     embedding_query_precision: Precision = _f(
-        "fp32",
-        "The minilm graph queries run on: fp32 (the weights as trained) or int8 (matrix products"
-        " quantised per channel: about half the CPU where the processor has AVX-512 VNNI or AMX,"
-        " vectors within cosine 0.99; docs/adr/0011). Stored texts are always embedded in fp32.",
+        "int8",
+        "The minilm graph queries run on: int8 (matrix products quantised per channel: about half"
+        " fp32's CPU where the processor has AVX-512 VNNI or AMX, recall on LoCoMo unchanged) or fp32"
+        " (the weights as trained; docs/adr/0011). Stored texts are always embedded in fp32.",
     )
     embedding_dim: int = _f(
         384, "Embedding dimension; checked against the embedder and the database.", ge=8, le=4096

@@ -35,14 +35,14 @@ FIXED_TEXTS = [
 
 @pytest.fixture(scope="module")
 async def minilm() -> AsyncIterator[MiniLMEmbedder]:
-    embedder = MiniLMEmbedder.load(workers=2)
+    embedder = MiniLMEmbedder.load(workers=2, query_precision="fp32")
     yield embedder
     await embedder.aclose()
 
 
 @pytest.fixture(scope="module")
 async def minilm_int8_queries() -> AsyncIterator[MiniLMEmbedder]:
-    embedder = MiniLMEmbedder.load(query_precision="int8")
+    embedder = MiniLMEmbedder.load(query_precision="int8")  # the default, said here
     yield embedder
     await embedder.aclose()
 

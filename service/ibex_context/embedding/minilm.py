@@ -140,7 +140,7 @@ class MiniLMEmbedder:
         model_dir: Path | None = None,
         *,
         graph_dir: Path | None = None,
-        query_precision: Precision = "fp32",
+        query_precision: Precision = "int8",
         workers: int = 1,
         max_batch: int = 32,
         observe: TurnObserver | None = None,
