@@ -208,3 +208,20 @@ def test_a_failing_observer_does_not_stop_the_worker(recorder: Recorder) -> None
         assert lengths(queue.submit(["two"], query=True)) == [3]
     finally:
         queue.close()
+
+
+def test_with_one_query_a_turn_each_query_is_handed_over_when_computed(recorder: Recorder) -> None:
+    queue = EmbeddingQueue(recorder, workers=1, max_batch=4, queries_per_turn=1, name="test-embed")
+    try:
+        recorder.hold()
+        first = queue.submit(["first"], query=True)
+        assert recorder.started.wait(WAIT)
+        waiting = [queue.submit([text], query=True) for text in ("x", "yy", "zzz")]
+        several = queue.submit(["q1", "q2"], query=True)  # more than a turn: chunks, still queries
+        recorder.release.set()
+        assert [lengths(f) for f in (first, *waiting, several)] == [[5], [1], [2], [3], [2, 2]]
+    finally:
+        recorder.release.set()
+        queue.close()
+    assert recorder.turns == [["first"], ["x"], ["yy"], ["zzz"], ["q1", "q2"]]
+    assert recorder.kinds == [True] * 5

@@ -3,9 +3,10 @@
 Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/0011):
 
 * **Queries waiting together run as one batch.** While a worker computes, the queries
-  that arrive queue up; the next turn takes all of them (up to ``max_batch`` texts) in
-  one inference. A batch of 4 short queries costs ~7.5 ms of CPU a text against ~11 ms
-  alone, and nobody waits for a batch to fill: a query alone runs alone, at once.
+  that arrive queue up; the next turn takes all of them (up to ``queries_per_turn``
+  texts, by default ``max_batch``) in one inference. A batch of 4 short queries costs
+  ~7.5 ms of CPU a text against ~11 ms alone (fp32, on the EPYC), and nobody waits for a
+  batch to fill: a query alone runs alone, at once.
 * **Bulk work never holds a query up for long.** A write (texts to store, however
   few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
   time, and queued queries go before its next chunk: a query waits for at most one
@@ -93,10 +94,14 @@ class EmbeddingQueue:
         workers: int,
         max_batch: int,
         name: str,
+        queries_per_turn: int | None = None,
         observe: TurnObserver | None = None,
     ) -> None:
-        if workers < 1 or max_batch < 1:
-            raise ValueError("workers and max_batch must be at least 1")
+        """``queries_per_turn``: 1 for an embedding function that computes queries one at a
+        time anyway, so each query's result is handed over as soon as it is computed."""
+        if workers < 1 or max_batch < 1 or (queries_per_turn is not None and queries_per_turn < 1):
+            raise ValueError("workers, max_batch and queries_per_turn must be at least 1")
+        self._queries_per_turn = queries_per_turn or max_batch
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
@@ -121,7 +126,7 @@ class EmbeddingQueue:
         with self._ready:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
-            if query and len(job.texts) <= self._max_batch:
+            if query and len(job.texts) <= self._queries_per_turn:
                 self._queries.append(job)
             else:
                 job.results = [None] * len(job.texts)
@@ -175,7 +180,7 @@ class EmbeddingQueue:
     def _take_queries(self) -> _Turn | None:
         texts: list[str] = []
         parts: list[tuple[_Job, int, int]] = []
-        while self._queries and len(texts) + len(self._queries[0].texts) <= self._max_batch:
+        while self._queries and len(texts) + len(self._queries[0].texts) <= self._queries_per_turn:
             job = self._queries.popleft()
             if not job.future.set_running_or_notify_cancel():
                 continue  # its caller has gone

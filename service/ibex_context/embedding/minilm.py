@@ -124,14 +124,20 @@ class MiniLMEmbedder:
         self._query_session = query_session if query_session is not None else session
         # A quantised graph scales its activations per inference, over every text of the
         # batch (padding included): batched, a query's vector would depend on the queries
-        # beside it (cosine 0.97-0.99 to itself alone). Run alone, it is its text's alone.
+        # beside it (cosine 0.97-0.99 to itself alone). Run alone, it is its text's alone;
+        # and a turn of one query hands it over as soon as it is computed.
         self._query_max_batch = 1 if query_session is not None else max_batch
         self._tokenizer = tokenizer
         # The same vocabulary without truncation, for ``text_tail``'s offsets.
         self._whole = _untruncated(tokenizer)
         self._max_batch = max_batch
         self._queue = EmbeddingQueue(
-            self._embed_or_error, workers=workers, max_batch=turn_texts, name="minilm", observe=observe
+            self._embed_or_error,
+            workers=workers,
+            max_batch=turn_texts,
+            queries_per_turn=1 if query_session is not None else turn_texts,
+            name="minilm",
+            observe=observe,
         )
 
     @classmethod
