@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,3 +157,17 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+_SECRET_MARKS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "DSN", "CREDENTIALS")
+
+
+def inherited_settings(environ: Mapping[str, str]) -> str:
+    """The IBEX_* settings the server inherits from this process's environment (secrets by
+    name only): a run with a setting changed says so in its report."""
+    shown = [
+        name if any(mark in name for mark in _SECRET_MARKS) else f"{name}={value}"
+        for name, value in sorted(environ.items())
+        if name.startswith("IBEX_")
+    ]
+    return "settings from the environment: " + (", ".join(f"`{v}`" for v in shown) if shown else "none")

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from loadtest.machine import cpu_model, git_commit, versions
+from loadtest.machine import cpu_model, git_commit, inherited_settings, versions
 from loadtest.measure import RunResult
 from loadtest.options import TOY_EMBEDDERS
 from loadtest.workload import DEFAULT_WEIGHTS, parse_weights
@@ -224,20 +223,6 @@ def _export_lines(export: object) -> list[str]:
         + (f", errors: {export['errors']}" if export["errors"] else "")
         + "."
     ]
-
-
-_SECRET_MARKS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "DSN", "CREDENTIALS")
-
-
-def inherited_settings(environ: Mapping[str, str]) -> str:
-    """The IBEX_* settings the server inherits from this process's environment (secrets by
-    name only): a run with a setting changed says so in its report."""
-    shown = [
-        name if any(mark in name for mark in _SECRET_MARKS) else f"{name}={value}"
-        for name, value in sorted(environ.items())
-        if name.startswith("IBEX_")
-    ]
-    return "settings from the environment: " + (", ".join(f"`{v}`" for v in shown) if shown else "none")
 
 
 def _inherited_settings() -> str:

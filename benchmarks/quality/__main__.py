@@ -35,6 +35,7 @@ from benchmarks.quality.locomo import Conversation, load_conversations
 from benchmarks.quality.report import Setup, markdown, results_json, terminal_summary
 from benchmarks.quality.run import BudgetRun, model_encoding, prepare, run_budget
 from benchmarks.quality.service import RunningService, local_stores, remote_service, service_process
+from loadtest.machine import inherited_settings
 
 log = logging.getLogger("benchmarks.quality")
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     service_text = (
         f"started by the benchmark (`python -m ibex_context serve`, its own Redis and PostgreSQL+pgvector,"
-        f" settings {', '.join(f'{k}={v}' for k, v in service.settings.items() if k in _SHOWN_SETTINGS)})"
+        f" settings {', '.join(f'{k}={v}' for k, v in service.settings.items() if k in _SHOWN_SETTINGS)};"
+        f" {inherited_settings({k: v for k, v in os.environ.items() if k not in service.settings})})"
         if service.started_here
         else f"`--target {service.target}`"
     )
@@ -249,7 +251,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 _SHOWN_SETTINGS = (
     "IBEX_EMBEDDER",
-    "IBEX_EMBEDDING_QUERY_PRECISION",
     "IBEX_POST_RESPONSE_FLUSH_MS",
     "OPENBLAS_NUM_THREADS",
 )

@@ -1,8 +1,8 @@
-"""A load-test report says which settings the server inherited from the environment."""
+"""What a run records of its environment: the IBEX_* settings the server inherits."""
 
 from __future__ import annotations
 
-from loadtest.report import inherited_settings
+from loadtest.machine import inherited_settings
 
 
 def test_the_report_names_each_setting_the_server_inherits_with_its_value() -> None:
