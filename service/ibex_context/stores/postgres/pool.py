@@ -14,7 +14,8 @@ that broke) with session settings:
   back slightly out of order; the vector search re-sorts them by distance.
 * ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
   switch to a generic plan after five runs. The two searches do not depend on it:
-  they are SQL functions whose settings fix their plans (migrations 0008, 0009).
+  each is one call of a SQL function whose settings fix its plans, generic, made once
+  per connection (migrations 0008, 0012, 0015); only the bare call is planned per call.
   Other statements keep custom plans unless they set their own for a transaction
   (``counters``).
 * ``statement_timeout``: a server-side backstop. The request deadline is enforced
