@@ -52,10 +52,15 @@ from loadtest import options, runner  # noqa: E402
 from loadtest.machine import git_commit  # noqa: E402
 from loadtest.measure import RunResult  # noqa: E402
 
+# The steps measure the service's own work and the stores, so they name the hashing embedder
+# (a toy: lexical only) unless they are about the real one: loadtest/run defaults to MiniLM.
+HASHING = ["--embedder", "hashing"]
 STEPS = ("rates", "max", "profile", "workers", "minilm", "large", "big", "shapes")
 # Issue 13's data shapes (scenario, data label), each at 50 RPS and as single searches
-# (benchmarks.cold_plans). 1M rows each: seeding + index builds take minutes apiece.
+# (benchmarks.cold_plans). 1M rows each but the first (100k, the other runs' data set):
+# seeding + index builds take minutes apiece.
 SHAPES: tuple[tuple[str, str], ...] = (
+    ("baseline", "100x1k"),
     ("agents-1k", "1000x1k"),
     ("agents-10k", "100x10k"),
     ("agents-100k", "10x100k"),
@@ -99,6 +104,11 @@ class Row:
         counts = {k: v.get("count") or 0 for k, v in self.result.assembly.items() if k != "all"}
         total = sum(counts.values())
         return counts.get("full", 0) / total if total else None
+
+    def ms_per_call(self, cpu_s: float) -> float | None:
+        """CPU milliseconds per request over the measured window, as each run's report gives them."""
+        requests = self.get("requests") or 0
+        return 1000.0 * cpu_s / requests if requests else None
 
     def shape_misses(self) -> list[str]:
         """Issue 13's targets this shape's run missed, with the figures."""
@@ -147,6 +157,8 @@ class Matrix:
     def step(self, label: str, data: str, config: str, argv: list[str], offered: float) -> Row:
         common = ["--duration", str(self.opts.duration), "--warmup", str(self.opts.warmup), "--label", label]
         args = options.parse_args([*argv, *common])
+        # The embedder named in the summary is the one the run used, read from its arguments.
+        config = f"{args.embedder}, {config}"
         runner.log(f"=== matrix step {label}: loadtest/run {' '.join(args.argv)}")
         try:
             result, path = runner.run_and_report(args)
@@ -170,8 +182,8 @@ class Matrix:
             self.step(
                 f"baseline-{rps:g}rps",
                 "100x1k",
-                "hashing, 1 process",
-                ["--scenario", "baseline", "--rps", str(rps)],
+                "1 process",
+                [*HASHING, "--scenario", "baseline", "--rps", str(rps)],
                 rps,
             )
 
@@ -181,8 +193,8 @@ class Matrix:
             row = self.step(
                 f"max-{rps:g}rps",
                 "100x1k",
-                "hashing, 1 process",
-                ["--scenario", "baseline", "--rps", str(rps)],
+                "1 process",
+                [*HASHING, "--scenario", "baseline", "--rps", str(rps)],
                 rps,
             )
             if not row.sustained:
@@ -194,8 +206,8 @@ class Matrix:
         self.step(
             f"profile-{rps:g}rps",
             "100x1k",
-            "hashing, 1 process, py-spy",
-            ["--scenario", "baseline", "--rps", str(rps), "--profile"],
+            "1 process, py-spy",
+            [*HASHING, "--scenario", "baseline", "--rps", str(rps), "--profile"],
             rps,
         )
 
@@ -205,8 +217,8 @@ class Matrix:
         self.step(
             f"workers2-{rps:g}rps",
             "100x1k",
-            "hashing, 2 processes (SO_REUSEPORT) on CPUs 0,1",
-            ["--scenario", "baseline", "--rps", str(rps), "--workers", "2", "--server-cpus", "0,1"],
+            "2 processes (SO_REUSEPORT) on CPUs 0,1",
+            [*HASHING, "--scenario", "baseline", "--rps", str(rps), "--workers", "2", "--server-cpus", "0,1"],
             rps,
         )
 
@@ -214,7 +226,7 @@ class Matrix:
         self.step(
             "minilm-200rps",
             "100x1k",
-            "MiniLM embedder, 1 process",
+            "1 process",
             ["--scenario", "baseline", "--rps", "200", "--embedder", "minilm"],
             200,
         )
@@ -223,8 +235,8 @@ class Matrix:
         self.step(
             "large-agent-100k",
             "1x100k",
-            "hashing, 1 process",
-            ["--scenario", "large-agent", "--rps", "50"],
+            "1 process",
+            [*HASHING, "--scenario", "large-agent", "--rps", "50"],
             50,
         )
 
@@ -251,8 +263,8 @@ class Matrix:
             self.step(
                 f"big-100x10k-{rps}rps",
                 "100x10k",
-                "hashing, 1 process",
-                ["--scenario", "big", "--rps", str(rps)],
+                "1 process",
+                [*HASHING, "--scenario", "big", "--rps", str(rps)],
                 rps,
             )
 
@@ -262,6 +274,7 @@ class Matrix:
             if scenario not in wanted:
                 continue
             argv = [
+                *HASHING,
                 "--scenario",
                 scenario,
                 "--rps",
@@ -269,7 +282,7 @@ class Matrix:
                 "--pg-shared-buffers",
                 self.opts.shapes_shared_buffers,
             ]
-            config = f"hashing, 1 process, shared_buffers {self.opts.shapes_shared_buffers}"
+            config = f"1 process, shared_buffers {self.opts.shapes_shared_buffers}"
             row = self.step(f"shape-{data}-50rps", data, config, argv, 50)
             row.shape = True
             args = options.parse_args(argv)
@@ -306,13 +319,13 @@ class Matrix:
             f"{self.opts.duration:g} s measured, 45 ms gRPC deadline, unique questions. Details, stage breakdowns and "
             "setup are in each step's own results file.",
             "",
-            "| step | data | config | offered RPS | achieved RPS | p50 ms | p99 ms | max ms | fallback % | failures | server CPU | cold ~p95 ms | gate |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| step | data | config | offered RPS | achieved RPS | p50 ms | p99 ms | max ms | fallback % | failures | FULL % | server CPU | server ms/call | stores ms/call | cold ~p95 ms | gate |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in self.rows:
             if r.result is None:
                 lines.append(
-                    f"| {r.label} | {r.data} | {r.config} | {r.offered:g} | - | - | - | - | - | - | - | - | {r.note} |"
+                    f"| {r.label} | {r.data} | {r.config} | {r.offered:g} | - | - | - | - | - | - | - | - | - | - | - | {r.note} |"
                 )
                 continue
             cpu = r.result.server_cpu_s / r.result.wall_s if r.result.wall_s else 0.0
@@ -320,7 +333,9 @@ class Matrix:
             lines.append(
                 f"| {link} | {r.data} | {r.config} | {r.offered:g} | {f(r.get('rps'))} | {f(r.get('p50_ms'))} | "
                 f"{f(r.get('p99_ms'))} | {f(r.get('max_ms'))} | {100 * (r.get('fallback_rate') or 0):.3f} | "
-                f"{r.get('failures')} | {100 * cpu:.0f} % | {f(r.stage_cold_p95)} | {'pass' if r.passed else 'FAIL'} |"
+                f"{r.get('failures')} | {f(None if r.full_share is None else 100 * r.full_share)} | {100 * cpu:.0f} % | "
+                f"{f(r.ms_per_call(r.result.server_cpu_s), 2)} | {f(r.ms_per_call(r.result.stores_cpu_s), 2)} | "
+                f"{f(r.stage_cold_p95)} | {'pass' if r.passed else 'FAIL'} |"
             )
         lines += ["", "## Targets", "", *self.targets(), ""]
         return "\n".join(lines)
