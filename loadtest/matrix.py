@@ -16,12 +16,12 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
    stage's p95 from the service's histogram against the 30 ms gate;
 7. 100 agents x 10k memories (1M rows): only with ``--include-big`` (seeding and the
    HNSW build take tens of minutes here; see the estimate printed);
-8. ``shapes`` (only when asked, ``--only shapes [--shapes agents-1k,agents-10k,...]``): issue 13's
-   data shapes (``SHAPES``: 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50 RPS,
-   each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
+8. ``shapes`` (only when asked, ``--only shapes [--shapes baseline,agents-10k,...]``): issue 26's
+   data shapes (``SHAPES``: 100 x 1k, 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50
+   RPS, each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
    recall@50 against exact), gated on cold p95 <= 10 ms, FULL >= 99.9 %, p99 < 30 ms.
-   Each shape is 1M memories (~16 GB seeded here); ``--drop-data`` deletes each one's data set
-   once measured, so the five fit a disk that cannot hold them all.
+   Each shape but 100 x 1k is 1M memories (~16 GB seeded here); ``--drop-data`` deletes each
+   data set the matrix seeded once it is measured, so they fit a disk that cannot hold them all.
 
 Each step writes ``benchmarks/results/loadtest/<date>-<label>.md`` (committed when ``--commit``),
 and the matrix writes ``benchmarks/results/loadtest/<date>-matrix.md`` (``-matrix-<steps>.md`` for a
@@ -283,10 +283,11 @@ class Matrix:
                 self.opts.shapes_shared_buffers,
             ]
             config = f"1 process, shared_buffers {self.opts.shapes_shared_buffers}"
-            row = self.step(f"shape-{data}-50rps", data, config, argv, 50)
-            row.shape = True
             args = options.parse_args(argv)
             data_dir = ROOT / "loadtest" / "out" / "data" / options.dataset_key(args)
+            seeded_here = not data_dir.exists()
+            row = self.step(f"shape-{data}-50rps", data, config, argv, 50)
+            row.shape = True
             if not data_dir.exists():
                 continue
             runner.log(f"=== single searches on {data_dir.name}: benchmarks.cold_plans")
@@ -296,7 +297,7 @@ class Matrix:
             plans = RESULTS / f"cold_plans-{data_dir.name.split('-')[0]}.md"
             if done.returncode == 0 and self.opts.commit:
                 commit(plans, f"Cold search plans and recall on {data}")
-            if self.opts.drop_data:
+            if self.opts.drop_data and seeded_here:
                 # Each shape is 1M memories (~16 GB with postings and graphs here): measured
                 # one after another, they fit a disk that cannot hold them all at once.
                 runner.log(f"=== dropping {data_dir.name} (--drop-data)")
@@ -441,7 +442,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drop-data",
         action="store_true",
-        help="with shapes: delete each shape's seeded data set once it is measured (disk)",
+        help="with shapes: delete each data set the matrix seeded once it is measured (disk);"
+        " one that was there before (100 x 1k, the other load tests' data) stays",
     )
     p.add_argument("--commit", action="store_true", help="git-commit each results file as it is written")
     opts = p.parse_args(raw)
