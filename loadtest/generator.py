@@ -56,6 +56,8 @@ def locust_command(
         str(agents_file),
         "--rps-per-user",
         f"{rps_per_user:.4f}",
+        "--arrivals",
+        args.arrivals,
         "--warmup-s",
         str(args.warmup),
         "--p99-ms",

@@ -22,9 +22,12 @@ injection. A broken contract is a failed request. A degraded response
 (``fallback_reason``) is not a failure: it is counted by reason, reported at the
 end, written to ``--summary-json`` and gated on (``--max-fallback-rate``).
 
-Arrival rate: every user paces itself at ``--rps-per-user`` (``constant_throughput``),
-so the offered load is users x rps-per-user as long as responses are faster than
-1/rps-per-user. The exit code is 1 when p99 >= ``--p99-ms``, the fallback rate >=
+Arrival rate: every user calls at ``--rps-per-user``, so the offered load is users x
+rps-per-user; ``--arrivals`` says when (``loadtest.arrivals``): ``poisson`` (default), each
+user's calls at the events of a Poisson process, the run's a Poisson process of the offered
+rate as a fleet's independent calls are; ``paced``, every user once a period from a phase
+drawn at its start (``constant_throughput``), whose collisions last the whole run.
+The exit code is 1 when p99 >= ``--p99-ms``, the fallback rate >=
 ``--max-fallback-rate``, the failure rate >= ``--max-failure-rate`` or nothing ran.
 
     locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 20 -r 20 -t 60s \
@@ -54,7 +57,6 @@ grpc_gevent.init_gevent()  # before any channel exists
 import gevent  # noqa: E402
 from locust import (  # noqa: E402
     User,
-    constant_throughput,
     events,
     task,
 )
@@ -67,6 +69,7 @@ if __package__ in (None, ""):  # locust imports this file by path
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
 
 from loadtest import checks  # noqa: E402
+from loadtest.arrivals import ARRIVALS, Schedule, min_circular_gap  # noqa: E402
 from loadtest.workload import (  # noqa: E402
     DEFAULT_WEIGHTS,
     Caller,
@@ -88,6 +91,13 @@ def _options(parser: Any) -> None:
         help="JSON written by loadtest.seed",
     )
     g.add_argument("--rps-per-user", env_var="LOADTEST_RPS_PER_USER", type=float, default=10.0)
+    g.add_argument(
+        "--arrivals",
+        env_var="LOADTEST_ARRIVALS",
+        choices=ARRIVALS,
+        default="poisson",
+        help="when users call: poisson (independent, as a fleet's calls) or paced (a fixed phase each)",
+    )
     g.add_argument(
         "--deadline-ms",
         env_var="LOADTEST_DEADLINE_MS",
@@ -174,6 +184,15 @@ def _workload(environment: Environment) -> Workload:
     return workload
 
 
+def _phases(environment: Environment) -> list[float]:
+    """Every user's first-call offset (paced: its phase in each period), in seconds."""
+    phases: list[float] | None = getattr(environment, "ibex_phases", None)
+    if phases is None:
+        phases = []
+        environment.ibex_phases = phases  # type: ignore[attr-defined]
+    return phases
+
+
 def _tally(environment: Environment) -> Tally:
     tally: Tally | None = getattr(environment, "ibex_tally", None)
     if tally is None:
@@ -198,7 +217,6 @@ class AssembleContextUser(User):
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
-        self._pace = constant_throughput(options.rps_per_user)
         self._timeout = options.deadline_ms / 1000.0
         self._workload = _workload(self.environment)
         self._tally = _tally(self.environment)
@@ -230,14 +248,15 @@ class AssembleContextUser(User):
         self._mix = RequestMix(
             self._workload, self._caller, self._rng, parse_weights(options.scenario_weights)
         )
-        # Users spawned in the same instant would call in lock-step; spread their phases.
-        gevent.sleep(self._rng.random() / max(options.rps_per_user, 1e-3))
+        self._schedule = Schedule(options.arrivals, options.rps_per_user, self._rng, time.monotonic())
+        _phases(self.environment).append(self._schedule.phase)
+        gevent.sleep(self._schedule.first_wait(time.monotonic()))
 
     def on_stop(self) -> None:
         self._channel.close()
 
     def wait_time(self) -> float:
-        return float(self._pace(self))
+        return self._schedule.next_wait(time.monotonic())
 
     @task
     def assemble(self) -> None:
@@ -362,6 +381,7 @@ def summarize(environment: Environment) -> dict[str, Any]:
         "degradation_levels": dict(tally.levels.most_common()),
         "mean_memories_injected": tally.memories_injected / tally.responses if tally.responses else 0.0,
         "failures_by_error": _failures_by_error(environment),
+        "arrivals": options.arrivals,
         "by_scenario": {
             entry.name.split("/", 1)[-1]: {
                 "requests": entry.num_requests,
@@ -379,6 +399,9 @@ def summarize(environment: Environment) -> dict[str, Any]:
             "max_failure_rate": options.max_failure_rate,
         },
     }
+    if options.arrivals == "paced":
+        gap = min_circular_gap(_phases(environment), 1.0 / options.rps_per_user)
+        summary["paced_min_gap_ms"] = None if gap is None else 1000.0 * gap
     verdicts = []
     if n == 0:
         verdicts.append("no requests completed")

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.arrivals import ARRIVALS
 from loadtest.machine import ROOT
 
 # The service's embedders a run can use. minilm is the real one; hashing is a toy that
@@ -195,6 +196,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--workers", type=int, default=1, help="server processes (SO_REUSEPORT)")
     p.add_argument("--rps-per-user", type=float, default=10.0)
+    p.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="poisson",
+        help="when the users call (loadtest.arrivals): poisson, independent as a fleet's calls;"
+        " paced, each at a phase fixed for the run (the runs before 2026-12-05)",
+    )
     p.add_argument(
         "--scenario-weights",
         default=None,

@@ -160,7 +160,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"PostgreSQL shared_buffers {args.pg_shared_buffers}, its buffers warmed before the run with one"
         " read of each agent's rows.",
         f"- Load: locust pinned to CPU {args.locust_cpus}, {result.setup['users']} users x "
-        f"{result.setup['rps_per_user']:.2f} RPS (constant_throughput) = {args.rps:g} RPS offered, "
+        f"{result.setup['rps_per_user']:.2f} RPS ({_arrivals(args, s)}) = {args.rps:g} RPS offered, "
         f"{args.warmup:g} s warm-up (statistics reset; the service's token-count caches fill as they "
         f"would in a service that has been running) + {args.duration:g} s measured, gRPC deadline 45 ms per "
         f"call, {_questions(args)}, scenario weights `{args.scenario_weights or DEFAULT_WEIGHTS}`.",
@@ -193,6 +193,14 @@ def _cache_line(result: RunResult) -> str:
         f"**hit rate {100 * rate:.1f} %** (served without embedding again: {counts['hit']:,} found cached"
         f" + {counts['shared']:,} joined an embedding in flight; {counts['miss']:,} embedded)"
     )
+
+
+def _arrivals(args: argparse.Namespace, summary: dict[str, Any]) -> str:
+    if args.arrivals == "poisson":
+        return "each user a Poisson process: the run's calls independent, as a fleet's"
+    gap = summary.get("paced_min_gap_ms")
+    closest = "" if gap is None else f"; its two closest users {gap:.1f} ms apart"
+    return f"paced: each user at a phase drawn once for the run{closest}"
 
 
 def _questions(args: argparse.Namespace) -> str:

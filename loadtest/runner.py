@@ -100,7 +100,7 @@ def _run_with_stores(
         wait_ready(server.grpc_port, server.metrics_ports, server.proc, args.start_timeout)
         load = locust_command(args, server.grpc_port, agents_file, prefix, server.client)
         log(
-            f"locust: {load.users} users x {load.rps_per_user:.2f} RPS = {args.rps:g} RPS "
+            f"locust: {load.users} users x {load.rps_per_user:.2f} RPS ({args.arrivals}) = {args.rps:g} RPS "
             f"for {args.warmup:g}+{args.duration:g} s"
         )
         locust_log = prefix.with_suffix(".locust.log")
