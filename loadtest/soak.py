@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ibex_context.observability.metrics import GRPC_HANDLING_SECONDS  # noqa: E402
+
 from loadtest import promdelta  # noqa: E402
 from loadtest.corpus import churn_words  # noqa: E402
 from loadtest.datastores import pin_stores, seed_if_needed, stores, warm_postgres  # noqa: E402
@@ -176,13 +178,15 @@ class Mark:
     pg: dict[str, dict[str, int]]
 
 
-def _assemble_p(before: Reading, after: Reading, q: float) -> float | None:
+def assemble_percentile_ms(before: Reading, after: Reading, q: float) -> float | None:
+    """The ``q`` quantile of AssembleContext's server-side latency between two readings (ms),
+    from the gRPC histogram the service exports (bucketed); None when no call finished."""
     deltas = promdelta.merge_deltas(
-        promdelta.histogram_deltas(b, a, "ibex_context_grpc_request_duration_seconds")
+        promdelta.histogram_deltas(b, a, GRPC_HANDLING_SECONDS)
         for b, a in zip(before.scrapes, after.scrapes, strict=True)
     )
     for key, delta in deltas.items():
-        if dict(key).get("method") == "AssembleContext":
+        if dict(key).get("grpc_method") == "AssembleContext":
             value = delta.quantile(q)
             return None if value is None else value * 1000
     return None
@@ -199,8 +203,8 @@ def between(a: Mark, b: Mark) -> dict[str, Any]:
         "calls": int(calls),
         "rps": calls / figures["wall_s"] if figures["wall_s"] else 0.0,
         "full_pct": 100 * full / calls if calls else float("nan"),
-        "p50_ms": _assemble_p(a.reading, b.reading, 0.5),
-        "p99_ms": _assemble_p(a.reading, b.reading, 0.99),
+        "p50_ms": assemble_percentile_ms(a.reading, b.reading, 0.5),
+        "p99_ms": assemble_percentile_ms(a.reading, b.reading, 0.99),
         "server_ms": per_call(figures["server_cpu_s"]),
         "primary_ms": per_call(b.primary_cpu_s - a.primary_cpu_s),
         "replica_ms": per_call(b.replica_cpu_s - a.replica_cpu_s),
@@ -399,7 +403,7 @@ def report(
         f"- Data: {base.agents} agents x {base.memories} memories ({base.vectors} vectors, {base.seed_embedder} seed embedder), seeded in `{base.data_dir.relative_to(ROOT)}`; "
         f"service embedder `{base.embedder}`{'; searches on a streaming replica (IBEX_POSTGRES_READ_DSNS)' if soak.replica else ''}.",
         f"- Machine: {cpu_model()}, {versions()}; server on CPU {base.server_cpus}, stores and locust on CPU {base.locust_cpus}; shared with other engineers' work (load average in the table).",
-        "- p50/p99: the server's own `ibex_context_grpc_request_duration_seconds` of AssembleContext (bucketed). CPU per call: user+system over the window / calls, "
+        "- p50/p99: the server's own `grpc_server_handling_seconds` of AssembleContext (bucketed). CPU per call: user+system over the window / calls, "
         "PostgreSQL including its exited backends and autovacuum workers (reaped children).",
         "",
         "## First vs last",

@@ -7,7 +7,12 @@ import resource
 import subprocess
 import sys
 
+import grpc
+from ibex_context.observability.metrics import Metrics
+from prometheus_client import CollectorRegistry, generate_latest
+
 from loadtest import soak
+from loadtest.measure import Reading
 
 
 def test_defaults_are_the_hour_of_issue_26_in_two_minute_windows_on_a_data_set_of_its_own() -> None:
@@ -40,3 +45,26 @@ def test_store_cpu_includes_the_children_already_reaped() -> None:
 def test_a_process_that_is_gone_costs_nothing() -> None:
     assert soak.tree_cpu_seconds(None) == 0.0
     assert soak.tree_cpu_seconds(2**22 + 12345) == 0.0
+
+
+def reading(scrape: str) -> Reading:
+    return Reading([scrape], 0.0, 0.0, 0.0, 0.0, 0.0, {}, 0.0)
+
+
+def test_the_windows_p99_is_read_from_the_histogram_the_service_exports() -> None:
+    """Read from the service's own Metrics, so a renamed metric or label fails here, not as
+    an hour-long soak without a p99."""
+    metrics = Metrics(CollectorRegistry())
+    before = reading(generate_latest(metrics.registry).decode())
+    method = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
+    for _ in range(99):
+        metrics.record_call(method, grpc.StatusCode.OK, 0.004)
+    metrics.record_call(method, grpc.StatusCode.OK, 0.040)
+    metrics.record_call("/grpc.health.v1.Health/Check", grpc.StatusCode.OK, 0.3)
+    after = reading(generate_latest(metrics.registry).decode())
+
+    p50 = soak.assemble_percentile_ms(before, after, 0.5)
+    p99 = soak.assemble_percentile_ms(before, after, 0.99)
+    assert p50 is not None and 2.5 <= p50 <= 5.0
+    assert p99 is not None and p99 <= 5.0  # 99 of the 100 calls took 4 ms; the health check is not counted
+    assert soak.assemble_percentile_ms(after, after, 0.99) is None

@@ -147,6 +147,10 @@ class _Declare:
         return Histogram(name, documentation, labels, buckets=buckets, registry=self._registry)
 
 
+# The server-side latency of every gRPC call, by ``grpc_method``: the load tools read it too.
+GRPC_HANDLING_SECONDS = "grpc_server_handling_seconds"
+
+
 class Metrics:
     """Every metric of the service, registered in ``registry``."""
 
@@ -233,7 +237,7 @@ class Metrics:
             ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
         )
         self.grpc_duration = declare.histogram(
-            "grpc_server_handling_seconds",
+            GRPC_HANDLING_SECONDS,
             "Server-side wall time of gRPC calls, request received to trailers sent.",
             ["grpc_type", "grpc_service", "grpc_method"],
             buckets=RPC_BUCKETS,
