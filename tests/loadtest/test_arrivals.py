@@ -62,7 +62,7 @@ def test_five_poisson_users_arrive_together_as_often_as_a_poisson_process_of_the
 
 
 def test_paced_users_collide_every_period_when_their_phases_are_close() -> None:
-    """What the paced runs did: two users 2 ms apart call together in every period."""
+    """Paced users close in phase call close together in every period of the run."""
     rng = random.Random(6)
     users = [Schedule("paced", 10.0, rng, now=0.0) for _ in range(5)]
     gap = min_circular_gap([u.phase for u in users], 0.1)
