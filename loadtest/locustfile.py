@@ -26,7 +26,7 @@ Arrival rate: every user calls at ``--rps-per-user``, so the offered load is use
 rps-per-user; ``--arrivals`` says when (``loadtest.arrivals``): ``poisson`` (default), each
 user's calls at the events of a Poisson process, the run's a Poisson process of the offered
 rate as a fleet's independent calls are; ``paced``, every user once a period from a phase
-drawn at its start (``constant_throughput``), whose collisions last the whole run.
+drawn at its start (``constant_throughput``), the same pattern of gaps in every period.
 The exit code is 1 when p99 >= ``--p99-ms``, the fallback rate >=
 ``--max-fallback-rate``, the failure rate >= ``--max-failure-rate`` or nothing ran.
 

@@ -105,11 +105,6 @@ class Row:
         total = sum(counts.values())
         return counts.get("full", 0) / total if total else None
 
-    def ms_per_call(self, cpu_s: float) -> float | None:
-        """CPU milliseconds per request over the measured window, as each run's report gives them."""
-        requests = self.get("requests") or 0
-        return 1000.0 * cpu_s / requests if requests else None
-
     def shape_misses(self) -> list[str]:
         """Issue 13's targets this shape's run missed, with the figures."""
         if self.result is None:
@@ -335,7 +330,7 @@ class Matrix:
                 f"| {link} | {r.data} | {r.config} | {r.offered:g} | {f(r.get('rps'))} | {f(r.get('p50_ms'))} | "
                 f"{f(r.get('p99_ms'))} | {f(r.get('max_ms'))} | {100 * (r.get('fallback_rate') or 0):.3f} | "
                 f"{r.get('failures')} | {f(None if r.full_share is None else 100 * r.full_share)} | {100 * cpu:.0f} % | "
-                f"{f(r.ms_per_call(r.result.server_cpu_s), 2)} | {f(r.ms_per_call(r.result.stores_cpu_s), 2)} | "
+                f"{f(r.result.ms_per_request(r.result.server_cpu_s), 2)} | {f(r.result.ms_per_request(r.result.stores_cpu_s), 2)} | "
                 f"{f(r.stage_cold_p95)} | {'pass' if r.passed else 'FAIL'} |"
             )
         lines += ["", "## Targets", "", *self.targets(), ""]

@@ -49,6 +49,11 @@ class RunResult:
     # The embedding worker's inferences (minilm), like ``stages``, by "<kind> <phase>".
     embedding: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
+    def ms_per_request(self, cpu_s: float) -> float | None:
+        """``cpu_s`` of CPU over the window as milliseconds per request (None: no request)."""
+        requests = self.summary.get("requests") or 0
+        return 1000.0 * cpu_s / requests if requests else None
+
     @property
     def embedding_cache_hit_rate(self) -> float | None:
         """Lookups served without an embedding of their own (hit or shared) over all lookups

@@ -62,12 +62,12 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Failures: {s.get('failures_by_error') or 'none'}; contract problems: {s.get('problems_by_kind') or 'none'}.",
         f"- Query-embedding cache (server): {_cache_line(result)}.",
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
-        f"core** ({1000 * result.server_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms CPU per request); locust: "
+        f"core** ({_fmt(result.ms_per_request(result.server_cpu_s), 2)} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
         f"- Stores CPU (PostgreSQL + Redis, without the run's own pg_stat_activity sampler: "
         f"{result.sampler_cpu_s:.1f} s): {result.stores_cpu_s:.1f} s = "
         f"{100 * result.stores_cpu_s / max(result.wall_s, 1e-9):.0f} % of one core "
-        f"({1000 * result.stores_cpu_s / max(1, (s.get('requests') or 0)):.2f} ms per request).",
+        f"({_fmt(result.ms_per_request(result.stores_cpu_s), 2)} ms per request).",
         f"- CPU contention: the server's threads waited {result.server_runqueue_wait_s:.1f} s on the run queue "
         f"({100 * result.server_runqueue_wait_s / max(result.wall_s, 1e-9):.0f} % of the window) while runnable; "
         f"load average {result.load_average[0]:.2f} at the start, {result.load_average[1]:.2f} at the end of the "
