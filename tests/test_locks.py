@@ -1,0 +1,119 @@
+"""Every environment installs locked versions, and the locks agree with pyproject.toml.
+
+scripts/lock-requirements.sh writes the locks; scripts/bootstrap.sh installs the dev lock
+(scripts/dev, scripts/test, CI) and the Dockerfile the image lock. A dependency added to
+pyproject.toml without re-locking, a lock edited by hand, or a generator that moved without
+a regeneration fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE_LOCK = ROOT / "requirements.lock"
+DEV_LOCK = ROOT / "requirements-dev.lock"
+GENERATED_STUBS = ROOT / "service/ibex_context/_proto/ibex/context/v1/context_pb2_grpc.py"
+_PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)")
+
+
+def _pins(lock: Path) -> dict[str, str]:
+    return {
+        canonicalize_name(m.group(1)): m.group(2)
+        for line in lock.read_text().splitlines()
+        if (m := _PIN.match(line))
+    }
+
+
+def _hashes_per_pin(lock: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    current = ""
+    for line in lock.read_text().splitlines():
+        if m := _PIN.match(line):
+            current = canonicalize_name(m.group(1))
+            counts[current] = 0
+        elif line.strip().startswith("--hash=sha256:"):
+            counts[current] += 1
+    return counts
+
+
+def _requirements(extras: set[str]) -> list[Requirement]:
+    """The project's requirements with those extras, self-references expanded."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional: dict[str, list[str]] = project["optional-dependencies"]
+    seen: set[str] = set()
+    found = [Requirement(r) for r in project["dependencies"]]
+    pending = list(extras)
+    while pending:
+        extra = pending.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for text in optional[extra]:
+            req = Requirement(text)
+            if canonicalize_name(req.name) == "ibex-context":
+                pending.extend(req.extras)
+            else:
+                found.append(req)
+    return [r for r in found if r.marker is None or r.marker.evaluate()]
+
+
+@pytest.mark.parametrize("lock", [IMAGE_LOCK, DEV_LOCK], ids=lambda p: p.name)
+def test_every_pin_carries_a_hash(lock: Path) -> None:
+    missing = [name for name, count in _hashes_per_pin(lock).items() if count == 0]
+    assert missing == []
+
+
+def test_the_dev_lock_pins_every_requirement_of_the_dev_environment_within_its_range() -> None:
+    pins = _pins(DEV_LOCK)
+    wrong = [
+        f"{req} (locked: {pins.get(canonicalize_name(req.name))})"
+        for req in _requirements({"dev"})
+        if canonicalize_name(req.name) not in pins
+        or not req.specifier.contains(pins[canonicalize_name(req.name)], prereleases=True)
+    ]
+    assert wrong == []
+
+
+def test_the_image_lock_pins_every_runtime_requirement_within_its_range() -> None:
+    pins = _pins(IMAGE_LOCK)
+    wrong = [
+        str(req)
+        for req in _requirements({"operator", "loadtest", "minilm"})
+        if canonicalize_name(req.name) not in pins
+        or not req.specifier.contains(pins[canonicalize_name(req.name)], prereleases=True)
+    ]
+    assert wrong == []
+
+
+def test_a_package_has_one_version_in_the_image_and_in_development() -> None:
+    image, dev = _pins(IMAGE_LOCK), _pins(DEV_LOCK)
+    differ = {name: (image[name], dev[name]) for name in image.keys() & dev.keys() if image[name] != dev[name]}
+    assert differ == {}
+
+
+def test_the_locked_grpcio_tools_is_the_generator_of_the_committed_stubs() -> None:
+    generated = re.search(r"GRPC_GENERATED_VERSION = '([^']+)'", GENERATED_STUBS.read_text())
+    assert generated is not None
+    assert _pins(DEV_LOCK)["grpcio-tools"] == generated.group(1)
+
+
+def test_this_environment_is_the_dev_lock() -> None:
+    """The tests run on exactly the locked versions (scripts/bootstrap.sh installed them)."""
+    differ = {}
+    for name, version in _pins(DEV_LOCK).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = "absent"
+        if installed == "absent" or Version(installed) != Version(version):
+            differ[name] = (version, installed)
+    assert differ == {}
