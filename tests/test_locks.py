@@ -96,7 +96,8 @@ def test_the_image_lock_pins_every_runtime_requirement_within_its_range() -> Non
 
 def test_a_package_has_one_version_in_the_image_and_in_development() -> None:
     image, dev = _pins(IMAGE_LOCK), _pins(DEV_LOCK)
-    differ = {name: (image[name], dev[name]) for name in image.keys() & dev.keys() if image[name] != dev[name]}
+    shared = image.keys() & dev.keys()
+    differ = {name: (image[name], dev[name]) for name in shared if image[name] != dev[name]}
     assert differ == {}
 
 
