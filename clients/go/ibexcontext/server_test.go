@@ -68,7 +68,11 @@ func (s *scriptedService) AssembleContext(ctx context.Context, req *contextv1.As
 		return &contextv1.AssembleContextResponse{Metadata: meta}, nil
 	case modelSlow:
 		<-ctx.Done()
-		return nil, ctx.Err()
+		// As a gRPC server whose deadline ran out answers (the Python service's core does):
+		// DEADLINE_EXCEEDED. A bare ctx.Err() would go out as UNKNOWN, and this server's
+		// deadline (from the grpc-timeout header) can fire before the client's own, so the
+		// client would see UNKNOWN with its own deadline not yet passed.
+		return nil, status.FromContextError(ctx.Err()).Err()
 	case modelOverloaded:
 		meta.FallbackReason = "overloaded"
 		meta.DegradationLevel = contextv1.DegradationLevel_DEGRADATION_LEVEL_PASS_THROUGH
