@@ -222,7 +222,7 @@ class Settings(BaseSettings):
     export_rows_per_second: int = _f(
         500,
         "Most memories ExportMemories returns per second, all callers of a process together"
-        " (keeps an export from starving assemblies).",
+        " (keeps an export from starving assemblies); orgs with exports waiting take turns.",
         ge=1,
     )
     purge_call_seconds: float = _f(
