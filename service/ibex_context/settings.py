@@ -212,7 +212,8 @@ class Settings(BaseSettings):
     cold_agent_graphs: bool = _f(
         True,
         "Build each agent past cold_exact_max_memories a graph of its own (a partial HNSW index,"
-        " built concurrently): its searches then walk only its own vectors (migration 0013).",
+        " built concurrently): its searches then walk only its own vectors (migration 0013). Builds"
+        " queue for one connection of their own per process, never a request connection.",
     )
     max_memory_chars: int = _f(8192, "Most characters in one memory.", ge=1)
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
