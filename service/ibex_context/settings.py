@@ -219,6 +219,29 @@ class Settings(BaseSettings):
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
     max_upsert_batch: int = _f(1000, "Most memories in one UpsertMemories call.", ge=1)
 
+    # --- tenant limits (RESOURCE_EXHAUSTED naming the limit; docs/memory-api.md) -------------
+    max_org_memories: int = _f(
+        2_000_000,
+        "Most memories one org stores (all its agents); an upsert that would pass it is refused"
+        " whole. Counted in PostgreSQL's org_usage (migration 0016), the same for every replica."
+        " 0: no limit.",
+        ge=0,
+    )
+    max_org_content_bytes: int = _f(
+        4 * 1024**3,
+        "Most bytes of memory content (UTF-8) one org stores; an upsert that would pass it is"
+        " refused whole. 0: no limit.",
+        ge=0,
+    )
+    max_delete_ids: int = _f(1000, "Most ids in one DeleteMemories call.", ge=1)
+    max_feedback_items: int = _f(
+        1000,
+        "Most items in one RecordFeedback call (applied in one statement; at most 1,000 so a"
+        " memory's compounded feedback stays within a float's range).",
+        ge=1,
+        le=1000,
+    )
+
     # --- memory API: reads, export, purge ----------------------------------------------
     export_rows_per_second: int = _f(
         500,

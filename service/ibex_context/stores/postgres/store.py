@@ -32,6 +32,7 @@ from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, po
 from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
+from ibex_context.stores.quotas import OrgQuotas
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class PostgresMemoryStore:
         graph_width: GraphSearchWidth | None = None,
         agent_graphs: bool = False,
         graph_pool: asyncpg.Pool | None = None,
+        quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         if agent_graphs and graph_pool is None:
@@ -91,7 +93,7 @@ class PostgresMemoryStore:
             token_counts=token_counts,
         )
         self.reads = MemoryReads(pool, token_counts=token_counts)
-        self.writes = MemoryWrites(pool)
+        self.writes = MemoryWrites(pool, quotas=quotas)
         self.feedback = FeedbackLog(pool)
         self.counters = InjectionCounters(pool)
         # An agent past the exact scan's limit gets a graph of its own (when
@@ -123,6 +125,9 @@ class PostgresMemoryStore:
         return cls(
             pool,
             graph_pool=graph_pool,
+            quotas=OrgQuotas(
+                memories=settings.max_org_memories, content_bytes=settings.max_org_content_bytes
+            ),
             ssl=tls,
             ef_search=ef_search,
             exact_max_memories=settings.cold_exact_max_memories,
