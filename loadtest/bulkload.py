@@ -2,8 +2,8 @@
 work, then everything derived from them built set-wise.
 
 The service's write path keeps a memory's postings (``memory_terms``) and its
-agent's ``memory_stats`` and ``memory_lexicon`` with statement-level triggers
-(migrations 0005, 0012). Through
+agent's ``memory_stats`` and ``memory_lexicon`` and its org's ``org_usage`` with
+statement-level triggers (migrations 0005, 0012, 0016). Through
 COPY they cost ~8 CPU-seconds per 20k memories here, most of it inserting ~47
 postings per memory one by one into the postings' primary-key index. A seed into
 emptied tables instead COPYs with the triggers off (``session_replication_role =
@@ -41,6 +41,11 @@ STATS_SQL = """
     INSERT INTO memory_stats (org_id, agent_id, memories, lexemes)
     SELECT org_id, agent_id, count(*), coalesce(sum(length(lexemes)), 0)
     FROM memories GROUP BY org_id, agent_id
+"""
+# Each org's usage, which the quotas read (migration 0016).
+ORG_USAGE_SQL = """
+    INSERT INTO org_usage (org_id, memories, content_bytes)
+    SELECT org_id, count(*), coalesce(sum(octet_length(content)), 0) FROM memories GROUP BY org_id
 """
 # Each index of a table: a constraint's (dropped and added back as the constraint)
 # or a plain one, with the DDL that recreates it.
@@ -99,7 +104,7 @@ async def triggers_on(conn: asyncpg.Connection) -> None:
 
 
 async def build_postings_and_stats(conn: asyncpg.Connection, *, maintenance_work_mem: str) -> int:
-    """Fills the emptied ``memory_terms``, ``memory_lexicon`` and ``memory_stats`` from
+    """Fills the emptied ``memory_terms``, ``memory_lexicon``, ``memory_stats`` and ``org_usage`` from
     every stored memory, in one transaction; returns the postings' count."""
     async with conn.transaction():
         indexes = await index_definitions(conn, "memory_terms")
@@ -107,6 +112,7 @@ async def build_postings_and_stats(conn: asyncpg.Connection, *, maintenance_work
             await conn.execute(index.drop_sql())
         status = await conn.execute(POSTINGS_SQL)
         await conn.execute(STATS_SQL)
+        await conn.execute(ORG_USAGE_SQL)
         await conn.execute(LEXICON_SQL)
         # A sorted build, with a parallel worker on the second core.
         await conn.execute(f"SET LOCAL maintenance_work_mem = '{maintenance_work_mem}'")

@@ -561,7 +561,7 @@ async def seed(
         if reset:
             await conn.execute(
                 "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats,"
-                " memory_lexicon"
+                " memory_lexicon, org_usage"
             )
             # Emptied tables: the postings and stats are derived once after the COPY
             # (loadtest.bulkload), not by the triggers statement by statement.

@@ -2,6 +2,7 @@
 
 IbexError
 ├── InvalidRequest            bad input; becomes gRPC INVALID_ARGUMENT naming the field
+├── LimitExceeded             a tenant limit reached; becomes RESOURCE_EXHAUSTED naming the limit
 ├── ConfigurationError        bad settings or profiles, found at start-up or reload
 ├── StoreError                Redis or PostgreSQL failed
 │   └── StoreUnavailable      the store cannot be reached at all
@@ -24,6 +25,16 @@ class InvalidRequest(IbexError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+        self.problem = problem
+
+
+class LimitExceeded(IbexError):
+    """A request or its org is past one of the service's limits. ``limit`` names it (the
+    setting, e.g. ``max_org_memories``): the status message, the metrics' label."""
+
+    def __init__(self, limit: str, problem: str) -> None:
+        super().__init__(f"{limit}: {problem}")
+        self.limit = limit
         self.problem = problem
 
 

@@ -212,17 +212,41 @@ class Settings(BaseSettings):
     cold_agent_graphs: bool = _f(
         True,
         "Build each agent past cold_exact_max_memories a graph of its own (a partial HNSW index,"
-        " built concurrently): its searches then walk only its own vectors (migration 0013).",
+        " built concurrently): its searches then walk only its own vectors (migration 0013). Builds"
+        " queue for one connection of their own per process, never a request connection.",
     )
     max_memory_chars: int = _f(8192, "Most characters in one memory.", ge=1)
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
     max_upsert_batch: int = _f(1000, "Most memories in one UpsertMemories call.", ge=1)
 
+    # --- tenant limits (RESOURCE_EXHAUSTED naming the limit; docs/memory-api.md) -------------
+    max_org_memories: int = _f(
+        2_000_000,
+        "Most memories one org stores (all its agents); an upsert that would pass it is refused"
+        " whole. Counted in PostgreSQL's org_usage (migration 0016), the same for every replica."
+        " 0: no limit.",
+        ge=0,
+    )
+    max_org_content_bytes: int = _f(
+        4 * 1024**3,
+        "Most bytes of memory content (UTF-8) one org stores; an upsert that would pass it is"
+        " refused whole. 0: no limit.",
+        ge=0,
+    )
+    max_delete_ids: int = _f(1000, "Most ids in one DeleteMemories call.", ge=1)
+    max_feedback_items: int = _f(
+        1000,
+        "Most items in one RecordFeedback call (applied in one statement; at most 1,000 so a"
+        " memory's compounded feedback stays within a float's range).",
+        ge=1,
+        le=1000,
+    )
+
     # --- memory API: reads, export, purge ----------------------------------------------
     export_rows_per_second: int = _f(
         500,
         "Most memories ExportMemories returns per second, all callers of a process together"
-        " (keeps an export from starving assemblies).",
+        " (keeps an export from starving assemblies); orgs with exports waiting take turns.",
         ge=1,
     )
     purge_call_seconds: float = _f(

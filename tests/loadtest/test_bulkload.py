@@ -40,11 +40,13 @@ async def _snapshot(conn: asyncpg.Connection) -> dict[str, Any]:
     )
     stats = await conn.fetch("SELECT org_id, agent_id, memories, lexemes FROM memory_stats ORDER BY 1, 2")
     lexicon = await conn.fetch("SELECT org_id, agent_id, lexeme, df FROM memory_lexicon ORDER BY 1, 2, 3")
+    usage = await conn.fetch("SELECT org_id, memories, content_bytes FROM org_usage ORDER BY 1")
     return {
         "memories": [dict(r) | {"token_counts": json.loads(r["token_counts"])} for r in memories],
         "postings": [tuple(r) for r in postings],
         "stats": [tuple(r) for r in stats],
         "lexicon": [tuple(r) for r in lexicon],
+        "usage": [tuple(r) for r in usage],
     }
 
 
@@ -122,7 +124,9 @@ async def test_a_seed_stores_the_postings_stats_and_counts_the_service_would(
         )
         postings_scan = await _postings_scan(conn, rows[0]["org_id"], rows[0]["agent_id"])
         # TRUNCATE fires no row triggers: the service starts from empty tables.
-        await conn.execute("TRUNCATE memories, memory_terms, memory_stats, memory_usage, memory_lexicon")
+        await conn.execute(
+            "TRUNCATE memories, memory_terms, memory_stats, memory_usage, memory_lexicon, org_usage"
+        )
         await _write_through_the_service(private_postgres_dsn, rows)
         written = await _snapshot(conn)
     finally:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from ibex_context.errors import InvalidRequest, StoreUnavailable
+from ibex_context.errors import InvalidRequest, LimitExceeded, StoreUnavailable
 from ibex_context.server.handling import agent_scoped, handled
 from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.server.rpc import CallError
@@ -27,6 +27,8 @@ class Handler:
         self._inflight = InflightCalls()
         self.seen_in_flight: list[int] = []
         self.scopes: list[tuple[str, str]] = []
+        self.limits_refused: list[str] = []
+        self._limit_refused = self.limits_refused.append
 
     @handled
     async def Ping(self, message: Request) -> str:
@@ -66,6 +68,11 @@ async def test_a_call_counts_in_flight_while_it_runs_and_not_after() -> None:
             grpc.StatusCode.UNAVAILABLE,
             "store unavailable: StoreUnavailable",
         ),
+        (
+            LimitExceeded("max_delete_ids", "ids has 1001 ids; at most 1000 per call"),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "max_delete_ids: ids has 1001 ids; at most 1000 per call",
+        ),
         (ValueError("internal detail"), grpc.StatusCode.INTERNAL, "Ping failed: ValueError"),
         (CallError(grpc.StatusCode.NOT_FOUND, "as raised"), grpc.StatusCode.NOT_FOUND, "as raised"),
     ],
@@ -77,6 +84,15 @@ async def test_our_errors_become_statuses_named_after_the_method(
         await Handler().Ping(Request(fails_with=error), None)  # type: ignore[arg-type]
     assert (caught.value.code, caught.value.message) == (code, message)
     assert "internal detail" not in caught.value.message
+
+
+async def test_a_limit_refusal_is_counted_by_the_limit_it_names() -> None:
+    handler = Handler()
+    with pytest.raises(CallError):
+        await handler.Ping(Request(fails_with=LimitExceeded("max_org_memories", "full")), None)  # type: ignore[arg-type]
+    with pytest.raises(CallError):
+        await handler.Ping(Request(fails_with=InvalidRequest("ids", "is empty")), None)  # type: ignore[arg-type]
+    assert handler.limits_refused == ["max_org_memories"]
 
 
 async def test_the_tenant_is_validated_before_the_work_and_given_to_it_canonical() -> None:

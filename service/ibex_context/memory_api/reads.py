@@ -203,16 +203,18 @@ class MemoryReads:
     async def export(
         self, org_id: str, agent_id: str | None, *, page_size: int, page_token: str, with_embedding: bool
     ) -> Page:
-        """One export page, after waiting for the process's export rate allows it."""
+        """One export page, in the org's turn of the process's export rate (``throttle``)."""
         digest = page_tokens.query_digest(["export", org_id, agent_id or ""])
         after = None
         if page_token:
             agent, last_id = page_tokens.decode(page_token, digest, 2)
             after = (_checked_uuid(agent), _checked_uuid(last_id))
-        await self._export_limit.acquire(page_size)
-        rows = await self._data.export_memories(
-            org_id, agent_id, after=after, limit=page_size + 1, with_embedding=with_embedding
-        )
-        page = rows[:page_size]
+        # The org's turn reserves a page; the rows it did not deliver are given back.
+        async with self._export_limit.turn(org_id, page_size) as turn:
+            rows = await self._data.export_memories(
+                org_id, agent_id, after=after, limit=page_size + 1, with_embedding=with_embedding
+            )
+            page = rows[:page_size]
+            turn.used(len(page))
         token = page_tokens.encode(digest, [page[-1].agent_id, page[-1].id]) if len(rows) > page_size else ""
         return Page(page, token)

@@ -314,6 +314,13 @@ class Metrics:
             "(bound to another org). No principal or tenant ids.",
             ["method", "reason"],
         )
+        self.limit_refusals = declare.counter(
+            "ibex_context_limit_refusals",
+            "Calls refused with RESOURCE_EXHAUSTED by a tenant limit, by the limit's setting"
+            " (max_org_memories, max_org_content_bytes, max_delete_ids, max_feedback_items,"
+            " max_list_categories). No tenant ids: which org reached it is not recorded.",
+            ["limit"],
+        )
         self.embedding_seconds = declare.histogram(
             "ibex_context_embedding_seconds",
             "Each inference of the embedding worker threads (minilm), by what it embedded (kind:"
@@ -359,6 +366,9 @@ class Metrics:
     # --- per call -----------------------------------------------------------------------
     def record_auth_refusal(self, method: str, reason: str) -> None:
         self.auth_refusals.labels(split_method(method)[1], reason).inc()
+
+    def record_limit_refusal(self, limit: str) -> None:
+        self.limit_refusals.labels(limit).inc()
 
     def call_started(self) -> None:
         self.inflight_calls.inc()

@@ -209,6 +209,8 @@ class ContextService:
             max_directive_chars=s.max_directive_chars,
             max_upsert_batch=s.max_upsert_batch,
             embedding_dim=s.embedding_dim,
+            max_delete_ids=s.max_delete_ids,
+            max_feedback_items=s.max_feedback_items,
         )
         assembler = Assembler(
             retriever=Retriever(
@@ -260,6 +262,7 @@ class ContextService:
             ),
             limits=limits,
             inflight=self.inflight,
+            limit_refused=self.metrics.record_limit_refusal,
         )
         await _warm_up(assembler, deadlines)
         self.health = ServiceHealth(

@@ -101,10 +101,18 @@ class ContextAssemblyHandler:
 
 
 class MemoryHandler:
-    def __init__(self, *, writes: MemoryWrites, limits: validation.Limits, inflight: InflightCalls) -> None:
+    def __init__(
+        self,
+        *,
+        writes: MemoryWrites,
+        limits: validation.Limits,
+        inflight: InflightCalls,
+        limit_refused: Callable[[str], None] = lambda _limit: None,
+    ) -> None:
         self._writes = writes
         self._limits = limits
         self._inflight = inflight
+        self._limit_refused = limit_refused
 
     def methods(self) -> list[Method]:
         """Every method of MemoryService in the proto (``MemoryServiceHandler`` has them all)."""
@@ -127,7 +135,7 @@ class MemoryHandler:
     async def DeleteMemories(
         self, message: pb.DeleteMemoriesRequest, org_id: str, agent_id: str
     ) -> pb.DeleteMemoriesResponse:
-        ids = validation.memory_ids(message.ids)
+        ids = validation.delete_ids(message.ids, self._limits)
         deleted = await self._writes.delete(org_id, agent_id, ids)
         return pb.DeleteMemoriesResponse(deleted=deleted)
 
@@ -151,7 +159,7 @@ class MemoryHandler:
         self, message: pb.RecordFeedbackRequest, org_id: str, agent_id: str
     ) -> pb.RecordFeedbackResponse:
         session_id = validation.uuid_field(message.session_id, "session_id", required=False) or None
-        items = validation.feedback(message.feedback)
+        items = validation.feedback(message.feedback, self._limits)
         updates = await self._writes.record_feedback(org_id, agent_id, session_id, items)
         return pb.RecordFeedbackResponse(
             updates=[

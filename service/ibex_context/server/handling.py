@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from ibex_context.errors import InvalidRequest, StoreError
+from ibex_context.errors import InvalidRequest, LimitExceeded, StoreError
 from ibex_context.server import validation
 from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.server.rpc import CallError, Context
@@ -23,9 +23,10 @@ log = logging.getLogger("ibex_context.server.handlers")
 
 
 class Tracked(Protocol):
-    """A handler whose calls count in flight."""
+    """A handler whose calls count in flight and whose limits' refusals are counted."""
 
     _inflight: InflightCalls
+    _limit_refused: Callable[[str], None]
 
 
 class AgentScoped(Protocol):
@@ -54,7 +55,7 @@ def handled(
 
     @functools.wraps(body)
     async def method(self: HandlerT, message: RequestT, _context: Context) -> ResponseT:
-        with self._inflight.track(), errors_to_status(name):
+        with self._inflight.track(), errors_to_status(name, self._limit_refused):
             return await body(self, message)
 
     return method
@@ -77,8 +78,9 @@ def agent_scoped(
 class errors_to_status:
     """Maps our exceptions to gRPC statuses for the memory methods."""
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, limit_refused: Callable[[str], None] = lambda _limit: None) -> None:
         self._method = method
+        self._limit_refused = limit_refused
 
     def __enter__(self) -> None:
         return None
@@ -86,6 +88,9 @@ class errors_to_status:
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, InvalidRequest):
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if isinstance(exc, LimitExceeded):
+            self._limit_refused(exc.limit)
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
         if isinstance(exc, StoreError):
             log.warning("%s failed: %s", self._method, type(exc).__name__)
             raise CallError(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {type(exc).__name__}") from None

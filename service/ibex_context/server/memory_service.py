@@ -4,7 +4,7 @@ export and purge (issue 16). A subclass, so the write side's module stays as it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -84,8 +84,9 @@ class MemoryServiceHandler(MemoryHandler):
         purge: TenantPurge,
         limits: validation.Limits,
         inflight: InflightCalls,
+        limit_refused: Callable[[str], None] = lambda _limit: None,
     ) -> None:
-        super().__init__(writes=writes, limits=limits, inflight=inflight)
+        super().__init__(writes=writes, limits=limits, inflight=inflight, limit_refused=limit_refused)
         self._reads = reads
         self._purge = purge
 

@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.errors import InvalidRequest
+from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.memory_api.reads import ListQuery
 from ibex_context.models import Category, FloatVector
 from ibex_context.server.validation import memory_ids, uuid_field
@@ -27,6 +27,9 @@ DEFAULT_EXPORT_PAGE_SIZE = 500
 MAX_TOP_K = 200
 DEFAULT_TOP_K = 10
 MAX_QUERY_CHARS = 8192
+# Categories a list may filter by: more than there are is only repeats (a bound, not a
+# setting: the categories are the proto's).
+MAX_LIST_CATEGORIES = 32
 
 _ORDERS = {
     pb.MEMORY_ORDER_UNSPECIFIED: ListOrder.CREATED_DESC,
@@ -63,6 +66,11 @@ def _time(message: pb.ListMemoriesRequest, field: str) -> datetime | None:
 
 
 def list_query(message: pb.ListMemoriesRequest) -> ListQuery:
+    if len(message.categories) > MAX_LIST_CATEGORIES:
+        raise LimitExceeded(
+            "max_list_categories",
+            f"categories has {len(message.categories)} entries; at most {MAX_LIST_CATEGORIES} per call",
+        )
     categories = []
     known = {c.value for c in Category}
     for i, category in enumerate(message.categories):

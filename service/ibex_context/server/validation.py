@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.errors import InvalidRequest
+from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.models import ROLES, AssemblyRequest, Category, ChatMessage, NewMemory
 
 _MAX_MODEL_CHARS = 200
@@ -38,6 +38,8 @@ class Limits:
     max_directive_chars: int
     max_upsert_batch: int
     embedding_dim: int
+    max_delete_ids: int = 1000
+    max_feedback_items: int = 1000
 
 
 def uuid_field(value: str, field: str, *, required: bool = True) -> str:
@@ -154,6 +156,15 @@ def memory_ids(ids: Sequence[str], field: str = "ids") -> list[str]:
     return [uuid_field(v, f"{field}[{i}]") for i, v in enumerate(ids)]
 
 
+def delete_ids(ids: Sequence[str], limits: Limits) -> list[str]:
+    """DeleteMemories' ids: counted before any is parsed."""
+    if len(ids) > limits.max_delete_ids:
+        raise LimitExceeded(
+            "max_delete_ids", f"ids has {len(ids)} ids; at most {limits.max_delete_ids} per call"
+        )
+    return memory_ids(ids)
+
+
 def directive_content(content: str, limits: Limits) -> str:
     if not content.strip():
         raise InvalidRequest("content", "is empty; use ClearDirective to remove a directive")
@@ -164,9 +175,14 @@ def directive_content(content: str, limits: Limits) -> str:
     return content
 
 
-def feedback(items: Sequence[pb.MemoryFeedback]) -> list[tuple[str, str]]:
+def feedback(items: Sequence[pb.MemoryFeedback], limits: Limits) -> list[tuple[str, str]]:
     if not items:
         raise InvalidRequest("feedback", "is empty")
+    if len(items) > limits.max_feedback_items:
+        raise LimitExceeded(
+            "max_feedback_items",
+            f"feedback has {len(items)} items; at most {limits.max_feedback_items} per call",
+        )
     result = []
     for i, item in enumerate(items):
         memory_id = uuid_field(item.memory_id, f"feedback[{i}].memory_id")

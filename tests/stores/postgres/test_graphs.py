@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
-from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
 from ibex_context.stores.postgres.graphs import graph_index_name
+from ibex_context.stores.postgres.pool import GRAPH_BUILD_APPLICATION
 
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
@@ -19,10 +20,19 @@ from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_part
 LIMIT = 20  # past it, an agent gets its own graph
 
 
+REQUEST_POOL = 3  # connections of the request pool in these tests
+
+
 @pytest.fixture
 async def graph_store(postgres_dsn: str) -> AsyncIterator[PostgresMemoryStore]:
-    pool = await create_pool(postgres_dsn, min_size=1, max_size=3, ef_search=EF_SEARCH)
-    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT, agent_graphs=True)
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=REQUEST_POOL, ef_search=EF_SEARCH)
+    store = PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH),
+    )
     yield store
     await store.aclose()
 
@@ -138,3 +148,55 @@ async def test_agents_written_before_are_promoted_largest_first_and_empty_ones_n
     assert [(await _graph(conn, *t)) is not None for t in mine] == [True, True, False]
     assert not await graph_store.graphs.promote(str(uuid.uuid4()), str(uuid.uuid4()))  # no memories
     assert await conn.fetchval("SELECT count(*) FROM agent_graphs WHERE NOT ready") == 0
+
+
+async def test_graph_builds_run_one_at_a_time_on_their_own_connection_never_a_request_one(
+    graph_store: PostgresMemoryStore,
+    conn: asyncpg.Connection,
+    new_tenant: Callable[[], Tenant],
+    make_memory: MakeMemory,
+) -> None:
+    """The attack of issue 39: writes into many new agents, each past the limit. Their
+    builds used to run at once on the request pool's connections (no cap, no statement
+    timeout) until none was left for any tenant's writes and searches."""
+    agents = [new_tenant() for _ in range(12)]
+    await asyncio.gather(
+        *(
+            graph_store.upsert_memories(
+                t.org_id,
+                t.agent_id,
+                [make_memory(f"{n} {i}", embedding=unit_vector(i)) for i in range(LIMIT + 5)],
+            )
+            for n, t in enumerate(agents)
+        )
+    )
+    pool = graph_store.pool
+    least_free, most_builds, samples = REQUEST_POOL, 0, 0
+    quiet = new_tenant()
+    promotions = asyncio.ensure_future(graph_store.promotions_idle())
+    while not promotions.done():
+        # Sampled while no request runs: every request connection must be free.
+        least_free = min(least_free, REQUEST_POOL - pool.get_size() + pool.get_idle_size())
+        builds = await conn.fetch(
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE query ILIKE 'CREATE INDEX CONCURRENTLY%' AND state = 'active'"
+        )
+        most_builds = max(most_builds, len(builds))
+        assert {b["application_name"] for b in builds} <= {GRAPH_BUILD_APPLICATION}
+        # And another tenant's writes and searches go on meanwhile.
+        await asyncio.wait_for(
+            graph_store.upsert_memories(quiet.org_id, quiet.agent_id, [make_memory(f"quiet {samples}")]), 10
+        )
+        await asyncio.wait_for(graph_store.search(quiet.org_id, quiet.agent_id, unit_vector(1), 5), 10)
+        samples += 1
+        await asyncio.sleep(0.005)
+    await asyncio.wait_for(promotions, 120)
+
+    assert least_free == REQUEST_POOL and most_builds <= 1 and samples > 0
+    built = [await _graph(conn, t.org_id, t.agent_id) for t in agents]
+    assert all(g is not None and g["ready"] and g["valid"] for g in built)
+
+
+def test_background_builds_need_a_pool_of_their_own(graph_store: PostgresMemoryStore) -> None:
+    with pytest.raises(ValueError, match="graph_pool"):
+        PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH, agent_graphs=True)

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 from ibex_context.stores.cold_plan import ColdPlan
-from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.graphs import graph_index_name
 from ibex_context.stores.postgres.rows import as_arrays
 from ibex_context.stores.postgres.searches import (
@@ -145,7 +145,13 @@ async def test_each_plans_function_walks_that_plans_index_though_planned_first_f
     partition's graph plan walks the partition's graph once, the agent's own plan its own graph
     and not the partition's."""
     pool = await create_pool(postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
-    store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT, agent_graphs=True)
+    store = PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH),
+    )
     try:
         await _seed(store, tenant, make_memory, LIMIT + 10)
         await store.promotions_idle()

@@ -5,8 +5,9 @@ graph is built with ``CREATE INDEX CONCURRENTLY`` (writes and searches go on) an
 recorded ready in ``agent_graphs``; its searches then walk only its own vectors
 (``ibex_cold_agent``). Until then it keeps the partition's graph. The store starts a
 promotion in the background when a write leaves the agent past the limit
-(``PostgresMemoryStore.upsert_memories``); ``promote_grown`` promotes every such agent,
-e.g. after a bulk load.
+(``PostgresMemoryStore.upsert_memories``: queued, one build at a time per process, on
+the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
+promotes every such agent, e.g. after a bulk load.
 
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the

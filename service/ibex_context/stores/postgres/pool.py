@@ -132,3 +132,25 @@ async def create_pool(
     except (OSError, asyncpg.PostgresError) as exc:
         raise StoreUnavailable(f"cannot connect to PostgreSQL: {type(exc).__name__}") from exc
     return pool
+
+
+# The graph builds' pool: its connections run CREATE INDEX CONCURRENTLY and nothing else.
+GRAPH_BUILD_APPLICATION = "ibex-context-graphs"
+
+
+async def create_graph_pool(
+    dsn: str, *, ef_search: int, ssl: ssl_module.SSLContext | None = None
+) -> asyncpg.Pool:
+    """The pool large agents' graphs are built on (``graphs.AgentGraphs``): one connection,
+    opened at the first build, so a process builds one graph at a time and no build
+    ever waits for, or holds, a request connection. No statement timeout: a build of a
+    large agent takes minutes. Named apart in ``pg_stat_activity``."""
+    return await create_pool(
+        dsn,
+        min_size=0,
+        max_size=1,
+        ef_search=ef_search,
+        statement_timeout_ms=0,
+        server_settings={"application_name": GRAPH_BUILD_APPLICATION},
+        ssl=ssl,
+    )

@@ -19,7 +19,7 @@ import asyncpg
 import numpy as np
 
 from ibex_context.candidates import Candidates
-from ibex_context.errors import StoreUnavailable
+from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
@@ -28,13 +28,18 @@ from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
-from ibex_context.stores.postgres.pool import create_pool, postgres_tls
+from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
+from ibex_context.stores.quotas import OrgQuotas
 
 log = logging.getLogger(__name__)
 
+
+# Agents waiting for their size check: past it, a burst of writes into new agents
+# queues nothing more (each agent's next write queues it again).
+MAX_QUEUED_PROMOTIONS = 10_000
 
 EMBEDDING_DIM_SQL = "SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"
 
@@ -67,9 +72,14 @@ class PostgresMemoryStore:
         agent_sizes: AgentSizes | None = None,
         graph_width: GraphSearchWidth | None = None,
         agent_graphs: bool = False,
+        graph_pool: asyncpg.Pool | None = None,
+        quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
     ) -> None:
+        if agent_graphs and graph_pool is None:
+            raise ValueError("agent_graphs needs a graph_pool: graphs are never built on the request pool")
         self._pool = pool
+        self._graph_pool = graph_pool
         self._ssl = ssl  # a read replica's pool verifies against the same CA
         self._ef_search = ef_search
         self._agent_graphs = agent_graphs
@@ -83,13 +93,19 @@ class PostgresMemoryStore:
             token_counts=token_counts,
         )
         self.reads = MemoryReads(pool, token_counts=token_counts)
-        self.writes = MemoryWrites(pool)
+        self.writes = MemoryWrites(pool, quotas=quotas)
         self.feedback = FeedbackLog(pool)
         self.counters = InjectionCounters(pool)
         # An agent past the exact scan's limit gets a graph of its own (when
-        # ``agent_graphs``: started by its writes; ``graphs.promote_grown`` otherwise).
-        self.graphs = AgentGraphs(pool, min_memories=exact_max_memories)
-        self._promotions: dict[tuple[str, str], asyncio.Task[bool]] = {}
+        # ``agent_graphs``: queued by its writes; ``graphs.promote_grown`` otherwise).
+        # Builds run on ``graph_pool`` (one connection: one build at a time per
+        # process), never on a request connection: a build holds its connection for
+        # seconds to minutes, and 16 of them had filled the request pool.
+        self.graphs = AgentGraphs(graph_pool or pool, min_memories=exact_max_memories)
+        # Agents whose size is to be checked (and graph built), in order; one task works
+        # through them.
+        self._promotions: dict[tuple[str, str], None] = {}
+        self._promoter: asyncio.Task[None] | None = None
 
     @classmethod
     async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
@@ -103,8 +119,15 @@ class PostgresMemoryStore:
             ssl=tls,
             prepare=prepare_request_path,
         )
+        graph_pool = None
+        if settings.cold_agent_graphs:
+            graph_pool = await create_graph_pool(settings.postgres_dsn, ef_search=ef_search, ssl=tls)
         return cls(
             pool,
+            graph_pool=graph_pool,
+            quotas=OrgQuotas(
+                memories=settings.max_org_memories, content_bytes=settings.max_org_content_bytes
+            ),
             ssl=tls,
             ef_search=ef_search,
             exact_max_memories=settings.cold_exact_max_memories,
@@ -117,9 +140,12 @@ class PostgresMemoryStore:
         )
 
     async def aclose(self) -> None:
-        for task in self._promotions.values():
-            task.cancel()
-        await asyncio.gather(*self._promotions.values(), return_exceptions=True)
+        self._promotions.clear()
+        if self._promoter is not None:
+            self._promoter.cancel()
+            await asyncio.gather(self._promoter, return_exceptions=True)
+        if self._graph_pool is not None:
+            await self._graph_pool.close()
         await self._pool.close()
 
     @property
@@ -183,36 +209,44 @@ class PostgresMemoryStore:
     ) -> list[UpsertResult]:
         results = await self.writes.upsert_memories(org_id, agent_id, memories)
         if self._agent_graphs and any(r.outcome == "created" for r in results):
-            await self._promote_if_grown(org_id, agent_id)
+            self._queue_promotion(org_id, agent_id)
         return results
 
-    async def _promote_if_grown(self, org_id: str, agent_id: str) -> None:
-        """Starts building the agent's own graph in the background once it is past the
-        limit (one build per agent at a time; ``graphs.AgentGraphs`` records it). The
-        write has committed: a failure here is logged, never the write's."""
+    def _queue_promotion(self, org_id: str, agent_id: str) -> None:
+        """Queues the agent for a size check and, past the limit, a graph of its own
+        (built in the background, one at a time; ``graphs.AgentGraphs`` records it). The
+        write has committed and waits for none of it."""
         key = (org_id, agent_id)
-        if key in self._promotions:
-            return
-        try:
-            row = await self._pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("an agent's size could not be read after a write: %s", type(exc).__name__)
-            return
+        if key in self._promotions or len(self._promotions) >= MAX_QUEUED_PROMOTIONS:
+            return  # queued already; or a flood of new agents: their next writes queue them
+        self._promotions[key] = None
+        if self._promoter is None or self._promoter.done():
+            self._promoter = asyncio.get_running_loop().create_task(
+                self._promote_queued(), name="ibex-graphs"
+            )
+
+    async def _promote_queued(self) -> None:
+        while self._promotions:
+            key = next(iter(self._promotions))
+            # Out of the queue before its check: a write meanwhile queues it again.
+            del self._promotions[key]
+            try:
+                await self._promote_if_grown(*key)
+            except (StoreError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # No tenant ids in logs: the error class only (store_errors keeps no message).
+                log.warning("an agent's own graph could not be built: %s", type(exc).__name__)
+
+    async def _promote_if_grown(self, org_id: str, agent_id: str) -> None:
+        assert self._graph_pool is not None  # agent_graphs
+        row = await self._graph_pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
         if row is None or row[0] <= self.graphs.min_memories or row[1]:
             return
-        task: asyncio.Task[bool] = asyncio.ensure_future(self.graphs.promote(org_id, agent_id))
-        self._promotions[key] = task
-        task.add_done_callback(lambda done: self._promotion_done(key, done))
-
-    def _promotion_done(self, key: tuple[str, str], task: asyncio.Task[bool]) -> None:
-        self._promotions.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
-            # No tenant ids in logs: the error class only (store_errors keeps no message).
-            log.warning("an agent's own graph could not be built: %s", type(task.exception()).__name__)
+        await self.graphs.promote(org_id, agent_id)
 
     async def promotions_idle(self) -> None:
-        """Waits for the graph builds this store started (tests, shutdown)."""
-        await asyncio.gather(*self._promotions.values(), return_exceptions=True)
+        """Waits until the queued graph builds are done (tests, shutdown)."""
+        while self._promoter is not None and not self._promoter.done():
+            await asyncio.gather(asyncio.shield(self._promoter), return_exceptions=True)
 
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         return await self.writes.delete_memories(org_id, agent_id, ids)

@@ -17,6 +17,7 @@ from ibex_context.stores.base import PreparedMemory, UpsertResult
 from ibex_context.stores.postgres.codecs import VectorParam, as_uuid
 from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.reads import DirectiveState
+from ibex_context.stores.quotas import OrgQuotas, OrgUsage, check_org_usage
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 
 # The classid of the per-agent advisory lock that serialises writers of one agent.
@@ -24,7 +25,8 @@ WRITER_LOCK_CLASS = 0x49424558 & 0x7FFFFFFF
 
 _EXISTING_SQL = """
     SELECT id, content_hash, category, confidence, usefulness, metadata,
-           extract(epoch FROM occurred_at)::float8 AS occurred_at FROM memories
+           extract(epoch FROM occurred_at)::float8 AS occurred_at,
+           octet_length(content) AS content_bytes FROM memories
     WHERE org_id = $1 AND agent_id = $2
       AND (content_hash = ANY($3::bytea[]) OR id = ANY($4::uuid[]))
 """
@@ -53,6 +55,7 @@ _INSERT_SQL = """
         AS u(id, content, content_hash, category, confidence, usefulness,
              metadata, token_counts, embedding, occurred_at)
 """
+_ORG_USAGE_SQL = "SELECT memories, content_bytes FROM org_usage WHERE org_id = $1"
 _SET_DIRECTIVE_SQL = """
     INSERT INTO directives AS d (org_id, agent_id, content, token_counts)
     VALUES ($1, $2, $3, $4)
@@ -79,8 +82,9 @@ async def lock_agent(conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID)
 class MemoryWrites:
     """Upserts and deletes memories, sets and clears directives, through the primary's pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, quotas: OrgQuotas | None = None) -> None:
         self._pool = pool
+        self._quotas = quotas or OrgQuotas()
 
     @store_errors
     async def upsert_memories(
@@ -114,6 +118,7 @@ class MemoryWrites:
                 for r in rows
             ]
             plan = plan_upsert(existing, memories)
+            stored_bytes = {str(r["id"]): int(r["content_bytes"]) for r in rows}
             if plan.updates:
                 await conn.execute(_UPDATE_SQL, org, agent, *_columns(plan.updates))
             if plan.inserts:
@@ -127,6 +132,21 @@ class MemoryWrites:
                     [uuid.UUID(m.id) for m in plan.inserts],
                 )
                 await conn.execute(_INSERT_SQL, org, agent, *_columns(plan.inserts))
+            # UTF-8 bytes, as octet_length counts them in org_usage.
+            added_bytes = sum(len(m.content.encode()) for m in plan.inserts) + sum(
+                len(m.content.encode()) - stored_bytes.get(m.id, 0) for m in plan.updates
+            )
+            if (self._quotas.memories and plan.inserts) or (self._quotas.content_bytes and added_bytes > 0):
+                # After the statements: their triggers have counted them and hold the
+                # org's row until commit. Refused, the whole batch rolls back.
+                usage = await conn.fetchrow(_ORG_USAGE_SQL, org)
+                if usage is not None:
+                    check_org_usage(
+                        self._quotas,
+                        OrgUsage(int(usage[0]), int(usage[1])),
+                        added_memories=len(plan.inserts),
+                        added_bytes=added_bytes,
+                    )
         return list(plan.results)
 
     @store_errors
