@@ -715,13 +715,17 @@ EXPECTED_OPERATOR_RULES = [
     {
         "apiGroups": [""],
         "resources": ["configmaps"],
-        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+        "resourceNames": [f"{FULLNAME}-profiles"],
+        "verbs": ["get", "patch", "delete"],
     },
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "list"]},
     {
         "apiGroups": ["autoscaling"],
         "resources": ["horizontalpodautoscalers"],
-        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+        "resourceNames": [FULLNAME],
+        "verbs": ["get", "patch", "delete"],
     },
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["create", "list"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 
