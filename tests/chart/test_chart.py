@@ -401,7 +401,7 @@ def test_sentinel_values_become_settings_the_service_reads_as_a_sentinel_topolog
 ) -> None:
     env = env_of(server_container(render([SENTINEL])))
     assert env["IBEX_REDIS_SENTINEL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": f"{FULLNAME}-stores",
+        "name": "ibex-stores",  # the values file's secrets.existingSecret
         "key": "redis-sentinel-password",
         "optional": True,
     }

@@ -26,7 +26,15 @@ from ibex_context.server.auth import Role, parse_credentials, token_digest
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
 
-from tests.chart.conftest import FULLNAME, NAMESPACE, Rendered, parse_manifests, run_helm, template_args
+from tests.chart.conftest import (
+    CI_VALUES,
+    FULLNAME,
+    NAMESPACE,
+    Rendered,
+    parse_manifests,
+    run_helm,
+    template_args,
+)
 from tests.chart.test_security_defaults import rendered_settings
 
 # What a real default-install test sets, besides image.repository: the stores, in the chart or named.
@@ -130,6 +138,23 @@ def test_every_secret_a_pod_needs_is_created_by_the_release_or_named_in_the_valu
     assert not missing, missing
     # The defaults generate the certificate and the credentials (no cert-manager, nothing of yours).
     assert {f"{FULLNAME}-tls", f"{FULLNAME}-credentials", f"{FULLNAME}-test-token"} <= created
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.stem for p in CI_VALUES])
+def test_every_ci_values_file_is_a_complete_install_whose_secrets_exist_or_are_named_in_it(
+    helm: str, values: Path
+) -> None:
+    result = run_helm(helm, *template_args([values], stores=False))
+    assert result.returncode == 0, result.stderr
+    r = Rendered(values.stem, parse_manifests(result.stdout))
+    named_in_values = values.read_text()
+    missing = [
+        f"{workload}: {name} ({where})"
+        for workload, _, spec in r.pod_specs
+        for name, where in required_secrets(spec)
+        if name not in created_secrets(r) and name not in named_in_values
+    ]
+    assert not missing, missing
 
 
 def test_cert_manager_certificate_and_credentials_of_your_own_replace_the_generated_ones(helm: str) -> None:
