@@ -79,3 +79,13 @@ def test_the_names_follow_the_release(render: Callable[..., Rendered]) -> None:
     assert allows(rules, "patch", *CONFIGMAP, "ctx-profiles")
     assert not allows(rules, "patch", *CONFIGMAP, f"{FULLNAME}-profiles")
     assert allows(rules, "patch", *HPA, "ctx")
+
+
+def test_extra_services_extend_the_names_and_nothing_else(render: Callable[..., Rendered]) -> None:
+    rules = render(sets=("operator.extraServices={ibex-batch}",)).one("Role", f"{FULLNAME}-operator")["rules"]
+    for verb in ("get", "patch", "delete"):
+        assert allows(rules, verb, *CONFIGMAP, "ibex-batch-profiles")
+        assert allows(rules, verb, *HPA, "ibex-batch")
+        assert allows(rules, verb, *CONFIGMAP, f"{FULLNAME}-profiles")
+        assert not allows(rules, verb, *CONFIGMAP, "ibex-batch")
+        assert not allows(rules, verb, *HPA, "ibex-other")
