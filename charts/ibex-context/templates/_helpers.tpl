@@ -386,3 +386,19 @@ OTLP/gRPC; the scheme's default when the URL has none).
 {{- end }}
 {{- $ports | uniq | toJson }}
 {{- end }}
+
+{{/*
+Before generating a Secret under a name an installer may already have used (earlier versions of the
+chart told them to create <fullname>-tls, -credentials, -test-token themselves): a live Secret of that
+name that this release does not own is refused, naming the value that keeps it in use, instead of
+Helm's bare ownership conflict. Pass (dict "ctx" $ "name" NAME "value" "security.tls.secretName").
+*/}}
+{{- define "ibex-context.refuseForeignSecret" -}}
+{{- $live := lookup "v1" "Secret" .ctx.Release.Namespace .name }}
+{{- if $live }}
+{{- $owner := index (($live.metadata).annotations | default dict) "meta.helm.sh/release-name" | default "" }}
+{{- if ne $owner .ctx.Release.Name }}
+{{- fail (printf "Secret %s exists and is not this release's (made by hand?): set %s=%s to keep using it, or delete it to let the chart generate its own" .name .value .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
