@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -72,13 +73,14 @@ def _settings(**overrides: Any) -> Settings:
         raise click.ClickException(settings_error_message(exc)) from None
 
 
-def _setup_logging(settings: Settings, *, quiet: bool = False) -> None:
+def _setup_logging(settings: Settings, *, quiet: bool = False, to_stderr: bool = False) -> None:
     """``quiet`` (the local commands' default): warnings only, unless IBEX_LOG_LEVEL
-    is set; their terminal is for what they print, not for every call's log line."""
+    is set; their terminal is for what they print, not for every call's log line.
+    ``to_stderr``: a command whose stdout is one JSON document logs beside it, not into it."""
     from ibex_context.observability.logging import configure_logging
 
     level = "WARNING" if quiet and "IBEX_LOG_LEVEL" not in os.environ else settings.log_level
-    configure_logging(level, settings.log_format)
+    configure_logging(level, settings.log_format, stream=sys.stderr if to_stderr else None)
 
 
 _VERBOSE_HELP = "Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
@@ -135,10 +137,20 @@ def main(
     default=None,
     help="Server processes sharing the port (SO_REUSEPORT); 0: one per CPU. Default: IBEX_WORKERS (1).",
 )
-def serve(workers: int | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Every line written is a JSON log record (IBEX_LOG_FORMAT=json, whatever the environment says); "
+    'ready: the record with "event": "serving" and the ports.',
+)
+def serve(workers: int | None, as_json: bool) -> None:
     """Serve gRPC with the settings from the environment (IBEX_*)."""
     from ibex_context.server.workers import Supervisor, worker_count
 
+    if as_json:
+        # In the environment, so every worker process the supervisor starts logs JSON too.
+        os.environ["IBEX_LOG_FORMAT"] = "json"
     settings = _settings()
     count = worker_count(settings.workers if workers is None else workers)
     if count > 1:
@@ -197,12 +209,19 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--verbose", is_flag=True, help="Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
 )
-def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document once serving (with --once: done): addresses, stores, the demo call; "
+    "logs go to stderr.",
+)
+def dev(once: bool, data_dir: Path | None, verbose: bool, as_json: bool) -> None:
     """Start local Redis and PostgreSQL+pgvector, load demo data, make a sample call, serve."""
     run_dev = _devtools().run_dev
     base = _settings(**_data_dir_override(data_dir))
-    _setup_logging(base, quiet=not verbose)
-    _run(lambda: run_dev(base, once=once))
+    _setup_logging(base, quiet=not verbose, to_stderr=as_json)
+    _run(lambda: run_dev(base, once=once, as_json=as_json))
 
 
 @main.command()
@@ -213,13 +232,19 @@ def dev(once: bool, data_dir: Path | None, verbose: bool) -> None:
 @click.option(
     "--verbose", is_flag=True, help="Log at IBEX_LOG_LEVEL (default INFO) instead of warnings only."
 )
-def stores(data_dir: Path | None, redis_port: int, verbose: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document once the stores are ready: their settings.",
+)
+def stores(data_dir: Path | None, redis_port: int, verbose: bool, as_json: bool) -> None:
     """Start only the embedded Redis and PostgreSQL+pgvector (migrated), print the
     settings to serve against them, and keep them running until Ctrl-C."""
     run_stores = _devtools().run_stores
     base = _settings(**_data_dir_override(data_dir))
-    _setup_logging(base, quiet=not verbose)
-    _run(lambda: run_stores(base, redis_port=redis_port))
+    _setup_logging(base, quiet=not verbose, to_stderr=as_json)
+    _run(lambda: run_stores(base, redis_port=redis_port, as_json=as_json))
 
 
 def _devtools() -> ModuleType:
@@ -476,7 +501,8 @@ def token() -> None:
 
 
 @token.command("new")
-def token_new() -> None:
+@JSON_OPTION
+def token_new(as_json: bool) -> None:
     """Print a new high-entropy token and the SHA-256 the credentials file stores.
 
     The token goes to the caller (a Secret it mounts); only the digest goes to the server."""
@@ -485,8 +511,12 @@ def token_new() -> None:
     from ibex_context.server.auth import token_digest
 
     value = secrets.token_urlsafe(32)
+    digest = token_digest(value).hex()
+    if as_json:
+        echo_json({"token": value, "sha256": digest})
+        return
     click.echo(f"token:  {value}")
-    click.echo(f"sha256: {token_digest(value).hex()}")
+    click.echo(f"sha256: {digest}")
 
 
 main.add_command(memories)

@@ -32,6 +32,8 @@ Manifest = dict[str, Any]
 # image.repository has no default (a bare name would resolve to docker.io): every render names one, as
 # an install must. Values files and --set given later override it.
 IMAGE_REPOSITORY_SET = "image.repository=registry.example.com/ibex-context"
+# ... and the external stores' Secret (secrets.existingSecret), as an install with external stores must.
+INSTALL_VALUES = Path(__file__).parent / "install-values.yaml"
 
 
 def find_helm() -> str | None:
@@ -95,12 +97,14 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def template_args(
-    values_files: Sequence[Path] = (), sets: Sequence[str] = (), *, image: bool = True
+    values_files: Sequence[Path] = (), sets: Sequence[str] = (), *, image: bool = True, stores: bool = True
 ) -> list[str]:
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds"]
     args += ["--kube-version", VALIDATED_KUBERNETES_VERSION]
     if image:
         args += ["--set", IMAGE_REPOSITORY_SET]
+    if stores:
+        args += ["--values", str(INSTALL_VALUES)]
     for path in values_files:
         args += ["--values", str(path)]
     for item in sets:

@@ -30,6 +30,7 @@ from tests.chart.conftest import (
     CI_VALUES,
     FULLNAME,
     IMAGE_REPOSITORY_SET,
+    INSTALL_VALUES,
     MINIMUM_KUBERNETES_VERSION,
     NAMESPACE,
     VALIDATED_KUBERNETES_VERSION,
@@ -101,6 +102,8 @@ def test_helm_lint_strict_passes(helm: str, name: str, files: tuple[Path, ...]) 
         VALIDATED_KUBERNETES_VERSION,
         "--set",
         IMAGE_REPOSITORY_SET,
+        "--values",
+        str(INSTALL_VALUES),
     ]
     for path in files:
         args += ["--values", str(path)]
@@ -157,7 +160,7 @@ def test_the_stores_secret_and_the_default_profile_are_scoped_to_the_release(hel
     # Two releases in one namespace: no object of one has the name of an object of the other.
     names = {}
     for release in ("blue", "green"):
-        args = template_args()
+        args = template_args(sets=[f"secrets.existingSecret={release}-ibex-context-stores"])
         args[1] = release
         result = run_helm(helm, *args)
         assert result.returncode == 0, result.stderr
@@ -398,7 +401,7 @@ def test_sentinel_values_become_settings_the_service_reads_as_a_sentinel_topolog
 ) -> None:
     env = env_of(server_container(render([SENTINEL])))
     assert env["IBEX_REDIS_SENTINEL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": f"{FULLNAME}-stores",
+        "name": "ibex-stores",  # the values file's secrets.existingSecret
         "key": "redis-sentinel-password",
         "optional": True,
     }
@@ -712,13 +715,17 @@ EXPECTED_OPERATOR_RULES = [
     {
         "apiGroups": [""],
         "resources": ["configmaps"],
-        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+        "resourceNames": [f"{FULLNAME}-profiles"],
+        "verbs": ["get", "patch", "delete"],
     },
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "list"]},
     {
         "apiGroups": ["autoscaling"],
         "resources": ["horizontalpodautoscalers"],
-        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+        "resourceNames": [FULLNAME],
+        "verbs": ["get", "patch", "delete"],
     },
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["create", "list"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 

@@ -19,7 +19,9 @@ from tests.observability.test_dashboard import exposed_sample_names
 
 SCRIPT = REPO / "scripts" / "chart_docs.py"
 RULES = CHART / "alerts" / "ibex-context.rules.yaml"
-METRIC = re.compile(r"\b(ibex_context_[a-z0-9_]+)")
+# The service's and the operator's own metrics, and the gRPC server metrics the service exports.
+METRIC = re.compile(r"\b((?:ibex_context|ibex_operator|grpc_server)_[a-z0-9_]+)")
+RUNBOOKS = REPO / "docs" / "runbooks.md"
 
 
 def run_chart_docs(*args: str) -> subprocess.CompletedProcess[str]:
@@ -88,10 +90,17 @@ def test_the_chart_names_its_home_sources_and_an_icon_it_ships() -> None:
 # --- the PrometheusRule ---------------------------------------------------------------------------
 
 
+def operator_sample_names() -> set[str]:
+    from ibex_operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    return {s.name for family in metrics.registry.collect() for s in family.samples}
+
+
 def test_every_alert_is_complete_and_queries_only_metrics_the_service_exposes() -> None:
-    exposed = exposed_sample_names()
+    exposed = exposed_sample_names() | operator_sample_names()
     names = [rule["alert"] for rule in rules()]
-    assert len(names) == len(set(names)) >= 7
+    assert len(names) == len(set(names)) >= 11
     for rule in rules():
         assert re.fullmatch(r"IbexContext[A-Za-z]+", rule["alert"])
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
@@ -104,6 +113,29 @@ def test_every_alert_is_complete_and_queries_only_metrics_the_service_exposes() 
         expr = re.sub(r'"[^"]*"', '""', rule["expr"])
         for opening, closing in ("()", "[]", "{}"):
             assert expr.count(opening) == expr.count(closing), rule["alert"]
+
+
+def test_the_alerts_a_platform_team_needs_next_are_there() -> None:
+    by_name = {rule["alert"]: rule for rule in rules()}
+    assert "up == 0" in by_name["IbexContextTargetDown"]["expr"]
+    assert "grpc_server_handled_total" in by_name["IbexContextGrpcErrorRate"]["expr"]
+    assert (
+        'ibex_operator_reconciles_total{result="error"}'
+        in by_name["IbexContextOperatorReconcileFailing"]["expr"]
+    )
+    hpa = by_name["IbexContextHpaAtMaximum"]["expr"]
+    assert "kube_horizontalpodautoscaler_status_current_replicas" in hpa
+    assert "kube_horizontalpodautoscaler_spec_max_replicas" in hpa
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
+    headings = set(re.findall(r"^## (\S+)$", RUNBOOKS.read_text(), re.MULTILINE))
+    for rule in rules():
+        alert = rule["alert"]
+        assert rule["annotations"]["runbook_url"] == f"{home}/blob/main/docs/runbooks.md#{alert.lower()}"
+        assert alert in headings, f"docs/runbooks.md has no section {alert}"
+    assert headings == {rule["alert"] for rule in rules()}
 
 
 def test_the_prometheus_rule_is_opt_in_and_carries_every_documented_alert(

@@ -18,6 +18,8 @@ from ibex_operator.reconcile import INFLIGHT_METRIC, ProfileView, plan_namespace
 from tests.chart.conftest import (
     CHART,
     FULLNAME,
+    IMAGE_REPOSITORY_SET,
+    INSTALL_VALUES,
     NAMESPACE,
     REPO,
     VALUES_SETS,
@@ -83,7 +85,7 @@ def rendered_ok(helm: str, *sets: str) -> None:
 
 def notes(helm: str, *sets: str) -> str:
     args = ["install", "rel", str(CHART), "--namespace", NAMESPACE, "--dry-run=client"]
-    args += ["--set", "image.repository=registry.example.com/ibex-context"]
+    args += ["--set", IMAGE_REPOSITORY_SET, "--values", str(INSTALL_VALUES)]
     for item in sets:
         args += ["--set", item]
     result = run_helm(helm, *args)

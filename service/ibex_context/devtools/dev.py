@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import shlex
 
 import click
 
-from ibex_context.cli_render import render_result
+from ibex_context.cli_render import render_result, result_json
 from ibex_context.client import AssembleResult, ContextClient, MemoryClient
 from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
 from ibex_context.devtools.embedded import embedded_stores
@@ -40,9 +41,11 @@ def _default_embedder() -> str:
     return "minilm" if installed else "hashing"
 
 
-async def run_dev(base: Settings, *, once: bool) -> None:
+async def run_dev(base: Settings, *, once: bool, as_json: bool = False) -> None:
+    """``as_json``: instead of the text, one JSON document once serving (``dev_report``)."""
     data_dir = base.data_dir.resolve()
-    click.echo(f"starting Redis and PostgreSQL+pgvector in {data_dir} …")
+    if not as_json:
+        click.echo(f"starting Redis and PostgreSQL+pgvector in {data_dir} …")
     with embedded_stores(data_dir) as stores:
         overrides = {
             "redis_url": stores.redis.url,
@@ -56,7 +59,8 @@ async def run_dev(base: Settings, *, once: bool) -> None:
             fields["embedder"] = _default_embedder()
         settings = Settings(**{**fields, **overrides})
         applied = await migrate(settings.postgres_dsn, settings.embedding_dim)
-        click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
+        if not as_json:
+            click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
         from ibex_context.server.app import ContextService
 
@@ -65,6 +69,12 @@ async def run_dev(base: Settings, *, once: bool) -> None:
         try:
             await _load_demo(service.port)
             result = await _demo_call(service.port)
+            if as_json:
+                report = dev_report(service.port, service.metrics_port, stores.redis.url, stores.postgres.dsn)
+                click.echo(json.dumps({**report, "migrations_applied": applied, "demo": _demo_json(result)}))
+                if not once:
+                    await service.serve_until_signal()
+                return
             click.echo(f"\nDemo call for {ACME_SUPPORT.label} (embedder: {settings.embedder}):")
             click.echo(f'  user asks: "{DEMO_QUESTION}"\n')
             click.echo(render_result(result))
@@ -91,11 +101,18 @@ async def run_dev(base: Settings, *, once: bool) -> None:
             await service.stop(grace=2.0)
 
 
-async def run_stores(base: Settings, *, redis_port: int) -> None:
+async def run_stores(base: Settings, *, redis_port: int, as_json: bool = False) -> None:
+    """``as_json``: instead of the text, one JSON line once the stores are ready (their settings)."""
     data_dir = base.data_dir.resolve()
-    click.echo(f"starting Redis on 127.0.0.1:{redis_port} and PostgreSQL+pgvector in {data_dir} …")
+    if not as_json:
+        click.echo(f"starting Redis on 127.0.0.1:{redis_port} and PostgreSQL+pgvector in {data_dir} …")
     with embedded_stores(data_dir, redis_port=redis_port) as stores:
         applied = await migrate(stores.postgres.dsn, base.embedding_dim)
+        if as_json:
+            env = store_environment(stores.redis.url, stores.postgres.dsn)
+            click.echo(json.dumps({"event": "ready", "env": env, "migrations_applied": applied}))
+            await stop_signal()
+            return
         click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
         click.echo("\nThe stores are running. To serve against them, in another terminal:\n")
         click.echo(store_settings(stores.redis.url, stores.postgres.dsn))
@@ -105,12 +122,39 @@ async def run_stores(base: Settings, *, redis_port: int) -> None:
         click.echo("stopping the stores")
 
 
+def store_environment(redis_url: str, postgres_dsn: str) -> dict[str, str]:
+    """The variables that point ``ibex-context serve`` (and ``migrate``) at these stores."""
+    return {"IBEX_REDIS_URL": redis_url, "IBEX_POSTGRES_DSN": postgres_dsn}
+
+
 def store_settings(redis_url: str, postgres_dsn: str) -> str:
     """Shell lines that point ``ibex-context serve`` (and ``migrate``) at these stores."""
-    return (
-        f"export IBEX_REDIS_URL={shlex.quote(redis_url)}\n"
-        f"export IBEX_POSTGRES_DSN={shlex.quote(postgres_dsn)}"
+    return "\n".join(
+        f"export {name}={shlex.quote(value)}"
+        for name, value in store_environment(redis_url, postgres_dsn).items()
     )
+
+
+def dev_report(grpc_port: int, metrics_port: int, redis_url: str, postgres_dsn: str) -> dict[str, object]:
+    """What ``dev --json`` prints besides the demo: where the service and its stores are."""
+    return {
+        "event": "serving",
+        "grpc_target": f"127.0.0.1:{grpc_port}",
+        "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
+        "transport": "plaintext",
+        "authentication": False,
+        "env": store_environment(redis_url, postgres_dsn),
+    }
+
+
+def _demo_json(result: AssembleResult) -> dict[str, object]:
+    demo: dict[str, object] = json.loads(result_json(result))
+    return {
+        "org_id": ACME_SUPPORT.org_id,
+        "agent_id": ACME_SUPPORT.agent_id,
+        "question": DEMO_QUESTION,
+        "response": demo,
+    }
 
 
 def _env_keys() -> set[str]:

@@ -304,12 +304,24 @@ class ContextService:
             _monitor_stores(self.health), name="ibex-store-monitor"
         )
         self._closers.append(store_monitor.cancel)
+        transport = (
+            "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext"
+        )
         log.info(
             "serving gRPC on port %d (%s, %s), metrics on port %d",
             self.port,
-            "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext",
+            transport,
             "authentication required" if self.credentials is not None else "NO authentication",
             self.metrics_port,
+            # The same facts as fields (`serve --json`: a script waits for this record).
+            extra={
+                "event": "serving",
+                "grpc_port": self.port,
+                "metrics_port": self.metrics_port,
+                "health_port": self.health_port,
+                "transport": transport,
+                "authentication": self.credentials is not None,
+            },
         )
 
     def _guard(self) -> CallGuard | None:
