@@ -164,8 +164,10 @@ async def test_a_dns_target_is_accepted_as_the_client_parses_it(
     )  # fmt: skip
     assert code == 0, err
     response = json.loads(out)
+    # The service answered through the dns:/// target (the directive is its doing). Whether
+    # the memories also made the 40 ms deadline depends on the machine's load, not the target.
     assert "Answer in French." in response["messages"][0]["content"]
-    assert "fallbackReason" not in response["metadata"]
+    assert response["metadata"]["directiveInjected"] is True
 
 
 async def test_a_target_the_client_cannot_parse_is_a_usage_error() -> None:
