@@ -10,6 +10,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ibex-context/ibex-context/clients/go/contextv1"
 )
@@ -44,7 +45,7 @@ func BenchmarkAssemble(b *testing.B) {
 	}
 
 	b.Run("raw", func(b *testing.B) {
-		conn, err := grpc.Dial(target, grpc.WithInsecure())
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
 		}

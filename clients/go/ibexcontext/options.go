@@ -19,17 +19,18 @@ const DefaultTimeout = 45 * time.Millisecond
 type Option func(*config) error
 
 type config struct {
-	timeout     time.Duration
-	timeoutSet  bool
-	tls         *tls.Config
-	token       TokenSource
-	dialOptions []grpc.DialOption
-	tracer      trace.TracerProvider
-	propagator  propagation.TextMapPropagator
+	timeout      time.Duration
+	timeoutSet   bool
+	resolveEvery time.Duration
+	tls          *tls.Config
+	token        TokenSource
+	dialOptions  []grpc.DialOption
+	tracer       trace.TracerProvider
+	propagator   propagation.TextMapPropagator
 }
 
 func newConfig(opts []Option) (*config, error) {
-	cfg := &config{timeout: DefaultTimeout}
+	cfg := &config{timeout: DefaultTimeout, resolveEvery: DefaultResolveEvery}
 	for _, opt := range opts {
 		if err := opt(cfg); err != nil {
 			return nil, err
@@ -59,6 +60,20 @@ func WithTimeout(d time.Duration) Option {
 			return errors.New("ibexcontext: timeout must be positive")
 		}
 		c.timeout, c.timeoutSet = d, true
+		return nil
+	}
+}
+
+// WithResolveEvery sets how often a dns: target is resolved again
+// (DefaultResolveEvery when not given), so that pods added behind the name get
+// calls. The name is also resolved again (at most once a second) whenever a
+// connection fails.
+func WithResolveEvery(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return errors.New("ibexcontext: the resolve period must be positive")
+		}
+		c.resolveEvery = d
 		return nil
 	}
 }
