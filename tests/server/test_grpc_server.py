@@ -5,6 +5,7 @@ settings that feed the core's channel arguments (keepalive enforcement included)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -26,15 +27,7 @@ REQUEST = pb.AssembleContextRequest(
 
 def policy(**changes: Any) -> ConnectionPolicy:
     """The settings' defaults, with ``changes``."""
-    s = Settings()
-    values: dict[str, Any] = {
-        "max_age_seconds": s.grpc_max_connection_age_seconds,
-        "max_age_grace_seconds": s.grpc_max_connection_age_grace_seconds,
-        "max_concurrent_streams": s.grpc_max_concurrent_streams,
-        "min_ping_interval_seconds": s.grpc_keepalive_min_ping_interval_seconds,
-        "max_ping_strikes": s.grpc_max_ping_strikes,
-    }
-    return ConnectionPolicy(**(values | changes))
+    return dataclasses.replace(ConnectionPolicy.from_settings(Settings()), **changes)
 
 
 @dataclass

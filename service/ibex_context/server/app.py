@@ -278,13 +278,7 @@ class ContextService:
             reuse_port=s.grpc_reuse_port,
             guard=self._guard(),
             credentials=self.tls.credentials() if self.tls is not None else None,
-            connections=ConnectionPolicy(
-                max_age_seconds=s.grpc_max_connection_age_seconds,
-                max_age_grace_seconds=s.grpc_max_connection_age_grace_seconds,
-                max_concurrent_streams=s.grpc_max_concurrent_streams,
-                min_ping_interval_seconds=s.grpc_keepalive_min_ping_interval_seconds,
-                max_ping_strikes=s.grpc_max_ping_strikes,
-            ),
+            connections=ConnectionPolicy.from_settings(s),
         )
         if s.gc_freeze:
             # Everything built so far lives as long as the process (see server/heap.py).

@@ -28,6 +28,7 @@ import grpc
 
 from ibex_context.observability.calls import CallObserver
 from ibex_context.server.rpc import Guard, Method, generic_handlers
+from ibex_context.settings import Settings
 
 __all__ = ["ConnectionPolicy", "ServiceServer"]
 
@@ -43,6 +44,16 @@ class ConnectionPolicy:
     max_concurrent_streams: int
     min_ping_interval_seconds: float
     max_ping_strikes: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ConnectionPolicy:
+        return cls(
+            max_age_seconds=s.grpc_max_connection_age_seconds,
+            max_age_grace_seconds=s.grpc_max_connection_age_grace_seconds,
+            max_concurrent_streams=s.grpc_max_concurrent_streams,
+            min_ping_interval_seconds=s.grpc_keepalive_min_ping_interval_seconds,
+            max_ping_strikes=s.grpc_max_ping_strikes,
+        )
 
     def options(self) -> list[tuple[str, Any]]:
         """The C core's channel arguments."""
