@@ -59,6 +59,7 @@ type ContextClient struct {
 	timeout    time.Duration
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
+	metrics    *clientMetrics
 }
 
 // NewContextClient connects to target, e.g. "dns:///ibex-context-headless.ns.svc:50051"
@@ -71,11 +72,15 @@ func NewContextClient(target string, opts ...Option) (*ContextClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	metrics, err := newClientMetrics(cfg.meter)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := dial(target, cfg)
 	if err != nil {
 		return nil, err
 	}
-	client := newClient(conn, cfg)
+	client := newClient(conn, cfg, metrics)
 	client.conn = conn
 	return client, nil
 }
@@ -119,15 +124,20 @@ func NewContextClientFromConn(conn grpc.ClientConnInterface, opts ...Option) (*C
 	if cfg.dials() {
 		return nil, errors.New("ibexcontext: TLS, token and dial options apply to NewContextClient only")
 	}
-	return newClient(conn, cfg), nil
+	metrics, err := newClientMetrics(cfg.meter)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(conn, cfg, metrics), nil
 }
 
-func newClient(conn grpc.ClientConnInterface, cfg *config) *ContextClient {
+func newClient(conn grpc.ClientConnInterface, cfg *config, metrics *clientMetrics) *ContextClient {
 	return &ContextClient{
 		stub:       contextv1.NewContextAssemblyServiceClient(conn),
 		timeout:    cfg.timeout,
 		tracer:     cfg.tracer.Tracer(instrumentationName),
 		propagator: cfg.propagator,
+		metrics:    metrics,
 	}
 }
 
@@ -168,6 +178,7 @@ func (c *ContextClient) Assemble(ctx context.Context, req Request) Result {
 	result := c.assemble(ctx, req)
 	result.Elapsed = time.Since(started)
 	endSpan(span, &result)
+	c.metrics.record(ctx, &result)
 	return result
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -26,6 +27,7 @@ type config struct {
 	token        TokenSource
 	dialOptions  []grpc.DialOption
 	tracer       trace.TracerProvider
+	meter        metric.MeterProvider
 	propagator   propagation.TextMapPropagator
 }
 
@@ -38,6 +40,9 @@ func newConfig(opts []Option) (*config, error) {
 	}
 	if cfg.tracer == nil {
 		cfg.tracer = otel.GetTracerProvider()
+	}
+	if cfg.meter == nil {
+		cfg.meter = otel.GetMeterProvider()
 	}
 	if cfg.propagator == nil {
 		cfg.propagator = otel.GetTextMapPropagator()
@@ -119,6 +124,20 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 			return errors.New("ibexcontext: WithTracerProvider needs a provider")
 		}
 		c.tracer = tp
+		return nil
+	}
+}
+
+// WithMeterProvider records a ContextClient's metrics with mp (the global
+// provider when not given): ibex_context_client_requests{result} and
+// ibex_context_client_duration (seconds), the Python client's, which the
+// chart's dashboard reads.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return errors.New("ibexcontext: WithMeterProvider needs a provider")
+		}
+		c.meter = mp
 		return nil
 	}
 }
