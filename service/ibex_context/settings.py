@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     grpc_keepalive_min_ping_interval_seconds: float = _f(
         10.0,
         "Shortest interval between a client's keepalive pings the server accepts "
-        "(`grpc.http2.min_recv_ping_interval_without_data_ms`); a client pinging more often than "
+        "(`grpc.http2.min_ping_interval_without_data_ms`); a client pinging more often than "
         "this IBEX_GRPC_MAX_PING_STRIKES times gets GOAWAY `too_many_pings`.",
         gt=0,
     )

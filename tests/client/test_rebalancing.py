@@ -12,14 +12,19 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import pytest
+from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
-from ibex_context.devtools.scripted_service import RunningServer, scripted_server
+from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 from ibex_context.models import ChatMessage
 from ibex_context.server.grpc_server import ConnectionPolicy
+from ibex_context.server.rpc import Context
 from ibex_context.settings import Settings
 
 from tests.client.dns_server import DnsServer, dns_server
@@ -32,16 +37,30 @@ MESSAGES = (ChatMessage("user", "What do I drink?"),)
 ADDED_POD_DEADLINE = 30.0
 
 
+@dataclass
+class Pod(ScriptedAssembly):
+    """Notes which client (by its user agent) called over which connection (peer address)."""
+
+    connections: dict[str, set[str]] = field(default_factory=lambda: {"go": set(), "python": set()})
+
+    async def assemble(self, request: pb.AssembleContextRequest, context: Context) -> bytes:
+        agent = dict(context.invocation_metadata() or ()).get("user-agent", "")
+        client = (
+            "go" if str(agent).startswith("grpc-go/") else "python" if "grpc-python" in str(agent) else "?"
+        )
+        self.connections.setdefault(client, set()).add(
+            cast("grpc.aio.ServicerContext[Any, Any]", context).peer()
+        )
+        return await super().assemble(request, context)
+
+
 def callers(server: RunningServer) -> set[str]:
     """Which clients called this server: "go" (grpc-go) and/or "python" (grpcio)."""
-    seen = set()
-    for metadata in server.service.seen_metadata:
-        agent = metadata.get("user-agent", "")
-        if agent.startswith("grpc-go/"):
-            seen.add("go")
-        elif "grpc-python" in agent:
-            seen.add("python")
-    return seen
+    return {client for client, peers in pod(server).connections.items() if peers}
+
+
+def pod(server: RunningServer) -> Pod:
+    return cast("Pod", server.service)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +101,14 @@ async def four_servers() -> AsyncIterator[list[RunningServer]]:
     """Servers on 127.0.0.1-4, one port, with the service's default connection policy."""
     policy = ConnectionPolicy.from_settings(Settings())
     async with AsyncExitStack() as stack:
-        first = await stack.enter_async_context(scripted_server(host="127.0.0.1", connections=policy))
+        first = await stack.enter_async_context(
+            scripted_server(host="127.0.0.1", connections=policy, service=Pod())
+        )
         servers = [first]
         for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
             servers.append(
                 await stack.enter_async_context(
-                    scripted_server(host=host, port=first.port, connections=policy)
+                    scripted_server(host=host, port=first.port, connections=policy, service=Pod())
                 )
             )
         yield servers
@@ -112,6 +133,12 @@ async def test_a_pod_added_behind_the_name_gets_calls_from_both_clients_within_3
     assert took < ADDED_POD_DEADLINE
     assert "fell back" not in go_output, go_output
     assert go.returncode == 0
+    # The clients' own pings (grpc-go's BDP pings; neither sends keepalives) never cost them a
+    # connection: a GOAWAY too_many_pings would have made them reconnect (the pods age
+    # connections after 60 s, longer than this test).
+    print({server.host: pod(server).connections for server in four_servers})
+    for server in four_servers:
+        assert len(pod(server).connections["go"]) == 1, server.host
 
 
 async def _add_a_pod(

@@ -54,7 +54,7 @@ def test_the_settings_become_the_cores_channel_arguments() -> None:
     assert options["grpc.max_connection_age_ms"] == 60_000
     assert options["grpc.max_connection_age_grace_ms"] == 30_000
     assert options["grpc.max_concurrent_streams"] == 100
-    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] == 10_000
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 10_000
     assert options["grpc.http2.max_ping_strikes"] == 2
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert options["grpc.http.overload_protection"] == 0
@@ -102,3 +102,34 @@ async def test_an_aged_connection_is_replaced_and_no_call_fails() -> None:
 
     assert len(service.peers) >= 3, "the connection was never replaced"
     assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("min_interval_seconds", "replaced"),
+    [(5.0, True), (0.5, False)],
+    ids=["pinging more often than allowed: too_many_pings", "within the minimum"],
+)
+async def test_keepalive_pings_more_often_than_the_minimum_close_the_connection(
+    min_interval_seconds: float, replaced: bool
+) -> None:
+    service = WatchedAssembly()
+    connections = policy(min_ping_interval_seconds=min_interval_seconds, max_ping_strikes=2)
+    # Pings every second (grpcio's own floor) on an idle connection; its throttle of pings
+    # without data, off.
+    keepalive = [
+        ("grpc.keepalive_time_ms", 1000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    async with (
+        scripted_server(service=service, connections=connections) as running,
+        grpc.aio.insecure_channel(running.target, options=keepalive) as channel,
+    ):
+        stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
+        await stub.AssembleContext(REQUEST, timeout=30)
+        # Three strikes (more than max_ping_strikes) take four pings: about four seconds.
+        await asyncio.sleep(5)
+        await stub.AssembleContext(REQUEST, timeout=30)
+
+    # A connection closed with GOAWAY too_many_pings is replaced by a new one (a new peer).
+    assert (len(service.peers) == 2) is replaced, service.peers

@@ -66,7 +66,8 @@ class ConnectionPolicy:
             # rightly sends: 1-3 of 6 calls in tests/server/test_grpc_server.py. Off, the limit
             # is HTTP/2's own: streams open at once, which clients respect by queuing.
             ("grpc.http.overload_protection", 0),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(self.min_ping_interval_seconds)),
+            # (The C core's name for GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS.)
+            ("grpc.http2.min_ping_interval_without_data_ms", _ms(self.min_ping_interval_seconds)),
             ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
             # A ping on a connection without calls is no strike (only a too frequent one is):
             # a proxy's connections idle between bursts, and its keepalive must not cost them.

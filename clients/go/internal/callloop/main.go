@@ -1,7 +1,8 @@
 // Command callloop calls AssembleContext through ibexcontext.ContextClient, with
 // the client's defaults, until its standard input closes: the Go side of the
 // rebalancing test (tests/client/test_rebalancing.py), which counts on its
-// servers which pods got calls from it. It prints a line per call that fell back.
+// servers which pods got calls from it. It prints a line per call that fell
+// back, with when.
 //
 //	callloop -target dns://127.0.0.1:5353/ibex-context-headless.test:50051 [-every 20ms]
 package main
@@ -40,6 +41,7 @@ func main() {
 		OrgID: "org", AgentID: "agent", Model: "gpt-4o", RequestID: "callloop",
 		Messages: []*contextv1.Message{{Role: "user", Content: "What do I drink?"}},
 	}
+	started := time.Now()
 	ticker := time.NewTicker(*every)
 	defer ticker.Stop()
 	for {
@@ -49,7 +51,8 @@ func main() {
 		case <-ticker.C:
 		}
 		if result := client.Assemble(context.Background(), request); !result.FromService {
-			fmt.Printf("fell back: %s (%v)\n", result.FallbackReason, result.Err)
+			fmt.Printf("fell back %.1f s after the start, after %v: %s (%v)\n",
+				time.Since(started).Seconds(), result.Elapsed, result.FallbackReason, result.Err)
 		}
 	}
 }
