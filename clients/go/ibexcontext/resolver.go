@@ -105,16 +105,20 @@ func (r *dnsResolver) run(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		r.resolve(ctx)
+		resolved := time.Now()
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		case <-r.now:
-			// Asked for after a failed connection: not sooner than minResolveGap.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(minResolveGap):
+			// Asked for after a failed connection: at once, unless the last
+			// lookup was less than minResolveGap ago.
+			if wait := minResolveGap - time.Since(resolved); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
 			}
 		}
 	}

@@ -120,7 +120,7 @@ func callUntil(t *testing.T, client *ContextClient, done func() bool) bool {
 
 const podName = "ibex-context-headless.test"
 
-func TestADNSTargetIsResolvedAgainSoAddedPodsGetCalls(t *testing.T) {
+func TestADNSTargetIsResolvedAgainSoAddedPodsGetCallsAndGoneOnesNone(t *testing.T) {
 	first, port := startScripted(t)
 	_, port, _ = net.SplitHostPort(port)
 	second := startOn(t, "127.0.0.2", port)
@@ -140,6 +140,22 @@ func TestADNSTargetIsResolvedAgainSoAddedPodsGetCalls(t *testing.T) {
 
 	if !callUntil(t, client, func() bool { return len(second.seen()) > 0 }) {
 		t.Fatal("the added pod got no call: the name was not resolved again")
+	}
+
+	dns.set(podName, "127.0.0.2") // the first pod is gone from the name
+
+	// Once resolved again, every call goes to the second pod: 20 in a row do.
+	inARow, before := 0, len(first.seen())
+	retired := callUntil(t, client, func() bool {
+		if now := len(first.seen()); now != before {
+			inARow, before = 0, now
+		} else {
+			inARow++
+		}
+		return inARow > 20
+	})
+	if !retired {
+		t.Error("the pod no longer in DNS kept getting calls")
 	}
 }
 
