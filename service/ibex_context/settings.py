@@ -68,9 +68,9 @@ class Settings(BaseSettings):
         "jittered +-10 %): its client reconnects, re-resolving the name, so new pods get calls.",
         ge=1,
     )
-    # The calls running on an aged connection finish on it: the longest a client gives a call
-    # by default is the memory calls' 10 s (the Go and Python MemoryClient), a purge's call budget
-    # is bounded by purge_call_seconds; 30 s covers both with room, and only then is it closed.
+    # The calls running on an aged connection finish on it: 30 s is the longest deadline either
+    # client gives a call by default (the Python MemoryClient's; the Go one's is 10 s, a purge
+    # works at most purge_call_seconds, 20 s), so no call with a default deadline is cut.
     grpc_max_connection_age_grace_seconds: float = _f(
         30.0,
         "How long the calls running on an aged connection may take before it is closed "
