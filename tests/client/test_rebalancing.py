@@ -2,11 +2,13 @@
 behind one DNS name (a real DNS server on UDP, real gRPC servers on 127.0.0.1-3, the service's
 own connection policy), the Python ContextClient and the Go client (``clients/go``, built and
 run as a process) calling them; a fourth address is added to the name and must receive calls
-from both within 30 s, the clients' re-resolution period."""
+from both within 30 s, the clients' re-resolution period. And a client that re-resolves only
+when a connection closes (grpcio's own channel) reaches it because the servers age connections."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import time
@@ -19,6 +21,7 @@ from typing import Any, cast
 import grpc
 import pytest
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
@@ -165,3 +168,37 @@ async def _add_a_pod(
 
     dns.addresses[NAME] = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
     return await call_until(lambda: callers(servers[3]) == {"go", "python"}, ADDED_POD_DEADLINE)
+
+
+@pytest.mark.parametrize(("age_seconds", "reached"), [(1.0, True), (None, False)], ids=["aged", "never aged"])
+async def test_a_client_that_never_re_resolves_on_its_own_reaches_an_added_pod_once_connections_age(
+    age_seconds: float | None, reached: bool
+) -> None:
+    """Any gRPC client (here grpcio's own channel: round robin, DNS resolved when a connection
+    closes, at most every 0.5 s) finds the added pod once the servers age its connections."""
+    policy = ConnectionPolicy.from_settings(Settings())
+    if age_seconds is not None:
+        policy = dataclasses.replace(policy, max_age_seconds=age_seconds, max_age_grace_seconds=1.0)
+    options = [
+        ("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}'),
+        ("grpc.dns_min_time_between_resolutions_ms", 500),
+    ]
+    request = pb.AssembleContextRequest(org_id="o", agent_id="a", model=scripted.FULL)
+    async with (
+        scripted_server(host="127.0.0.1", connections=policy) as first,
+        scripted_server(host="127.0.0.2", port=first.port, connections=policy) as added,
+        dns_server() as (dns, where),
+    ):
+        dns.addresses[NAME] = ["127.0.0.1"]
+        async with grpc.aio.insecure_channel(
+            f"dns://{where}/{NAME}:{first.port}", options=options
+        ) as channel:
+            stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
+            await stub.AssembleContext(request, timeout=10)
+            dns.addresses[NAME] = ["127.0.0.1", "127.0.0.2"]
+            give_up = time.monotonic() + 10
+            while not added.service.calls and time.monotonic() < give_up:
+                await stub.AssembleContext(request, timeout=10)  # none may fail
+                await asyncio.sleep(0.02)
+
+    assert bool(added.service.calls) is reached
