@@ -5,7 +5,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/resolver"
@@ -94,9 +93,7 @@ type dnsResolver struct {
 	now        chan struct{}
 	cancel     context.CancelFunc
 	done       chan struct{}
-
-	mu   sync.Mutex
-	last []string // the addresses last given to grpc, sorted
+	last       []string // the addresses last given to grpc, sorted (run's goroutine only)
 }
 
 func (r *dnsResolver) run(ctx context.Context) {
@@ -131,8 +128,6 @@ func (r *dnsResolver) resolve(closed context.Context) {
 	if closed.Err() != nil {
 		return // the resolver closed during the lookup
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if err != nil || len(found) == 0 {
 		if r.last == nil {
 			// Nothing known yet: grpc fails the calls (UNAVAILABLE) and asks again.
