@@ -62,41 +62,27 @@ ensure_shellcheck() {
   fi
 }
 
-# The Go client (clients/go) builds offline from Debian's Go packages: no Go module
-# proxy is reachable in CI. GOPATH mode over /usr/share/gocode (see scripts/go-env).
-# golang-github-golang-protobuf-1-5-dev: grpc-go 1.33's codec goes through
-# github.com/golang/protobuf, and only its 1.4+ (APIv2-backed) encodes the
-# messages protoc-gen-go 1.28 generates (Debian's default, 1.3, panics on them).
-# gcc and libc6-dev: cgo, for go test -race.
-GO_DEBIAN_PACKAGES=(golang-go golang-google-grpc-dev golang-google-protobuf-dev
-  golang-github-golang-protobuf-1-5-dev golang-opentelemetry-otel-dev
-  protoc-gen-go protoc-gen-go-grpc protobuf-compiler gcc libc6-dev)
+# The Go client (clients/go) is a Go module: its dependencies are pinned by go.mod and
+# checked against go.sum, fetched through the Go module proxy. The toolchain is the one
+# in /usr/local/go (Go 1.26; GOTOOLCHAIN can fetch a newer one as a module).
+# GOFLAGS=-mod=readonly: a build never edits go.mod or go.sum; a stale one fails.
+# gcc and libc6-dev: cgo, for go test -race (installed from Debian when missing).
+GO_ROOT_BIN="/usr/local/go/bin"
+export GO_MODULE="github.com/ibex-context/ibex-context/clients/go"
+export GO_MODULE_DIR="$ROOT/clients/go"
 
 ensure_go() {
-  local missing=() pkg
-  for pkg in "${GO_DEBIAN_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing the Go toolchain and libraries (Debian): ${missing[*]}"
+  if [ ! -x "$GO_ROOT_BIN/go" ]; then
+    echo "Go not found at $GO_ROOT_BIN: install Go 1.26 into /usr/local/go (https://go.dev/doc/install)" >&2
+    return 1
+  fi
+  export PATH="$GO_ROOT_BIN:$PATH"
+  export GO111MODULE=on GOFLAGS=-mod=readonly
+  if ! command -v gcc >/dev/null 2>&1 || [ ! -e /usr/include/stdio.h ]; then
+    log "installing gcc and libc6-dev (Debian), for go test -race"
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq gcc libc6-dev >/dev/null
   fi
-}
-
-GO_MODULE="github.com/ibex-context/ibex-context/clients/go"
-
-# use_go_gopath: GOPATH-mode environment for clients/go, built offline against
-# Debian's sources: a GOPATH of its own (under .tools) holding a link to clients/go
-# at its import path, then /usr/share/gocode. Exports GO_PACKAGE_DIR: where to cd
-# for go commands (the module seen through its import path).
-use_go_gopath() {
-  local gopath="$TOOLS/gopath" link
-  link="$gopath/src/$GO_MODULE"
-  mkdir -p "$(dirname "$link")"
-  ln -sfn "$ROOT/clients/go" "$link"
-  export GO111MODULE=off GOPROXY=off GOFLAGS='' GOPATH="$gopath:/usr/share/gocode"
-  export GO_PACKAGE_DIR="$link"
 }

@@ -58,6 +58,52 @@ class Settings(BaseSettings):
     shutdown_drain_delay_seconds: float = _f(
         0.0, "On SIGTERM, how long to keep serving while NOT_SERVING propagates to load balancers.", ge=0
     )
+    # Connections (docs/kubernetes.md, "Load balancing gRPC"). Every client connection is aged so that any
+    # gRPC client, not only ours (which re-resolve every 30 s), reconnects and re-resolves: pods
+    # the HPA adds get calls within about a minute, a reconnect costing one handshake per client
+    # connection per minute. gRPC jitters the age by +-10 % so connections do not reconnect together.
+    grpc_max_connection_age_seconds: float = _f(
+        60.0,
+        "Age after which the server sends a connection GOAWAY (gRPC's `grpc.max_connection_age_ms`, "
+        "jittered +-10 %): its client reconnects, re-resolving the name, so new pods get calls.",
+        ge=1,
+    )
+    # The calls running on an aged connection finish on it: 30 s is the longest deadline either
+    # client gives a call by default (the Python MemoryClient's; the Go one's is 10 s, a purge
+    # works at most purge_call_seconds, 20 s), so no call with a default deadline is cut.
+    grpc_max_connection_age_grace_seconds: float = _f(
+        30.0,
+        "How long the calls running on an aged connection may take before it is closed "
+        "(`grpc.max_connection_age_grace_ms`).",
+        ge=0,
+    )
+    # HTTP/2's recommended minimum. A proxy keeps far fewer calls in flight per connection (the
+    # admission cap is IBEX_MAX_CONCURRENT_ASSEMBLIES per process); a client past the limit has
+    # its further calls queued on its side by gRPC until a stream ends, so one connection cannot
+    # make the server hold more than this many parsed requests at once.
+    grpc_max_concurrent_streams: int = _f(
+        100,
+        "Most calls in flight on one client connection (`grpc.max_concurrent_streams`); a client's "
+        "further calls wait on its side until one ends.",
+        ge=1,
+    )
+    # Keepalive enforcement: 10 s is grpc-go's floor for a client's keepalive time, so no grpc-go
+    # keepalive setting is refused; grpcio's clients send no keepalive pings unless configured.
+    # Pings on an idle connection are allowed (a proxy's connections idle between bursts and may
+    # keep NAT or load-balancer state alive), only not more often than this.
+    grpc_keepalive_min_ping_interval_seconds: float = _f(
+        10.0,
+        "Shortest interval between a client's keepalive pings the server accepts "
+        "(`grpc.http2.min_ping_interval_without_data_ms`); a client pinging more often than "
+        "this IBEX_GRPC_MAX_PING_STRIKES times gets GOAWAY `too_many_pings`.",
+        gt=0,
+    )
+    grpc_max_ping_strikes: int = _f(
+        2,
+        "Pings sooner than IBEX_GRPC_KEEPALIVE_MIN_PING_INTERVAL_SECONDS tolerated before the "
+        "connection is closed (`grpc.http2.max_ping_strikes`; gRPC's default).",
+        ge=1,
+    )
     use_uvloop: bool = _f(
         True,
         "Run on uvloop: 0.7-1.2 ms less server CPU per call than asyncio's loop at 50 RPS "

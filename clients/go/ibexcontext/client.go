@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ibex-context/ibex-context/clients/go/contextv1"
@@ -58,13 +59,20 @@ type ContextClient struct {
 	timeout    time.Duration
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
+	metrics    *clientMetrics
 }
 
-// NewContextClient dials target, e.g. "dns:///ibex-context-headless.ns.svc:50051"
-// (round robin over its addresses) or "127.0.0.1:50051". It does not wait for
-// the connection: errors are for options only. Close it when done.
+// NewContextClient connects to target, e.g. "dns:///ibex-context-headless.ns.svc:50051"
+// (round robin over every address of the name, resolved again every
+// DefaultResolveEvery: see WithResolveEvery) or "127.0.0.1:50051". A target
+// without a port gets 50051. It does not wait for the connection: errors are for
+// options only. Close it when done.
 func NewContextClient(target string, opts ...Option) (*ContextClient, error) {
 	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	metrics, err := newClientMetrics(cfg.meter)
 	if err != nil {
 		return nil, err
 	}
@@ -72,30 +80,37 @@ func NewContextClient(target string, opts ...Option) (*ContextClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	client := newClient(conn, cfg)
+	client := newClient(conn, cfg, metrics)
 	client.conn = conn
 	return client, nil
 }
 
-// dial connects to target as the options say: round robin, TLS or plaintext, a
-// bearer token (over TLS only), then the caller's own dial options.
+var errEmptyTarget = errors.New("ibexcontext: empty target")
+
+// dial creates the connection as the options say: round robin over the target's
+// addresses (re-resolved periodically), TLS or plaintext, a bearer token (over
+// TLS only), then the caller's own dial options. A target without a scheme is a
+// dns: one, as for grpc.NewClient.
 func dial(target string, cfg *config) (*grpc.ClientConn, error) {
 	if target == "" {
-		return nil, errors.New("ibexcontext: empty target")
+		return nil, errEmptyTarget
 	}
-	opts := []grpc.DialOption{grpc.WithDefaultServiceConfig(roundRobin)}
+	opts := []grpc.DialOption{
+		grpc.WithDefaultServiceConfig(roundRobin),
+		grpc.WithResolvers(refreshingDNS{every: cfg.resolveEvery}),
+	}
 	switch {
 	case cfg.tls != nil:
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.tls)))
 	case cfg.token != nil:
 		return nil, errors.New("ibexcontext: WithBearerToken needs WithTLS")
 	default:
-		opts = append(opts, grpc.WithInsecure()) //nolint:staticcheck // grpc 1.33 has no insecure.NewCredentials
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	if cfg.token != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken{cfg.token}))
 	}
-	return grpc.Dial(target, append(opts, cfg.dialOptions...)...)
+	return grpc.NewClient(target, append(opts, cfg.dialOptions...)...)
 }
 
 // NewContextClientFromConn calls AssembleContext over a connection the caller
@@ -109,15 +124,20 @@ func NewContextClientFromConn(conn grpc.ClientConnInterface, opts ...Option) (*C
 	if cfg.dials() {
 		return nil, errors.New("ibexcontext: TLS, token and dial options apply to NewContextClient only")
 	}
-	return newClient(conn, cfg), nil
+	metrics, err := newClientMetrics(cfg.meter)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(conn, cfg, metrics), nil
 }
 
-func newClient(conn grpc.ClientConnInterface, cfg *config) *ContextClient {
+func newClient(conn grpc.ClientConnInterface, cfg *config, metrics *clientMetrics) *ContextClient {
 	return &ContextClient{
 		stub:       contextv1.NewContextAssemblyServiceClient(conn),
 		timeout:    cfg.timeout,
 		tracer:     cfg.tracer.Tracer(instrumentationName),
 		propagator: cfg.propagator,
+		metrics:    metrics,
 	}
 }
 
@@ -129,8 +149,11 @@ func (c *ContextClient) WaitReady(ctx context.Context) bool {
 	}
 	for {
 		state := c.conn.GetState()
-		if state == connectivity.Ready {
+		switch state {
+		case connectivity.Ready:
 			return true
+		case connectivity.Idle:
+			c.conn.Connect() // a new (or idle) client connects on its first call only
 		}
 		if !c.conn.WaitForStateChange(ctx, state) {
 			return false
@@ -155,6 +178,7 @@ func (c *ContextClient) Assemble(ctx context.Context, req Request) Result {
 	result := c.assemble(ctx, req)
 	result.Elapsed = time.Since(started)
 	endSpan(span, &result)
+	c.metrics.record(ctx, &result)
 	return result
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -160,7 +161,7 @@ func TestTheCallersOwnMetadataGoesAlong(t *testing.T) {
 // leaves with, before anything goes on the wire.
 type deadlineRecorder struct{ remaining []time.Duration }
 
-func (d *deadlineRecorder) intercept(ctx context.Context, method string, req, reply interface{},
+func (d *deadlineRecorder) intercept(ctx context.Context, method string, req, reply any,
 	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	remaining := time.Duration(0)
 	if deadline, ok := ctx.Deadline(); ok {
@@ -301,7 +302,7 @@ func TestOptionsThatCannotWorkAreRefused(t *testing.T) {
 
 func TestAClientOverTheCallersConnection(t *testing.T) {
 	_, target := startScripted(t)
-	conn, err := grpc.Dial(target, grpc.WithInsecure())
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

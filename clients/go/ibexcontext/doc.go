@@ -19,7 +19,10 @@
 // These are the reasons of the Python client (ibex_context.client.ContextClient).
 //
 // Dial the headless Service with a dns:/// target: the client balances round
-// robin over every address the name resolves to, and a pod that refuses
-// connections is skipped. Each call records an OpenTelemetry client span with
-// the RPC's name and the outcome, never tenant ids or content.
+// robin over every address the name resolves to, resolves the name again every
+// DefaultResolveEvery (WithResolveEvery) so that added pods get calls, and skips
+// a pod that refuses connections. Each call records an OpenTelemetry client span
+// with the RPC's name and the outcome, and the metrics
+// ibex_context_client_requests{result} and ibex_context_client_duration (the
+// Python client's, which the chart's dashboard reads): never tenant ids or content.
 package ibexcontext

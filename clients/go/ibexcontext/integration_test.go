@@ -13,15 +13,18 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -38,6 +41,7 @@ const (
 	// The service refuses requests over this many bytes (RESOURCE_EXHAUSTED).
 	serviceMaxRequestBytes = 65536
 	startupLimit           = 300 * time.Second
+	connectionAge          = time.Second
 	exitLimit              = 60 * time.Second
 )
 
@@ -61,6 +65,8 @@ func startRealService(t *testing.T) *realService {
 	cmd := exec.Command(bin, "dev", "--data-dir", t.TempDir())
 	cmd.Env = append(os.Environ(),
 		"IBEX_GRPC_PORT=0", "IBEX_METRICS_PORT=0", "IBEX_LOG_FORMAT=text",
+		// Connections aged every second (the default is 60 s): the test sees them replaced.
+		fmt.Sprintf("IBEX_GRPC_MAX_CONNECTION_AGE_SECONDS=%d", int(connectionAge.Seconds())),
 		fmt.Sprintf("IBEX_MAX_REQUEST_BYTES=%d", serviceMaxRequestBytes))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
@@ -290,6 +296,28 @@ func TestAgainstTheRealService(t *testing.T) {
 		}
 		if ids := result.Metadata.GetMemoryIds(); len(ids) > 0 && (ids[0] != id || !strings.Contains(injected, "Kiwi-5521")) {
 			t.Errorf("injected %v, want the parrot %s", ids, id)
+		}
+	})
+
+	t.Run("connections the server ages are replaced without a failed call", func(t *testing.T) {
+		var dials atomic.Int32
+		dialer := &net.Dialer{}
+		aged := newTestClient(t, target, WithTimeout(generous), WithDialOptions(grpc.WithContextDialer(
+			func(ctx context.Context, address string) (net.Conn, error) {
+				dials.Add(1)
+				return dialer.DialContext(ctx, "tcp", address)
+			})))
+		waitReady(t, aged)
+		connected := dials.Load()
+
+		for until := time.Now().Add(3 * connectionAge); time.Now().Before(until); time.Sleep(50 * time.Millisecond) {
+			if result := aged.Assemble(context.Background(), demoRequest("go-integration-aged")); !result.FromService {
+				t.Fatalf("a call fell back: %s (%v)", result.FallbackReason, result.Err)
+			}
+		}
+
+		if dials.Load() <= connected {
+			t.Errorf("%d connections made, none after the first %d: the server did not age them", dials.Load(), connected)
 		}
 	})
 

@@ -46,7 +46,7 @@ func (m *MemoryClient) Close() error { return m.conn.Close() }
 
 // defaultDeadline gives a call without a deadline one: no call waits forever.
 func defaultDeadline(timeout time.Duration) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply interface{}, cc *grpc.ClientConn,
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -19,17 +20,19 @@ const DefaultTimeout = 45 * time.Millisecond
 type Option func(*config) error
 
 type config struct {
-	timeout     time.Duration
-	timeoutSet  bool
-	tls         *tls.Config
-	token       TokenSource
-	dialOptions []grpc.DialOption
-	tracer      trace.TracerProvider
-	propagator  propagation.TextMapPropagator
+	timeout      time.Duration
+	timeoutSet   bool
+	resolveEvery time.Duration
+	tls          *tls.Config
+	token        TokenSource
+	dialOptions  []grpc.DialOption
+	tracer       trace.TracerProvider
+	meter        metric.MeterProvider
+	propagator   propagation.TextMapPropagator
 }
 
 func newConfig(opts []Option) (*config, error) {
-	cfg := &config{timeout: DefaultTimeout}
+	cfg := &config{timeout: DefaultTimeout, resolveEvery: DefaultResolveEvery}
 	for _, opt := range opts {
 		if err := opt(cfg); err != nil {
 			return nil, err
@@ -37,6 +40,9 @@ func newConfig(opts []Option) (*config, error) {
 	}
 	if cfg.tracer == nil {
 		cfg.tracer = otel.GetTracerProvider()
+	}
+	if cfg.meter == nil {
+		cfg.meter = otel.GetMeterProvider()
 	}
 	if cfg.propagator == nil {
 		cfg.propagator = otel.GetTextMapPropagator()
@@ -59,6 +65,20 @@ func WithTimeout(d time.Duration) Option {
 			return errors.New("ibexcontext: timeout must be positive")
 		}
 		c.timeout, c.timeoutSet = d, true
+		return nil
+	}
+}
+
+// WithResolveEvery sets how often a dns: target is resolved again
+// (DefaultResolveEvery when not given), so that pods added behind the name get
+// calls. The name is also resolved again (at most once a second) whenever a
+// connection fails.
+func WithResolveEvery(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return errors.New("ibexcontext: the resolve period must be positive")
+		}
+		c.resolveEvery = d
 		return nil
 	}
 }
@@ -104,6 +124,20 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 			return errors.New("ibexcontext: WithTracerProvider needs a provider")
 		}
 		c.tracer = tp
+		return nil
+	}
+}
+
+// WithMeterProvider records a ContextClient's metrics with mp (the global
+// provider when not given): ibex_context_client_requests{result} and
+// ibex_context_client_duration (seconds), the Python client's, which the
+// chart's dashboard reads.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return errors.New("ibexcontext: WithMeterProvider needs a provider")
+		}
+		c.meter = mp
 		return nil
 	}
 }

@@ -102,7 +102,13 @@ func (s *scriptedService) lastCall(t *testing.T) seenCall {
 // startScripted serves a scriptedService on 127.0.0.1 until the test ends.
 func startScripted(t testing.TB, opts ...grpc.ServerOption) (*scriptedService, string) {
 	t.Helper()
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	return startScriptedAt(t, "127.0.0.1:0", opts...)
+}
+
+// startScriptedAt serves a scriptedService on address until the test ends.
+func startScriptedAt(t testing.TB, address string, opts ...grpc.ServerOption) (*scriptedService, string) {
+	t.Helper()
+	listener, err := net.Listen("tcp", address)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ from ibex_context.pipeline.outcome import (
     StageSpan,
     Timings,
 )
-from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.rpc import CallError, Context, Method, unary
 from ibex_context.tokens.catalogue import resolve_model
 
@@ -229,6 +229,7 @@ async def scripted_server(
     host: str = "127.0.0.1",
     port: int = 0,
     extra_methods: Sequence[Method] = (),
+    connections: ConnectionPolicy | None = None,
 ) -> AsyncIterator[RunningServer]:
     """A real grpc.aio server (the service's own, ``server/grpc_server.py``) on a real
     socket, observed as the service is when ``metrics`` is given."""
@@ -241,7 +242,10 @@ async def scripted_server(
             log=access_log or logging.getLogger("tests.access"),
         )
     server = ServiceServer(
-        [*service.methods(), *extra_methods], max_request_bytes=4 * 1024 * 1024, observer=observer
+        [*service.methods(), *extra_methods],
+        max_request_bytes=4 * 1024 * 1024,
+        observer=observer,
+        connections=connections,
     )
     bound = await server.start(host, port)
     try:

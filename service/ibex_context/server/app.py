@@ -38,7 +38,7 @@ from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
-from ibex_context.server.grpc_server import ServiceServer
+from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
@@ -281,6 +281,7 @@ class ContextService:
             reuse_port=s.grpc_reuse_port,
             guard=self._guard(),
             credentials=self.tls.credentials() if self.tls is not None else None,
+            connections=ConnectionPolicy.from_settings(s),
         )
         if s.gc_freeze:
             # Everything built so far lives as long as the process (see server/heap.py).
