@@ -349,9 +349,10 @@ class Settings(BaseSettings):
     profiles_poll_seconds: float = _f(1.0, "How often the profiles file is checked for changes.", gt=0)
     max_concurrent_assemblies: int = _f(
         4,
-        "Assemblies run at once per process; a call over it gets its messages back at once "
-        "(reason overloaded) instead of queueing past its deadline. Size it to what one core "
-        "finishes inside the deadline (see docs/adr/0007). 0: no limit.",
+        "Assemblies run at once per process, shared by the orgs calling it (by their profiles' "
+        "admission.weight); a call over it gets its messages back at once (reason overloaded, or "
+        "org_over_share for an org over its share) instead of queueing past its deadline. Size it "
+        "to what one core finishes inside the deadline (see docs/adr/0007). 0: no limit.",
         ge=0,
     )
     org_rate_limit: float = _f(
