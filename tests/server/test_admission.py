@@ -56,13 +56,12 @@ def test_a_quiet_org_is_assembled_above_the_cap_while_a_flood_holds_the_pool() -
     assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE
 
 
-def test_an_org_over_its_share_keeps_a_slot_free_for_the_others() -> None:
+def test_below_saturation_an_org_over_its_share_still_uses_the_free_slots() -> None:
     policy, _ = admission(4)
     assert policy.admit(B, PLAIN) is None
-    policy.release(B)
-    # B called a moment ago: A's share is 2, and it may borrow while one slot stays free.
+    # B holds one slot; A's share is 2, but three slots are free: nothing is shed yet.
     assert fill(policy, A, 4) == [None, None, None, Reason.ORG_OVER_SHARE]
-    assert policy.admit(B, PLAIN) is None
+    assert policy.admit(B, PLAIN) is None  # B within its share, A over its own: lent above the cap
 
 
 def test_an_org_within_its_share_is_shed_as_overloaded_when_nobody_is_over_theirs() -> None:
@@ -82,13 +81,15 @@ def test_the_pool_is_never_exceeded_by_more_than_its_size() -> None:
     assert set(results) == {None, Reason.OVERLOADED}
 
 
-def test_shares_follow_the_weights() -> None:
+@pytest.mark.parametrize(("a_weight", "b_admitted"), [(1.0, True), (2.0, False)])
+def test_shares_follow_the_weights(a_weight: float, b_admitted: bool) -> None:
     policy, _ = admission(6)
-    heavy = Admission(weight=2.0)
-    assert policy.admit(B, PLAIN) is None
-    policy.release(B)
-    # Weights 2 and 1: A's share is 4 of 6; past it, it borrows while a slot stays free.
-    assert fill(policy, A, 6, heavy) == [None, None, None, None, None, Reason.ORG_OVER_SHARE]
+    heavy = Admission(weight=a_weight)
+    assert fill(policy, B, 2) + fill(policy, A, 4, heavy) == [None] * 6
+    # The pool is full. Equal weights: shares of 3, A (4) is over its share and B (2) within
+    # it. A of weight 2: shares of 4 and 2, both orgs at their share.
+    assert policy.admit(A, heavy) is Reason.ORG_OVER_SHARE
+    assert (policy.admit(B, PLAIN) is None) is b_admitted
 
 
 def test_an_org_that_stopped_calling_no_longer_takes_a_share() -> None:

@@ -9,20 +9,21 @@ pass-through answers. Here the pool is shared by the orgs that called in the las
 
 * an org's **share** is ``max(1, floor(limit * weight / active weight))`` slots; alone, the
   whole pool;
-* a call of an org **within its share** is assembled: in a free slot, or, when an org over
-  its share holds the pool, above the limit (never above twice it): a quiet org is not made
-  to wait for a flood to finish;
-* a call of an org **at or over its share** is assembled while it leaves a slot free for
-  the others (a burst of one org still uses an idle process), else shed with
-  ``org_over_share``; an org alone is shed with ``overloaded`` as before;
+* while a slot is free, every call is assembled (below saturation nothing changes);
+* once the pool is full, a call of an org **at or over its share** is shed with
+  ``org_over_share`` (``overloaded`` for an org alone, as before), and a call of an org
+  **within its share** is assembled above the limit (never above twice it) if an org over
+  its share holds part of the pool: a quiet org is not made to wait for a flood to finish,
+  and the flood's next calls are shed until the process is back under the limit;
 * an org may also have a **rate limit** (a token bucket: ``admission.ratePerSecond`` and
   ``burst``, default ``IBEX_ORG_RATE_LIMIT``): a call over it is shed with ``org_over_rate``,
   whether or not the process is busy.
 
-The decision is a few dictionary reads and additions; the orgs holding slots (at most twice
-the limit) are walked only when the pool is full. Orgs that stopped calling are forgotten by a
-sweep every quarter of ``active_seconds``. State is per process: with N replicas behind a
-balancer each org's rate limit and share hold per replica (docs/adr/0014-fair-admission.md).
+The decision is a few dictionary reads and additions; shares are computed, and the orgs
+holding slots (at most twice the limit) walked, only when the pool is full. Orgs that
+stopped calling are forgotten by a sweep every quarter of ``active_seconds``. State is per
+process: with N replicas behind a balancer each org's rate limit and share hold per replica
+(docs/adr/0014-fair-admission.md).
 """
 
 from __future__ import annotations
@@ -143,21 +144,18 @@ class FairAdmission:
         if self._over_rate(org, admission, now):
             return Reason.ORG_OVER_RATE
         limit = self._limit
-        if not limit:
-            return None
         running = self._running
-        share = self._share(org)
-        if org.inflight < share:
-            if running < limit:
-                return None
-            # The pool is full: taken from an org over its share, the slot is lent, not lost.
+        if not limit or running < limit:
+            return None
+        # Saturated: the calls of an org over its share are the ones shed.
+        if org.inflight < self._share(org):
+            # Taken from an org over its share, a slot is lent, not lost.
             if running < 2 * limit and any(o.inflight > self._share(o) for o in self._busy.values()):
                 return None
             return Reason.OVERLOADED
         if self._active_weight - org.weight <= _EPSILON:  # alone: its share is the pool
             return Reason.OVERLOADED
-        # Over its share with others calling: only while a slot stays free for them.
-        return None if running + 1 < limit else Reason.ORG_OVER_SHARE
+        return Reason.ORG_OVER_SHARE
 
     def _share(self, org: _Org) -> int:
         others = self._active_weight - org.weight
