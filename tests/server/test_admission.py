@@ -64,6 +64,20 @@ def test_below_saturation_an_org_over_its_share_still_uses_the_free_slots() -> N
     assert policy.admit(B, PLAIN) is None  # B within its share, A over its own: lent above the cap
 
 
+def test_for_a_moment_after_the_pool_was_full_an_org_over_its_share_leaves_the_last_slot() -> None:
+    policy, clock = admission(4)
+    assert policy.admit(B, PLAIN) is None
+    assert fill(policy, A, 4) == [None, None, None, Reason.ORG_OVER_SHARE]  # the pool was full
+    policy.release(A)
+    policy.release(A)
+    assert policy.admit(A, PLAIN) is None  # back within its share (2)
+    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE  # over it: the last slot stays free
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    clock.now += 1.0  # not full for a while: free slots are anyone's again
+    assert policy.admit(A, PLAIN) is None
+
+
 def test_an_org_within_its_share_is_shed_as_overloaded_when_nobody_is_over_theirs() -> None:
     policy, _ = admission(2)
     assert policy.admit(A, PLAIN) is None
