@@ -35,6 +35,21 @@ def locust_command(
 ) -> LocustCommand:
     users = max(1, math.ceil(args.rps / args.rps_per_user))
     rps_per_user = args.rps / users
+    user_classes = ["AssembleContextUser"]
+    tenants: dict[str, Any] = {}
+    if getattr(args, "tenant_orgs", None):
+        if secure is None:
+            raise ValueError("a tenants run needs --secure (each tenant's own org-bound token)")
+        # The quiet org: one user at its rate (Poisson arrivals: its calls are independent).
+        tenants = {
+            "noisy": {"users": users, "rps_per_user": rps_per_user, "gated": False},
+            "quiet": {"users": 1, "rps_per_user": args.quiet_rps, "gated": True},
+        }
+        for name, tenant in tenants.items():
+            tenant["org_id"] = args.tenant_orgs[name]
+            tenant["token_file"] = str(secure.tenant_tokens[name])
+        user_classes = ["NoisyTenant", "QuietTenant"]
+        users += 1
     locust_cmd = [
         *taskset(args.locust_cpus),
         str(BIN / "locust"),
@@ -77,7 +92,11 @@ def locust_command(
         locust_cmd += ["--scenario-weights", args.scenario_weights]
     if secure is not None:
         locust_cmd += ["--tls-ca", str(secure.ca_file), "--token-file", str(secure.token_file)]
-    return LocustCommand(locust_cmd, users, rps_per_user)
+    if tenants:
+        tenants_file = prefix.with_suffix(".tenants.json")
+        tenants_file.write_text(json.dumps(tenants, indent=1))
+        locust_cmd += ["--tenants-file", str(tenants_file)]
+    return LocustCommand([*locust_cmd, *user_classes], users, rps_per_user)
 
 
 def wait_for_locust(locust: subprocess.Popen[bytes], args: argparse.Namespace) -> int:

@@ -16,6 +16,12 @@ Scenarios (weighted tasks; ``--scenario-weights``):
   call and its result appended (reported as ``agent_loop_tool_call``), as an agent
   framework calls the LLM; the service's query-embedding cache should serve those.
 
+Tenants (``--tenants-file``, the noisy-neighbour scenario): the users of ``NoisyTenant``
+and ``QuietTenant`` (name them on the command line) each call only their own org's agents,
+with their own org-bound token, at their own rate; the summary's ``by_tenant`` gives each
+one's FULL share, shed share and latency, and the gate then holds for the tenant marked
+``gated`` (the quiet one) alone: the noisy one is expected to be shed.
+
 Every response is checked (``loadtest.checks``): metadata counts consistent, injected
 tokens within the memory budget, the client's messages preserved in order after the
 injection. A broken contract is a failed request. A degraded response
@@ -62,6 +68,7 @@ from locust import (  # noqa: E402
 )
 from locust.env import Environment  # noqa: E402
 from locust.runners import WorkerRunner  # noqa: E402
+from locust.stats import StatsEntry  # noqa: E402
 
 if __package__ in (None, ""):  # locust imports this file by path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -79,6 +86,8 @@ from loadtest.workload import (  # noqa: E402
 )
 
 METHOD = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
+# The reasons of a call shed at admission (server/admission.py), not assembled at all.
+SHED_REASONS = ("overloaded", "org_over_share", "org_over_rate")
 
 
 @events.init_command_line_parser.add_listener
@@ -140,6 +149,12 @@ def _options(parser: Any) -> None:
         help="write the gate's figures here at exit",
     )
     g.add_argument("--loadtest-seed", env_var="LOADTEST_SEED", type=int, default=7)
+    g.add_argument(
+        "--tenants-file",
+        env_var="LOADTEST_TENANTS_FILE",
+        default="",
+        help="JSON {tenant: {org_id, token_file, users, rps_per_user, gated}} for NoisyTenant/QuietTenant",
+    )
 
 
 # --------------------------------------------------------------------------- shared state
@@ -175,13 +190,34 @@ class Tally:
         self.__init__()  # type: ignore[misc]
 
 
-def _workload(environment: Environment) -> Workload:
-    workload: Workload | None = getattr(environment, "ibex_workload", None)
+def _workload(environment: Environment, org_id: str | None = None) -> Workload:
+    workloads: dict[str | None, Workload] | None = getattr(environment, "ibex_workloads", None)
+    if workloads is None:
+        workloads = {}
+        environment.ibex_workloads = workloads  # type: ignore[attr-defined]
+    workload = workloads.get(org_id)
     if workload is None:
         options = environment.parsed_options
-        workload = Workload(Path(options.agents_file), options.loadtest_seed)
-        environment.ibex_workload = workload  # type: ignore[attr-defined]
+        workload = workloads[org_id] = Workload(Path(options.agents_file), options.loadtest_seed, org_id)
     return workload
+
+
+def _tenants(environment: Environment) -> dict[str, dict[str, Any]]:
+    """The tenants file (``--tenants-file``), read once; {} without one."""
+    tenants: dict[str, dict[str, Any]] | None = getattr(environment, "ibex_tenants", None)
+    if tenants is None:
+        path = environment.parsed_options.tenants_file
+        tenants = json.loads(Path(path).read_text()) if path else {}
+        environment.ibex_tenants = tenants  # type: ignore[attr-defined]
+    return tenants
+
+
+def _tenant_tallies(environment: Environment) -> dict[str, Tally]:
+    tallies: dict[str, Tally] | None = getattr(environment, "ibex_tenant_tallies", None)
+    if tallies is None:
+        tallies = {}
+        environment.ibex_tenant_tallies = tallies  # type: ignore[attr-defined]
+    return tallies
 
 
 def _phases(environment: Environment) -> list[float]:
@@ -215,11 +251,23 @@ class ContractBroken(Exception):
 class AssembleContextUser(User):
     """One caller, paced at --rps-per-user, with its own HTTP/2 connection."""
 
+    # A tenant of --tenants-file ("": none, the whole agents file with --token-file).
+    tenant = ""
+
     def on_start(self) -> None:
         options = self.environment.parsed_options
         self._timeout = options.deadline_ms / 1000.0
-        self._workload = _workload(self.environment)
+        config = _tenants(self.environment).get(self.tenant, {}) if self.tenant else {}
+        if self.tenant and not config:
+            raise ValueError(f"--tenants-file names no tenant {self.tenant!r}")
+        token_file = config.get("token_file", options.token_file)
+        rps_per_user = float(config.get("rps_per_user", options.rps_per_user))
+        self._workload = _workload(self.environment, config.get("org_id"))
         self._tally = _tally(self.environment)
+        self._tenant_tally = (
+            _tenant_tallies(self.environment).setdefault(self.tenant, Tally()) if self.tenant else None
+        )
+        self._name_prefix = f"{self.tenant}/" if self.tenant else "AssembleContext/"
         self._rng = random.Random(f"{options.loadtest_seed}:{id(self)}")
         self._caller = Caller(
             session_id=str(uuid.UUID(int=self._rng.getrandbits(128), version=4)),
@@ -237,8 +285,8 @@ class AssembleContextUser(User):
         else:
             self._channel = grpc.insecure_channel(self.host, options=channel_options)
         self._metadata: tuple[tuple[str, str], ...] | None = None
-        if options.token_file:
-            with open(options.token_file) as token:
+        if token_file:
+            with open(token_file) as token:
                 self._metadata = (("authorization", f"Bearer {token.read().strip()}"),)
         self._call = self._channel.unary_unary(
             METHOD,
@@ -248,7 +296,7 @@ class AssembleContextUser(User):
         self._mix = RequestMix(
             self._workload, self._caller, self._rng, parse_weights(options.scenario_weights)
         )
-        self._schedule = Schedule(options.arrivals, options.rps_per_user, self._rng, time.monotonic())
+        self._schedule = Schedule(options.arrivals, rps_per_user, self._rng, time.monotonic())
         _phases(self.environment).append(self._schedule.phase)
         gevent.sleep(self._schedule.first_wait(time.monotonic()))
 
@@ -265,7 +313,7 @@ class AssembleContextUser(User):
     # -- requests -----------------------------------------------------------------------
 
     def call(self, scenario: str, req: Any) -> None:
-        name = f"AssembleContext/{scenario}"
+        name = f"{self._name_prefix}{scenario}"
         start = time.perf_counter()
         exception: Exception | None = None
         length = 0
@@ -279,16 +327,19 @@ class AssembleContextUser(User):
         if response is not None:
             length = response.ByteSize()
             problems = checks.response_problems(req.messages, response)
-            tally = self._tally
-            tally.responses += 1
-            tally.memories_injected += response.metadata.memories_injected
-            tally.levels[pb.DegradationLevel.Name(response.metadata.degradation_level)] += 1
             reason = checks.fallback_reason(response)
-            if reason is not None:
-                tally.fallbacks[reason] += 1
-            if problems:
+            level = pb.DegradationLevel.Name(response.metadata.degradation_level)
+            for tally in (self._tally, self._tenant_tally):
+                if tally is None:
+                    continue
+                tally.responses += 1
+                tally.memories_injected += response.metadata.memories_injected
+                tally.levels[level] += 1
+                if reason is not None:
+                    tally.fallbacks[reason] += 1
                 for problem in problems:
                     tally.problems[checks.problem_kind(problem)] += 1
+            if problems:
                 exception = ContractBroken("; ".join(checks.problem_kind(p) for p in problems))
         self.environment.events.request.fire(
             request_type="grpc",
@@ -301,6 +352,18 @@ class AssembleContextUser(User):
         )
 
 
+class NoisyTenant(AssembleContextUser):
+    """The tenant that floods (--tenants-file ``noisy``); named on the command line to run."""
+
+    tenant = "noisy"
+
+
+class QuietTenant(AssembleContextUser):
+    """The tenant calling at a steady rate beside it (--tenants-file ``quiet``)."""
+
+    tenant = "quiet"
+
+
 # --------------------------------------------------------------------------- distributed runs
 
 
@@ -311,6 +374,10 @@ def _send_tally(client_id: str, data: dict[str, Any]) -> None:
         tally = _tally(env)
         data["ibex_tally"] = tally.snapshot()
         tally.reset()
+        tallies = _tenant_tallies(env)
+        data["ibex_tenant_tallies"] = {name: t.snapshot() for name, t in tallies.items()}
+        for t in tallies.values():
+            t.reset()
 
 
 @events.worker_report.add_listener
@@ -318,6 +385,8 @@ def _receive_tally(client_id: str, data: dict[str, Any]) -> None:
     env = _ENV.get("environment")
     if env is not None and "ibex_tally" in data:
         _tally(env).add(data["ibex_tally"])
+        for name, snapshot in data.get("ibex_tenant_tallies", {}).items():
+            _tenant_tallies(env).setdefault(name, Tally()).add(snapshot)
 
 
 # The locust event hooks above receive no environment; remember it at init.
@@ -328,6 +397,11 @@ _ENV: dict[str, Environment] = {}
 def _on_init(environment: Environment, **_: Any) -> None:
     _ENV["environment"] = environment
     parse_weights(environment.parsed_options.scenario_weights)  # fail fast on a typo
+    # Each tenant's users: a fixed count of its class, whatever -u says.
+    for user_class in (NoisyTenant, QuietTenant):
+        config = _tenants(environment).get(user_class.tenant)
+        if config is not None:
+            user_class.fixed_count = int(config["users"])
 
 
 @events.test_start.add_listener
@@ -338,6 +412,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         def reset() -> None:
             environment.stats.reset_all()
             _tally(environment).reset()
+            for tally in _tenant_tallies(environment).values():
+                tally.reset()
             print(f"warm-up of {warmup:g} s over: statistics reset", file=sys.stderr)
 
         gevent.spawn_later(warmup, reset)
@@ -383,7 +459,7 @@ def summarize(environment: Environment) -> dict[str, Any]:
         "failures_by_error": _failures_by_error(environment),
         "arrivals": options.arrivals,
         "by_scenario": {
-            entry.name.split("/", 1)[-1]: {
+            entry.name.removeprefix("AssembleContext/"): {
                 "requests": entry.num_requests,
                 "failures": entry.num_failures,
                 "p50_ms": entry.get_response_time_percentile(0.5),
@@ -403,20 +479,61 @@ def summarize(environment: Environment) -> dict[str, Any]:
         gap = min_circular_gap(_phases(environment), 1.0 / options.rps_per_user)
         summary["paced_min_gap_ms"] = None if gap is None else 1000.0 * gap
     verdicts = []
-    if n == 0:
-        verdicts.append("no requests completed")
+    tenants = _tenants(environment)
+    if tenants:
+        summary["by_tenant"] = {
+            name: tenant_summary(environment, name, _tenant_tallies(environment).get(name, Tally()))
+            for name in tenants
+        }
+        for name, config in tenants.items():
+            if config.get("gated"):
+                verdicts += [f"{name}: {v}" for v in _verdicts(summary["by_tenant"][name], options)]
     else:
-        if summary["p99_ms"] >= options.p99_ms:
-            verdicts.append(f"p99 {summary['p99_ms']:.0f} ms >= {options.p99_ms:g} ms")
-        if summary["fallback_rate"] >= options.max_fallback_rate:
-            verdicts.append(
-                f"fallback rate {summary['fallback_rate']:.4%} >= {options.max_fallback_rate:.4%}"
-            )
-        if total.fail_ratio >= options.max_failure_rate:
-            verdicts.append(f"failure rate {total.fail_ratio:.4%} >= {options.max_failure_rate:.4%}")
+        verdicts = _verdicts(summary, options)
     summary["passed"] = not verdicts
     summary["violations"] = verdicts
     return summary
+
+
+def tenant_summary(environment: Environment, tenant: str, tally: Tally) -> dict[str, Any]:
+    """One tenant's figures: its requests' latency (its stats entries merged), failures, and
+    the share of its answers that were FULL and that were shed at admission."""
+    merged = StatsEntry(environment.stats, tenant, "grpc")
+    for entry in environment.stats.entries.values():
+        if entry.name.startswith(f"{tenant}/"):
+            merged.extend(entry)
+    n = merged.num_requests
+    responses = tally.responses
+    shed = sum(tally.fallbacks.get(reason, 0) for reason in SHED_REASONS)
+    fallbacks = sum(tally.fallbacks.values())
+    return {
+        "requests": n,
+        "failures": merged.num_failures,
+        "failure_rate": merged.fail_ratio,
+        "rps": merged.total_rps,
+        "p50_ms": merged.get_response_time_percentile(0.5) if n else None,
+        "p99_ms": merged.get_response_time_percentile(0.99) if n else None,
+        "max_ms": merged.max_response_time if n else None,
+        "responses": responses,
+        "full_share": tally.levels.get("DEGRADATION_LEVEL_FULL", 0) / responses if responses else 0.0,
+        "shed_share": shed / responses if responses else 0.0,
+        "fallback_rate": fallbacks / responses if responses else 0.0,
+        "fallbacks_by_reason": dict(tally.fallbacks.most_common()),
+        "degradation_levels": dict(tally.levels.most_common()),
+    }
+
+
+def _verdicts(figures: dict[str, Any], options: Any) -> list[str]:
+    if not figures["requests"]:
+        return ["no requests completed"]
+    verdicts = []
+    if figures["p99_ms"] >= options.p99_ms:
+        verdicts.append(f"p99 {figures['p99_ms']:.0f} ms >= {options.p99_ms:g} ms")
+    if figures["fallback_rate"] >= options.max_fallback_rate:
+        verdicts.append(f"fallback rate {figures['fallback_rate']:.4%} >= {options.max_fallback_rate:.4%}")
+    if figures["failure_rate"] >= options.max_failure_rate:
+        verdicts.append(f"failure rate {figures['failure_rate']:.4%} >= {options.max_failure_rate:.4%}")
+    return verdicts
 
 
 @events.quitting.add_listener

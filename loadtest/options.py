@@ -7,6 +7,7 @@
     loadtest/run --scenario agent-loop --rps 150               # agent loops: a question, 0-8 tool calls
     loadtest/run --scenario baseline --rps 600 --profile        # + py-spy profile of the server
     loadtest/run --scenario baseline --embedder hashing         # TOY embedder: isolates the rest's cost
+    loadtest/run --scenario noisy-neighbour --rps 150 --quiet-rps 5   # org A floods, org B beside it
 
 The service embeds queries with the real embedder (all-MiniLM-L6-v2, ``--embedder minilm``)
 unless told otherwise, and the stored vectors come from the same embedder. ``hashing`` is a
@@ -59,6 +60,12 @@ class Scenario:
     description: str = ""
     # The request mix (locust's --scenario-weights); "" is the locustfile's default mix.
     scenario_weights: str = ""
+    # Two tenants (loadtest/locustfile.py NoisyTenant, QuietTenant): org A floods at ``rps``,
+    # org B calls at --quiet-rps, each with its own org-bound token (--secure implied).
+    tenants: bool = False
+    # The gate (--p99-ms, --max-fallback-rate): of the quiet tenant alone in a tenants run.
+    p99_ms: float = 50.0
+    max_fallback_rate: float = 0.001
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -78,6 +85,19 @@ SCENARIOS: dict[str, Scenario] = {
             30,
             description="baseline data, agent loops: a question then 0-8 tool calls",
             scenario_weights="agent_loop=1",
+        ),
+        # Issue 39's "measured by": one org floods, another calls steadily beside it.
+        Scenario(
+            "noisy-neighbour",
+            100,
+            1000,
+            150,
+            60,
+            15,
+            description="baseline data; org A floods at --rps, org B calls at --quiet-rps (own tokens)",
+            tenants=True,
+            p99_ms=45.0,
+            max_fallback_rate=0.01,
         ),
         Scenario(
             "large-agent",
@@ -222,8 +242,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pin Redis and PostgreSQL (default: the load generator's CPUs, so the server has a core "
         "of its own, as it would beside remote stores; 'any': not pinned)",
     )
-    p.add_argument("--p99-ms", type=float, default=50.0)
-    p.add_argument("--max-fallback-rate", type=float, default=0.001)
+    p.add_argument("--p99-ms", type=float, help="gate: p99 below this (default: the scenario's, 50)")
+    p.add_argument("--max-fallback-rate", type=float, help="gate (default: the scenario's, 0.001)")
+    p.add_argument(
+        "--quiet-rps",
+        type=float,
+        default=5.0,
+        help="noisy-neighbour: the quiet org's rate, beside the flooding org's --rps",
+    )
+    p.add_argument(
+        "--noisy-rate-limit",
+        type=float,
+        default=None,
+        help="noisy-neighbour: the flooding org's admission.ratePerSecond (a ContextProfile for its org);"
+        " default: none, the service's defaults",
+    )
     p.add_argument("--max-failure-rate", type=float, default=0.001)
     p.add_argument(
         "--secure",
@@ -257,6 +290,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "large_memories",
         "vectors",
         "scenario_weights",
+        "p99_ms",
+        "max_fallback_rate",
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
@@ -265,6 +300,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":
         args.stores_cpus = None
+    args.tenants = preset.tenants
+    if args.tenants:
+        args.secure = True  # each tenant's own org-bound token
+    elif args.noisy_rate_limit is not None:
+        p.error("--noisy-rate-limit: only with a scenario of two tenants (noisy-neighbour)")
     args.label = args.label or args.scenario
     args.argv = raw
     return args

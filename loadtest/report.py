@@ -31,6 +31,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
     server_util = result.server_cpu_s / result.wall_s if result.wall_s else 0.0
     locust_util = result.locust_cpu_s / result.wall_s if result.wall_s else 0.0
     achieved = s.get("rps", 0.0) or 0.0
+    offered = args.rps + (args.quiet_rps if getattr(args, "tenants", False) else 0.0)
     lines = [
         f"# Load test `{args.label}`: {'PASSED' if passed else 'FAILED'}",
         "",
@@ -45,7 +46,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         "| offered RPS | achieved RPS | requests | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | failures | "
         "fallback rate |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {args.rps:g} | {_fmt(achieved)} | {_fmt(s.get('requests'))} | {_fmt(s.get('p50_ms'))} | "
+        f"| {offered:g} | {_fmt(achieved)} | {_fmt(s.get('requests'))} | {_fmt(s.get('p50_ms'))} | "
         f"{_fmt(s.get('p90_ms'))} | {_fmt(s.get('p99_ms'))} | {_fmt(s.get('p999_ms'))} | {_fmt(s.get('max_ms'))} | "
         f"{_fmt(s.get('failures'))} ({100 * (s.get('failure_rate') or 0):.2f} %) | "
         f"{100 * (s.get('fallback_rate') or 0):.3f} % |",
@@ -82,6 +83,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
             else []
         ),
         "",
+        *_tenant_lines(args, s),
         "### By scenario (client)",
         "",
         "| scenario | requests | p50 ms | p99 ms | max ms | failures |",
@@ -246,3 +248,38 @@ def _event_loop() -> str:
     uvloop = default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
     origin = "default" if value is None else f"IBEX_USE_UVLOOP={value}"
     return f"event loop {'uvloop' if uvloop else 'asyncio (iterations timed)'} ({origin})"
+
+
+def _tenant_lines(args: argparse.Namespace, s: dict[str, Any]) -> list[str]:
+    """A tenants run's figures per org (the gate held for the quiet one alone)."""
+    by_tenant = s.get("by_tenant")
+    if not by_tenant:
+        return []
+    offered = {"noisy": args.rps, "quiet": args.quiet_rps}
+    lines = [
+        "### By tenant (client): org A floods, org B calls beside it, each with its own org-bound token",
+        "",
+        "| tenant | offered RPS | achieved RPS | requests | FULL | shed at admission | p50 ms | p99 ms | max ms | failures | reasons |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, row in by_tenant.items():
+        org = "org A" if name == "noisy" else "org B"
+        lines.append(
+            f"| {name} ({org}) | {offered.get(name, 0):g} | {_fmt(row['rps'])} | {_fmt(row['requests'])} | "
+            f"{100 * row['full_share']:.2f} % | {100 * row['shed_share']:.2f} % | {_fmt(row['p50_ms'])} | "
+            f"{_fmt(row['p99_ms'])} | {_fmt(row['max_ms'])} | {_fmt(row['failures'])} | "
+            f"{row['fallbacks_by_reason'] or 'none'} |"
+        )
+    limit = (
+        f"org A's admission.ratePerSecond {args.noisy_rate_limit:g} (a ContextProfile for its org)"
+        if args.noisy_rate_limit is not None
+        else "no profile: every admission setting at its default"
+    )
+    lines += [
+        "",
+        f"Admission: {limit}. The gate above is org B's (quiet): p99 < {args.p99_ms:g} ms, "
+        f"non-FULL share < {100 * args.max_fallback_rate:g} %, failures < {100 * args.max_failure_rate:g} %; "
+        "the result row above is both tenants' calls together.",
+        "",
+    ]
+    return lines

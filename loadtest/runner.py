@@ -94,6 +94,12 @@ def _run_with_stores(
     log: Any,
     store_pids: Sequence[int] = (),
 ) -> RunResult:
+    if args.tenants:
+        # Org A (noisy) and org B (quiet): the seeded data's first two orgs.
+        orgs = orgs_of(agents_file)
+        if len(orgs) < 2:
+            raise RunProducedNothing("a tenants run needs data of two orgs or more")
+        args.tenant_orgs = {"noisy": orgs[0], "quiet": orgs[1]}
     server = start_server(args, dsn, redis_url, prefix, log)
     profiler: subprocess.Popen[bytes] | None = None
     try:

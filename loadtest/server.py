@@ -10,7 +10,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,12 @@ def wait_ready(
 
 @dataclass(frozen=True, slots=True)
 class ClientSecrets:
-    """What locust presents to a ``--secure`` server: the CA that verifies it, a token file."""
+    """What locust presents to a ``--secure`` server: the CA that verifies it, a token file
+    (and one per tenant of a tenants run, each bound to its org)."""
 
     ca_file: Path
     token_file: Path
+    tenant_tokens: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -66,10 +68,13 @@ class ServerProcess:
             self.proc.wait()
 
 
-def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
+def secure_settings(
+    directory: Path, tenant_orgs: dict[str, str] | None = None
+) -> tuple[dict[str, str], ClientSecrets]:
     """TLS and authentication for the run (docs/security.md): a CA and a server certificate
-    made here, a token with the assemble and read roles. The server's IBEX_* settings and the
-    client's files."""
+    made here, a token with the assemble and read roles, and for each of ``tenant_orgs``
+    (tenant -> org id) a token with the assemble role bound to that org. The server's IBEX_*
+    settings and the client's files."""
     import secrets
 
     import yaml
@@ -93,14 +98,28 @@ def secure_settings(directory: Path) -> tuple[dict[str, str], ClientSecrets]:
         "roles": ["assemble", "read"],
         "token_sha256": [token_digest(token).hex()],
     }
-    credentials.write_text(yaml.safe_dump({"principals": [principal]}))
+    principals = [principal]
+    tenant_tokens: dict[str, Path] = {}
+    for tenant, org_id in (tenant_orgs or {}).items():
+        tenant_token = secrets.token_urlsafe(32)
+        tenant_tokens[tenant] = directory / f"token-{tenant}"
+        tenant_tokens[tenant].write_text(tenant_token)
+        principals.append(
+            {
+                "name": f"loadtest-{tenant}",
+                "roles": ["assemble"],
+                "org_id": org_id,
+                "token_sha256": [token_digest(tenant_token).hex()],
+            }
+        )
+    credentials.write_text(yaml.safe_dump({"principals": principals}))
     env = {
         "IBEX_TLS_CERT_FILE": str(cert),
         "IBEX_TLS_KEY_FILE": str(key),
         "IBEX_AUTH_ENABLED": "true",
         "IBEX_AUTH_CREDENTIALS_FILE": str(credentials),
     }
-    return env, ClientSecrets(ca_file, token_file)
+    return env, ClientSecrets(ca_file, token_file, tenant_tokens)
 
 
 def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Path, log: Any) -> ServerProcess:
@@ -122,9 +141,12 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
         IBEX_AUTH_ENABLED="false",
     )
     client: ClientSecrets | None = None
+    tenant_orgs: dict[str, str] | None = getattr(args, "tenant_orgs", None)
     if args.secure:
-        secure_env, client = secure_settings(prefix.with_suffix(".secure"))
+        secure_env, client = secure_settings(prefix.with_suffix(".secure"), tenant_orgs)
         env.update(secure_env)
+    if tenant_orgs and args.noisy_rate_limit is not None:
+        env["IBEX_PROFILES_PATH"] = str(noisy_profiles(prefix, tenant_orgs["noisy"], args.noisy_rate_limit))
     serve_cmd = [*taskset(args.server_cpus), str(BIN / "ibex-context"), "serve"]
     if args.workers > 1:
         serve_cmd += ["--workers", str(args.workers)]
@@ -133,3 +155,17 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
     with server_log.open("wb") as server_out:
         proc = subprocess.Popen(serve_cmd, env=env, stdout=server_out, stderr=subprocess.STDOUT, cwd=ROOT)
     return ServerProcess(proc, grpc_port, metrics_ports, serve_cmd, server_log, client)
+
+
+def noisy_profiles(prefix: Path, org_id: str, rate_per_second: float) -> Path:
+    """A profiles file giving the flooding org an admission rate limit (the rest: defaults)."""
+    import json
+
+    path = prefix.with_suffix(".profiles.json")
+    profile = {
+        "name": "loadtest-noisy-org",
+        "selector": {"orgIds": [org_id]},
+        "admission": {"ratePerSecond": rate_per_second},
+    }
+    path.write_text(json.dumps({"apiVersion": "context.ibex.dev/v1alpha1", "profiles": [profile]}))
+    return path

@@ -51,11 +51,15 @@ def parse_weights(text: str) -> dict[str, int]:
 class Workload:
     """Agents and prebuilt conversations, shared by every user of this process."""
 
-    def __init__(self, agents_file: Path, seed: int) -> None:
+    def __init__(self, agents_file: Path, seed: int, org_id: str | None = None) -> None:
+        """``org_id``: only that org's agents (a tenant of the noisy-neighbour scenario)."""
         data = json.loads(agents_file.read_text())
-        self.agents: list[dict[str, Any]] = [a for a in data["agents"] if a.get("queries")]
+        self.agents: list[dict[str, Any]] = [
+            a for a in data["agents"] if a.get("queries") and org_id in (None, a["org_id"])
+        ]
         if not self.agents:
-            raise ValueError(f"{agents_file}: no agents with queries")
+            where = f" in org {org_id}" if org_id else ""
+            raise ValueError(f"{agents_file}: no agents with queries{where}")
         by_size = sorted(self.agents, key=lambda a: -int(a.get("memories", 0)))
         largest = int(by_size[0].get("memories", 0))
         self.large_agents = [a for a in by_size if int(a.get("memories", 0)) == largest][

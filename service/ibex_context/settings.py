@@ -349,10 +349,25 @@ class Settings(BaseSettings):
     profiles_poll_seconds: float = _f(1.0, "How often the profiles file is checked for changes.", gt=0)
     max_concurrent_assemblies: int = _f(
         4,
-        "Assemblies run at once per process; a call over it gets its messages back at once "
-        "(reason overloaded) instead of queueing past its deadline. Size it to what one core "
-        "finishes inside the deadline (see docs/adr/0007). 0: no limit.",
+        "Assemblies run at once per process, shared by the orgs calling it (by their profiles' "
+        "admission.weight); a call over it gets its messages back at once (reason overloaded, or "
+        "org_over_share for an org over its share) instead of queueing past its deadline. Size it "
+        "to what one core finishes inside the deadline (see docs/adr/0007). 0: no limit.",
         ge=0,
+    )
+    org_rate_limit: float = _f(
+        0.0,
+        "AssembleContext calls per second one org may make to one process (token bucket, a "
+        "second's worth of burst); more are answered with their messages (reason org_over_rate). "
+        "A ContextProfile's admission.ratePerSecond sets it per org. 0: no limit.",
+        ge=0,
+    )
+    org_active_seconds: float = _f(
+        2.0,
+        "How long after its last AssembleContext call an org still shares the process: while "
+        "others do, an org holds at most its weighted share of IBEX_MAX_CONCURRENT_ASSEMBLIES "
+        "when the process is saturated (reason org_over_share; docs/adr/0014).",
+        gt=0,
     )
     deadline_safety_margin_ms: float = _f(
         3.0, "Kept back from the caller's gRPC deadline for serialization and the way back.", ge=0

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
+import yaml
 
+from loadtest.generator import locust_command
 from loadtest.machine import stolen_seconds
 from loadtest.measure import RunResult
 from loadtest.options import MINILM_SEED_MAX, SCENARIOS, dataset_key, parse_args
+from loadtest.server import secure_settings
 
 
 def test_the_stores_share_the_load_generators_cpus_unless_told_otherwise() -> None:
@@ -80,3 +85,36 @@ def test_the_cache_hit_rate_counts_lookups_served_without_an_embedding_of_their_
     assert result.embedding_cache_hit_rate == pytest.approx(0.8)
     result.embedding_cache = {}
     assert result.embedding_cache_hit_rate is None
+
+
+def test_the_noisy_neighbour_scenario_runs_two_orgs_with_their_own_tokens_and_gates_the_quiet_one(
+    tmp_path: Path,
+) -> None:
+    args = parse_args(["--scenario", "noisy-neighbour", "--quiet-rps", "5"])
+    assert args.secure and args.tenants
+    assert (args.rps, args.p99_ms, args.max_fallback_rate) == (150, 45.0, 0.01)
+    assert dataset_key(args) == dataset_key(parse_args(["--scenario", "baseline"]))
+    args.tenant_orgs = {"noisy": "org-a", "quiet": "org-b"}
+    env, secrets = secure_settings(tmp_path / "secure", args.tenant_orgs)
+    credentials = yaml.safe_load(Path(env["IBEX_AUTH_CREDENTIALS_FILE"]).read_text())
+    bound = {p["name"]: p.get("org_id") for p in credentials["principals"]}
+    assert bound == {"loadtest": None, "loadtest-noisy": "org-a", "loadtest-quiet": "org-b"}
+
+    load = locust_command(args, 50051, tmp_path / "agents.json", tmp_path / "run", secrets)
+
+    assert load.argv[-2:] == ["NoisyTenant", "QuietTenant"] and load.users == 16
+    tenants = json.loads(Path(load.argv[load.argv.index("--tenants-file") + 1]).read_text())
+    assert tenants["noisy"]["users"] == 15 and tenants["noisy"]["rps_per_user"] == 10
+    assert tenants["quiet"] == {
+        "users": 1,
+        "rps_per_user": 5.0,
+        "gated": True,
+        "org_id": "org-b",
+        "token_file": str(secrets.tenant_tokens["quiet"]),
+    }
+    assert not tenants["noisy"]["gated"]
+
+
+def test_a_rate_limit_for_the_flooding_org_needs_the_two_org_scenario() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--scenario", "baseline", "--noisy-rate-limit", "30"])

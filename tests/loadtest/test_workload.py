@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ SESSION = "6f1c2a8e-0d3b-4c5e-9f7a-1b2c3d4e5f60"
 
 
 @pytest.fixture(scope="module")
-def workload(tmp_path_factory: pytest.TempPathFactory) -> Workload:
+def agents_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     agents = [
         {
             "org_id": f"org-{i}",
@@ -36,7 +37,20 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Workload:
     ]
     path = tmp_path_factory.mktemp("workload") / "agents.json"
     path.write_text(json.dumps({"agents": agents}))
-    return Workload(path, seed=7)
+    return path
+
+
+@pytest.fixture(scope="module")
+def workload(agents_file: Path) -> Workload:
+    return Workload(agents_file, seed=7)
+
+
+def test_a_tenants_workload_calls_only_its_own_orgs_agents(agents_file: Path) -> None:
+    tenant = Workload(agents_file, seed=7, org_id="org-2")
+    mix = RequestMix(tenant, Caller(session_id=SESSION), random.Random(3), parse_weights("new_session=1"))
+    assert {mix.next()[1].org_id for _ in range(50)} == {"org-2"}
+    with pytest.raises(ValueError, match="no agents with queries in org org-9"):
+        Workload(agents_file, seed=7, org_id="org-9")
 
 
 def calls(workload: Workload, weights: str, n: int, seed: int = 1) -> list[tuple[str, Any]]:

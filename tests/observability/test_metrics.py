@@ -6,8 +6,14 @@ from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import ChatMessage, Degradation
-from ibex_context.observability.metrics import KNOWN_REASONS, OTHER, Metrics, normalise_reason
-from ibex_context.pipeline.outcome import Outcome, SourceResult, SourceStatus, StageSpan, plan_detail
+from ibex_context.observability.metrics import (
+    ADMISSION_LIMITS,
+    KNOWN_REASONS,
+    OTHER,
+    Metrics,
+    normalise_reason,
+)
+from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, SourceStatus, StageSpan, plan_detail
 from ibex_context.stores.read_routing import ReplicaStatus
 from prometheus_client import CollectorRegistry
 
@@ -189,8 +195,26 @@ def test_no_label_can_carry_an_id() -> None:
         "plan",
         "target",
         "replica",
+        # admission_shed_total: process, org_share, org_rate (never an org).
+        "limit",
         "le",
     }
+
+
+def test_every_admission_shed_is_counted_under_its_limit_and_the_series_exist_from_the_start() -> None:
+    metrics = Metrics(CollectorRegistry())
+    shed = "ibex_context_admission_shed_total"
+    assert all(
+        metrics.registry.get_sample_value(shed, {"limit": limit}) == 0 for limit in ADMISSION_LIMITS.values()
+    )
+    metrics.record_admission_shed(Reason.ORG_OVER_SHARE)
+    metrics.record_admission_shed(Reason.ORG_OVER_SHARE)
+    metrics.record_admission_shed(Reason.ORG_OVER_RATE)
+    assert metrics.registry.get_sample_value(shed, {"limit": "org_share"}) == 2
+    assert metrics.registry.get_sample_value(shed, {"limit": "org_rate"}) == 1
+    assert metrics.registry.get_sample_value(shed, {"limit": "process"}) == 0
+    metrics.track_admission(lambda: 3)
+    assert metrics.registry.get_sample_value("ibex_context_admission_active_orgs") == 3
 
 
 def test_read_replicas_lag_and_routing_are_read_at_scrape_time_named_by_position() -> None:

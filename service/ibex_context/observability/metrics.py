@@ -103,6 +103,13 @@ KNOWN_REASONS: frozenset[str] = frozenset(
     }
 )
 
+# The ``limit`` label of ``ibex_context_admission_shed_total``, by the reason a call is shed with.
+ADMISSION_LIMITS: dict[Reason, str] = {
+    Reason.OVERLOADED: "process",
+    Reason.ORG_OVER_SHARE: "org_share",
+    Reason.ORG_OVER_RATE: "org_rate",
+}
+
 _OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
 _DEGRADATION_LABELS: dict[Degradation, str] = {d: d.name.lower() for d in Degradation}
 _FAILURE_KINDS: dict[SourceStatus, str] = {SourceStatus.TIMEOUT: "timeout", SourceStatus.ERROR: "error"}
@@ -330,6 +337,18 @@ class Metrics:
             ["kind", "phase"],
             buckets=EMBEDDING_BUCKETS,
         )
+        self.admission_shed = declare.counter(
+            "ibex_context_admission_shed",
+            "AssembleContext calls answered pass-through at admission, by the limit that shed them: "
+            "process (IBEX_MAX_CONCURRENT_ASSEMBLIES, the org within its share: overloaded), org_share "
+            "(the org over its share of a saturated process: org_over_share), org_rate (the org's "
+            "rate limit: org_over_rate). No tenant ids.",
+            ["limit"],
+        )
+        self.admission_active_orgs = declare.gauge(
+            "ibex_context_admission_active_orgs",
+            "Orgs sharing the process's assemblies now (called within IBEX_ORG_ACTIVE_SECONDS).",
+        )
         self.gc_frozen_objects = declare.gauge(
             "ibex_context_gc_frozen_objects",
             "Start-up objects moved out of the garbage collector's sight (gc.freeze).",
@@ -359,6 +378,9 @@ class Metrics:
             (target, reason): self.postgres_reads.labels(target, reason)
             for reason in ROUTE_REASONS
             for target in ("replica" if reason == REPLICA else "primary",)
+        }
+        self._by_shed_reason = {
+            reason: self.admission_shed.labels(limit) for reason, limit in ADMISSION_LIMITS.items()
         }
         self._rpc_counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._rpc_histograms: dict[str, Histogram] = {}
@@ -437,6 +459,16 @@ class Metrics:
         self._by_outcome[outcome.value].observe(call_seconds)
         if reason is not None:
             self._by_reason[normalise_reason(reason, self._known_reasons)].inc()
+
+    # --- admission ------------------------------------------------------------------------
+    def record_admission_shed(self, reason: Reason) -> None:
+        child = self._by_shed_reason.get(reason)
+        if child is not None:
+            child.inc()
+
+    def track_admission(self, active_orgs: Callable[[], float]) -> None:
+        """Read the number of orgs sharing the process at scrape time (no update on the request path)."""
+        self.admission_active_orgs.set_function(active_orgs)
 
     # --- post-response work -------------------------------------------------------------
     def track_post_response_queue(self, depth: Callable[[], float]) -> None:

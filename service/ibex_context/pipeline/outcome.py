@@ -65,6 +65,10 @@ class Reason(enum.StrEnum):
     LEXICAL_ERROR = "lexical_error"
     # Not a source's failure: the call as a whole.
     OVERLOADED = "overloaded"
+    # Shed by fair admission (server/admission.py): the call's org was over its share of a
+    # saturated process, or over its own rate limit; other orgs' calls were assembled.
+    ORG_OVER_SHARE = "org_over_share"
+    ORG_OVER_RATE = "org_over_rate"
     MESSAGES_EXCEED_WINDOW = "messages_exceed_window"
     DIRECTIVE_EXCEEDS_WINDOW = "directive_exceeds_window"
 

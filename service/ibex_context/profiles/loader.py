@@ -73,6 +73,7 @@ def _to_binding(entry: ProfileEntry) -> ProfileBinding:
         format=entry.format,
         injection_mode=entry.injection_mode,
         models={m.name: m for m in entry.models},
+        admission=entry.admission,
     )
     selector = ProfileSelector(
         agent_ids=tuple(sorted(set(entry.selector.agent_ids))),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ibex_context.profiles.schema import (
     DEFAULT_HALF_LIVES_DAYS,
     UNKNOWN_CATEGORY_HALF_LIFE_DAYS,
+    Admission,
     BudgetLimits,
     ContextProfileSpec,
     Deadlines,
@@ -27,6 +28,7 @@ from ibex_context.profiles.schema import (
 
 __all__ = [
     "DEFAULT_HALF_LIVES_DAYS",
+    "Admission",
     "DEFAULT_PROFILE",
     "UNKNOWN_CATEGORY_HALF_LIFE_DAYS",
     "BudgetLimits",
@@ -54,6 +56,8 @@ class Profile:
     injection_mode: InjectionMode = _SPEC_FIELDS["injection_mode"].default
     # Extra models or overrides of the built-in catalogue, by model name.
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
+    # Read per org (ProfileRegistry.resolve_org), not per agent.
+    admission: Admission = field(default_factory=Admission)
 
 
 DEFAULT_PROFILE = Profile()

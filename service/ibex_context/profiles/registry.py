@@ -103,6 +103,14 @@ class ProfileRegistry:
             return Resolution(self._default, MatchedBy.DEFAULT)
         return Resolution(self._fallback, MatchedBy.BUILTIN)
 
+    def resolve_org(self, org_id: str) -> Profile:
+        """The profile of the org itself (its org profile, else the default): what holds for
+        every agent of the org, such as its admission share."""
+        profile = self._by_org.get(org_id)
+        if profile is not None:
+            return profile
+        return self._default if self._default is not None else self._fallback
+
     @property
     def profile_names(self) -> tuple[str, ...]:
         """Profile names in precedence order."""
@@ -133,3 +141,6 @@ class ProfileStore:
 
     def resolve(self, org_id: str, agent_id: str) -> Profile:
         return self._current.resolve(org_id, agent_id)
+
+    def resolve_org(self, org_id: str) -> Profile:
+        return self._current.resolve_org(org_id)

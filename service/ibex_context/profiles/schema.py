@@ -326,6 +326,34 @@ class Autoscaling(Section):
     rules = (less_than("minReplicas", "maxReplicas", or_equal=True),)
 
 
+class Admission(Section):
+    """How this org shares a saturated process with other orgs (server/admission.py). Read from
+    the org's profile (selector.orgIds, else the default profile): an agent's own profile does
+    not change its org's share. Per process: with N replicas an org may make N times the rate."""
+
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="The org's share of IBEX_MAX_CONCURRENT_ASSEMBLIES, relative to the other orgs "
+        "calling the process (2: twice an org of weight 1).",
+    )
+    rate_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="AssembleContext calls per second the org may make to one process; more are "
+        "answered pass-through (org_over_rate). Unset: IBEX_ORG_RATE_LIMIT. 0: no limit.",
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Calls the org may make at once above its rate (token bucket). Unset: one "
+        "second's worth of ratePerSecond (at least 1).",
+    )
+
+
 class ContextProfileSpec(Section):
     """The ``spec`` of a ContextProfile."""
 
@@ -352,6 +380,7 @@ class ContextProfileSpec(Section):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     autoscaling: Autoscaling = section(Autoscaling)
+    admission: Admission = section(Admission)
 
     @model_validator(mode="after")
     def _unique_models(self) -> Self:

@@ -38,12 +38,13 @@ from ibex_context.pipeline.retrieval import Retriever
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
+from ibex_context.server.admission import FairAdmission
 from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
-from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls, stop_signal
+from ibex_context.server.lifecycle import InflightCalls, stop_signal
 from ibex_context.server.loop_lag import LoopLagProbe
 from ibex_context.server.memory_service import MemoryServiceHandler
 from ibex_context.server.reflection import reflection_methods
@@ -234,6 +235,13 @@ class ContextService:
             ),
         )
         deadlines = DeadlinePolicy(safety_margin=s.deadline_safety_margin_ms / 1000)
+        admission = FairAdmission(
+            s.max_concurrent_assemblies,
+            active_seconds=s.org_active_seconds,
+            default_rate=s.org_rate_limit,
+            on_shed=self.metrics.record_admission_shed,
+        )
+        self.metrics.track_admission(lambda: admission.active_orgs)
         self.assembly_handler = assembly = ContextAssemblyHandler(
             assembler=assembler,
             resolve_profile=self.profiles.resolve,
@@ -242,7 +250,8 @@ class ContextService:
             injections=self._injections,
             inflight=self.inflight,
             observer=CurrentCallObserver(),
-            limit=AssemblyLimit(s.max_concurrent_assemblies),
+            admission=admission,
+            resolve_admission=lambda org_id: self.profiles.resolve_org(org_id).admission,
         )
         tenant_data = TenantData(postgres.pool)
         memory = MemoryServiceHandler(

@@ -20,19 +20,25 @@ from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.assembly import AssemblyObserver, Rejection
 from ibex_context.pipeline.deadlines import DeadlinePolicy
-from ibex_context.pipeline.outcome import Reason, StageSpan
+from ibex_context.pipeline.outcome import StageSpan
 from ibex_context.pipeline.post_response import InjectionQueue
-from ibex_context.profiles.model import Profile
+from ibex_context.profiles.model import DEFAULT_PROFILE, Admission, Profile
 from ibex_context.server import convert, validation
+from ibex_context.server.admission import FairAdmission
 from ibex_context.server.handling import agent_scoped
-from ibex_context.server.lifecycle import AssemblyLimit, InflightCalls
+from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.server.rpc import CallError, Context, Method, service_methods
 
 log = logging.getLogger(__name__)
 
 ProfileResolver = Callable[[str, str], Profile]
-# The degradation reason of a call shed over ``IBEX_MAX_CONCURRENT_ASSEMBLIES``.
-OVERLOADED = Reason.OVERLOADED
+# An org's admission share and rate limit, by org id (ProfileStore.resolve_org's).
+AdmissionResolver = Callable[[str], Admission]
+
+
+def _default_admission(_org_id: str) -> Admission:
+    return DEFAULT_PROFILE.admission
+
 
 _OUTCOMES = {"created": pb.UPSERT_OUTCOME_CREATED, "updated": pb.UPSERT_OUTCOME_UPDATED}
 
@@ -48,10 +54,12 @@ class ContextAssemblyHandler:
         injections: InjectionQueue,
         inflight: InflightCalls,
         observer: AssemblyObserver,
-        limit: AssemblyLimit | None = None,
+        admission: FairAdmission | None = None,
+        resolve_admission: AdmissionResolver = _default_admission,
     ) -> None:
         self._assembler = assembler
-        self._limit = limit or AssemblyLimit(0)
+        self._admission = admission or FairAdmission(0)
+        self._resolve_admission = resolve_admission
         self._resolve_profile = resolve_profile
         self._limits = limits
         self._deadlines = deadlines
@@ -79,13 +87,15 @@ class ContextAssemblyHandler:
             profile = self._resolve_profile(request.org_id, request.agent_id)
             caller = context.time_remaining()
             deadlines = self._deadlines.for_call(profile.deadlines, caller)
-            if self._limit.try_acquire():
+            org_id = request.org_id
+            shed = self._admission.admit(org_id, self._resolve_admission(org_id))
+            if shed is None:
                 try:
                     assembly = await self._assembler.assemble(request, profile, deadlines)
                 finally:
-                    self._limit.release()
+                    self._admission.release(org_id)
             else:
-                assembly = self._assembler.shed(request, profile, OVERLOADED)
+                assembly = self._assembler.shed(request, profile, shed)
             response = convert.assemble_response(assembly)
             start = time.perf_counter_ns()
             payload = response.SerializeToString()

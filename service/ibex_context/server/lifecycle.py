@@ -1,6 +1,5 @@
-"""In-flight call tracking, so shutdown can wait for calls instead of cutting them, and
-the cap on assemblies running at once, so an overloaded process sheds load instead of
-letting every call miss its deadline."""
+"""In-flight call tracking, so shutdown can wait for calls instead of cutting them (the cap
+on assemblies running at once is fair admission's: ``server/admission.py``)."""
 
 from __future__ import annotations
 
@@ -72,32 +71,3 @@ class InflightCalls:
             if settle <= 0 and self._count == 0:
                 return True
             await asyncio.sleep(min(max(settle, 0.01), max(deadline - time.monotonic(), 0)))
-
-
-class AssemblyLimit:
-    """At most ``limit`` assemblies run at once (0: no limit).
-
-    Over capacity, a queue does not help: every call in it shares the CPU, all of
-    them miss the 45 ms deadline together, and the client's cancellations waste the
-    work. A call over the limit is answered at once with the client's messages
-    (``overloaded``), which costs about a millisecond, and the calls admitted finish.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 0:
-            raise ValueError("limit must be >= 0")
-        self._limit = limit
-        self._running = 0
-
-    @property
-    def running(self) -> int:
-        return self._running
-
-    def try_acquire(self) -> bool:
-        if self._limit and self._running >= self._limit:
-            return False
-        self._running += 1
-        return True
-
-    def release(self) -> None:
-        self._running -= 1
