@@ -126,7 +126,7 @@ ensure_kube_binaries() {
     ldflags+=" -X $stamp.gitTreeState=clean -X $stamp.buildDate=1970-01-01T00:00:00Z"
     (
       cd "$wrappers/kubernetes"
-      export GOTOOLCHAIN="$KUBE_GO_TOOLCHAIN" GOFLAGS="-mod=readonly" CGO_ENABLED=0
+      export GOTOOLCHAIN="$KUBE_GO_TOOLCHAIN" GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
       "$go_bin" build -trimpath -ldflags "$ldflags" -o "$build/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
       cd "$wrappers/etcd"

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 RECONCILE_TIMEOUT_S = 45.0
 # What `helm uninstall` leaves on purpose: the CRDs (crds/: Helm never deletes them) are
 # cluster-scoped and not listed here; the migration Job is a hook, which Helm does not track as
-# part of the release (docs/kubernetes.md): it stays for its logs until the next install replaces it.
+# part of the release: it stays for its logs until the next install replaces it (before-hook-creation).
 KEPT_AFTER_UNINSTALL = {("Job", "migrate")}
 
 
@@ -126,5 +126,11 @@ def test_helm_uninstall_leaves_nothing_of_the_release_and_spares_the_other(
         ]  # fmt: skip
 
     eventually(lambda: not leftovers() or None, 60, f"nothing of release one left (left: {leftovers()})")
+    # What is kept is kept as documented, no more, no less.
+    kept = {
+        (kind, name.removeprefix(f"{one.fullname}-"))
+        for kind, name in release_objects(one.cluster, one.namespace, "one")
+    }
+    assert kept == KEPT_AFTER_UNINSTALL
     assert release_objects(two.cluster, two.namespace, "two") == before_two
     assert settled(two, 6) or settled(two, 4)
