@@ -8,6 +8,7 @@ runs scripts/test-cluster before it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,10 +25,11 @@ from tests.chart.conftest import find_helm
 from tests.cluster.kube import KUBECONFIG_VARIABLE, KUBECTL_VARIABLE, REPO, Cluster
 from tests.cluster.release import Release, create_namespace
 
-# The chart does not yet create every Secret its pods mount (issue 38, deliverable 3): the tests
-# create them first, as docs/security.md tells an installer to. When the chart makes its own, set
-# this to True: every install here becomes a pure default install (only image.repository set).
-CHART_MAKES_ITS_SECRETS = False
+# The chart makes its TLS certificate (and CA) and its credentials (a bootstrap token) itself, so every
+# install here is a default install: image.repository, and the external stores' Secret named by
+# secrets.existingSecret (the chart refuses to install without it). False: the tests create the TLS
+# and credentials Secrets first, as docs/security.md tells an installer who brings their own.
+CHART_MAKES_ITS_SECRETS = True
 
 
 @pytest.fixture(scope="session")
@@ -80,15 +82,10 @@ async def release_stores(redis_url: str, postgres_dsn: str) -> AsyncIterator[Sto
     yield Stores(redis_url, await new_database(postgres_dsn))
 
 
-def create_prerequisite_secrets(release: Release, stores: Stores) -> str:
-    """The Secrets the chart's pods mount that the chart does not create (docs/security.md): the
-    stores' URLs, the TLS certificate and the credentials file with one assemble principal.
-    Returns that principal's token."""
+def create_own_tls_and_credentials(release: Release) -> str:
+    """An installer's own TLS certificate and credentials file (one assemble principal), under the
+    names the chart uses by default. Returns that principal's token."""
     cluster, ns, full = release.cluster, release.namespace, release.fullname
-    cluster.kubectl(
-        "create", "secret", "generic", f"{full}-stores", "-n", ns,
-        f"--from-literal=redis-url={stores.redis_url}", f"--from-literal=postgres-dsn={stores.postgres_dsn}",
-    )  # fmt: skip
     authority = Authority.create("test-cluster CA")
     server = authority.server()
     cluster.apply(
@@ -120,7 +117,15 @@ def create_prerequisite_secrets(release: Release, stores: Stores) -> str:
     return token
 
 
-def prepare_release(release: Release, stores: Stores) -> None:
-    """What an installer does before ``helm install`` (nothing, once the chart makes its Secrets)."""
+def prepare_release(release: Release, stores: Stores) -> Release:
+    """What an installer does before ``helm install``: the Secret with the external stores' URLs.
+    Returns the release with the value that names it."""
+    cluster, ns = release.cluster, release.namespace
+    name = f"{release.fullname}-stores"
+    cluster.kubectl(
+        "create", "secret", "generic", name, "-n", ns,
+        f"--from-literal=redis-url={stores.redis_url}", f"--from-literal=postgres-dsn={stores.postgres_dsn}",
+    )  # fmt: skip
     if not CHART_MAKES_ITS_SECRETS:
-        create_prerequisite_secrets(release, stores)
+        create_own_tls_and_credentials(release)
+    return dataclasses.replace(release, values={**release.values, "secrets.existingSecret": name})

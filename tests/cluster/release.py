@@ -162,6 +162,8 @@ class Release:
     cluster: Cluster
     name: str
     namespace: str
+    # Set on every install and upgrade, under the values each call adds (``prepare_release``).
+    values: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def fullname(self) -> str:
@@ -169,7 +171,7 @@ class Release:
 
     def values_args(self, values: Mapping[str, Any]) -> list[str]:
         args = ["--set", f"image.repository={IMAGE_REPOSITORY}"]
-        for key, value in values.items():
+        for key, value in {**self.values, **values}.items():
             args += ["--set-json", f"{key}={json.dumps(value)}"]
         return args
 

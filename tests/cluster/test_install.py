@@ -22,7 +22,7 @@ def installed(
     cluster: Cluster, namespace: str, release_stores: Stores
 ) -> Iterator[tuple[Release, MigrationHook]]:
     release = Release(cluster, "alpha", namespace)
-    prepare_release(release, release_stores)
+    release = prepare_release(release, release_stores)
     hook = release.install()
     yield release, hook
     release.uninstall()

@@ -24,7 +24,7 @@ TAKEOVER_TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, namespace: str, release_stores: Stores) -> Iterator[Release]:
     release = Release(cluster, "ha", namespace)
-    prepare_release(release, release_stores)
+    release = prepare_release(release, release_stores)
     release.install({"operator.replicas": 2})
     yield release
     release.uninstall()

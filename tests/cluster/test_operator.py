@@ -23,7 +23,7 @@ RECONCILE_TIMEOUT_S = 45.0
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, namespace: str, release_stores: Stores) -> Iterator[Release]:
     release = Release(cluster, "op", namespace)
-    prepare_release(release, release_stores)
+    release = prepare_release(release, release_stores)
     release.install({"autoscaling.maxReplicas": 5})
     yield release
     release.uninstall()
