@@ -127,6 +127,38 @@ def test_a_verb_the_role_lacks_is_forbidden_to_the_operators_serviceaccount(
     assert f"system:serviceaccount:{release.namespace}:{account}" in result.stderr
 
 
+def test_a_profile_naming_another_service_gets_no_children_there(
+    release: Release, operator: OperatorProcess
+) -> None:
+    """The Role names the release's own ConfigMap and HPA: a profile of the release whose
+    spec.service names another Deployment renders nothing for it (the server refuses), and the
+    release's own children stay as they were."""
+    cluster, ns = release.cluster, release.namespace
+    eventually(lambda: reconciled(release), RECONCILE_TIMEOUT_S, "the default profile reconciled")
+    own = cluster.get("configmap", f"{release.fullname}-profiles", ns)
+    assert own is not None
+    intruder = {
+        "apiVersion": "context.ibex.dev/v1alpha1",
+        "kind": "ContextProfile",
+        "metadata": {"name": "intruder", "labels": {"context.ibex.dev/release": release.name}},
+        "spec": {"selector": {"agentIds": ["00000000-0000-4000-8000-000000000001"]}, "service": "intruder"},
+    }
+    seen = len(operator.output())
+    cluster.apply(intruder, "-n", ns)
+    try:
+        eventually(
+            lambda: "forbidden" in operator.output()[seen:].lower(),
+            RECONCILE_TIMEOUT_S,
+            "the operator refused",
+        )
+        assert cluster.get("configmap", "intruder-profiles", ns) is None
+        assert cluster.get("hpa", "intruder", ns) is None
+        after = cluster.get("configmap", f"{release.fullname}-profiles", ns)
+        assert after is not None and after["data"] == own["data"]
+    finally:
+        cluster.kubectl("delete", "contextprofile", "intruder", "-n", ns, "--wait=false")
+
+
 def test_without_its_rolebinding_the_operator_is_refused_and_stops_reconciling(
     release: Release, operator: OperatorProcess
 ) -> None:
@@ -135,6 +167,7 @@ def test_without_its_rolebinding_the_operator_is_refused_and_stops_reconciling(
     done = eventually(lambda: reconciled(release), RECONCILE_TIMEOUT_S, "the default profile reconciled")
     binding = cluster.get("rolebinding", f"{release.fullname}-operator", ns)
     assert binding is not None
+    seen = len(operator.output())
     cluster.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", ns)
     try:
         cluster.kubectl(
@@ -142,7 +175,9 @@ def test_without_its_rolebinding_the_operator_is_refused_and_stops_reconciling(
             "-p", json.dumps({"spec": {"autoscaling": {"maxReplicas": 9}}}),
         )  # fmt: skip
         eventually(
-            lambda: "forbidden" in operator.output().lower(), RECONCILE_TIMEOUT_S, "the operator refused"
+            lambda: "forbidden" in operator.output()[seen:].lower(),
+            RECONCILE_TIMEOUT_S,
+            "the operator refused",
         )
         hpa = cluster.get("hpa", release.fullname, ns)
         assert hpa is not None and hpa["spec"]["maxReplicas"] != 9
