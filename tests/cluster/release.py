@@ -157,6 +157,15 @@ class MigrationHook:
         return env
 
 
+class InstallFailed(Exception):
+    """helm install or upgrade failed; ``hook`` says what the migration hook ran meanwhile."""
+
+    def __init__(self, error: KubeCommandError, hook: MigrationHook) -> None:
+        super().__init__(str(error))
+        self.stderr = error.stderr
+        self.hook = hook
+
+
 @dataclass(frozen=True)
 class Release:
     cluster: Cluster
@@ -188,6 +197,8 @@ class Release:
                 "--timeout", f"{int(HOOK_TIMEOUT_S)}s", *self.values_args(values),
                 timeout=HOOK_TIMEOUT_S + 30,
             )  # fmt: skip
+        except KubeCommandError as exc:
+            raise InstallFailed(exc, hook) from exc
         finally:
             hook.stop()
             runner.join(timeout=10)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.cluster.conftest import Stores, prepare_release
 from tests.cluster.kube import Cluster, Obj, condition
-from tests.cluster.release import MigrationHook, Release
+from tests.cluster.release import InstallFailed, MigrationHook, Release
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,27 @@ def test_the_migration_hook_runs_the_jobs_command_against_the_release_database(
 
     # The database was empty before `helm install`: the hook's run made the schema.
     assert "memories" in asyncio.run(tables())
+
+
+def test_a_failing_migration_stops_the_install_before_any_workload_exists(
+    cluster: Cluster, namespace: str, release_stores: Stores
+) -> None:
+    unreachable = Stores(release_stores.redis_url, "postgresql://ibex@127.0.0.1:1/ibex?connect_timeout=5")
+    broken = prepare_release(Release(cluster, "broken", namespace), unreachable)
+    try:
+        with pytest.raises(InstallFailed) as failed:
+            broken.install()
+        (run,) = failed.value.hook.runs
+        assert run.returncode != 0
+        assert "cannot migrate the database at IBEX_POSTGRES_DSN" in run.output
+        assert f"{broken.fullname}-migrate" in failed.value.stderr
+        job = cluster.get("job", f"{broken.fullname}-migrate", namespace)
+        assert (condition(job, "Failed") or {}).get("status") == "True"
+        # pre-install: nothing of the release but its hook reached the server.
+        assert cluster.get("deployment", broken.fullname, namespace) is None
+        assert cluster.get("deployment", f"{broken.fullname}-operator", namespace) is None
+    finally:
+        cluster.helm("uninstall", broken.name, "--namespace", namespace, "--ignore-not-found", timeout=90)
 
 
 def test_every_object_of_the_release_is_stored_by_the_server(
