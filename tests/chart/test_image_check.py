@@ -20,6 +20,7 @@ SCRIPTS = [
     REPO / "scripts" / "bootstrap.sh",
     REPO / "scripts" / "dev",
     REPO / "scripts" / "test-go",
+    REPO / "scripts" / "test-cluster",
     REPO / "scripts" / "codegen-go",
     REPO / ".ci" / "run",
 ]
@@ -47,6 +48,13 @@ def test_the_readme_test_command_runs_the_image_check_before_pytest() -> None:
     assert '"$ROOT/scripts/test-go"' in text  # the Go client, before the image and pytest
     assert "--ignore=tests/image" in text  # run once, inside image-check, against the images it built
     assert "scripts/test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_test_command_runs_the_cluster_tests_once_against_the_api_server() -> None:
+    text = TEST.read_text()
+    assert text.index('"$ROOT/scripts/test-cluster"') < text.index("exec pytest")
+    # Run once, inside scripts/test-cluster: collected without its API server they fail.
+    assert "--ignore=tests/cluster" in text
 
 
 def test_the_image_check_builds_every_target_the_way_the_issue_requires() -> None:
