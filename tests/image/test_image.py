@@ -379,8 +379,11 @@ def _helm_test_pod() -> dict[str, Any]:
     helm = find_helm()
     assert helm is not None, "helm not found: run scripts/install-helm.sh"
     rendered = subprocess.run(
+        # What a default install names: the image, and the Secret with the stores' URLs (without it
+        # the chart refuses to render; tests/chart/test_default_install.py).
         [helm, "template", "rel", str(CHART), "--namespace", "ibex",
-         "--set", "image.repository=registry.example/ibex-context"],
+         "--set", "image.repository=registry.example/ibex-context",
+         "--set", "secrets.existingSecret=rel-ibex-context-stores"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     pods = [m for m in parse_manifests(rendered.stdout) if m["kind"] == "Pod"]
