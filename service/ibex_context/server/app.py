@@ -126,11 +126,11 @@ class ContextService:
         s = self.settings
         # Refused before anything is opened: a misconfigured security setting must not serve.
         self.tls = _server_tls(s)
-        self.credentials = _credentials_file(s)
+        self.metrics = Metrics(self.metrics_registry)
+        self.credentials = _credentials_file(s, self.metrics.credentials_loaded.set)
         # As are Redis settings that cannot work (Sentinel without a master name, ...), before
         # the embedder and PostgreSQL take their seconds.
         RedisTopology.from_settings(s)
-        self.metrics = Metrics(self.metrics_registry)
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()
         self._closers.append(self._gc_pauses.uninstall)
@@ -430,7 +430,7 @@ def _server_tls(s: Settings) -> ServerTls | None:
     return ServerTls(TlsFiles(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
 
 
-def _credentials_file(s: Settings) -> CredentialsFile | None:
+def _credentials_file(s: Settings, on_load: Callable[[bool], None]) -> CredentialsFile | None:
     if not s.auth_enabled:
         log.warning("authentication is off (IBEX_AUTH_ENABLED=false): every caller may call every method")
         return None
@@ -441,7 +441,7 @@ def _credentials_file(s: Settings) -> CredentialsFile | None:
         )
     if s.tls_cert_file is None:
         log.warning("authentication without TLS: bearer tokens cross the network in clear text")
-    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds)
+    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds, on_load=on_load)
 
 
 async def _monitor_stores(health: ServiceHealth) -> None:
