@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         le=65535,
     )
     grpc_reuse_port: bool = _f(False, "Bind with SO_REUSEPORT so several processes share the port.")
+    max_health_watches: int = _f(
+        100,
+        "Health `Watch` streams open at once per process (both gRPC ports together); one more is "
+        "refused with `RESOURCE_EXHAUSTED`.",
+        ge=1,
+    )
     workers: int = _f(
         1,
         "Server processes of `ibex-context serve`, sharing the gRPC port (SO_REUSEPORT); worker i "
@@ -388,6 +394,12 @@ class Settings(BaseSettings):
 
     # --- observability ----------------------------------------------------------------
     metrics_port: int = _f(9464, "HTTP port of /metrics and /healthz (0 picks a free one).", ge=0, le=65535)
+    metrics_host: str = _f(
+        "127.0.0.1",
+        "Address the /metrics and /healthz listener binds: loopback unless set, since metrics "
+        "describe every tenant's traffic; 0.0.0.0 (the chart sets it) for a Prometheus scraping "
+        "the pod.",
+    )
     log_level: str = _f("INFO", "Log level.")
     log_format: Literal["json", "text"] = _f("json", "json (one object per line) or text.")
     # Tracing follows the OpenTelemetry environment (OTEL_*); the older IBEX_* names still work

@@ -38,3 +38,14 @@ async def test_a_failed_start_closes_what_it_had_opened(
         assert started.port > 0
     finally:
         await started.stop(grace=0.5)
+
+
+async def test_metrics_listen_on_loopback_unless_configured_even_when_grpc_serves_every_address(
+    start_service: StartService,
+) -> None:
+    """Metrics describe every tenant's traffic: a peer that can reach the gRPC port must
+    not read them unless the deployment opens them (the chart does, for Prometheus)."""
+    service = await start_service(grpc_host="0.0.0.0")
+    assert service.metrics_host == "127.0.0.1"
+    opened = await start_service(grpc_host="127.0.0.1", metrics_host="0.0.0.0")
+    assert opened.metrics_host == "0.0.0.0"

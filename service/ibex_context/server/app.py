@@ -94,6 +94,7 @@ class ContextService:
     health_port: int | None = field(init=False, default=None)
     health_server: ServiceServer | None = field(init=False, default=None)
     metrics_port: int = field(init=False, default=0)
+    metrics_host: str = field(init=False, default="")
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
     watcher: ProfileWatcher | None = field(init=False, default=None)
     credentials: CredentialsFile | None = field(init=False, default=None)
@@ -277,6 +278,7 @@ class ContextService:
         self.health = ServiceHealth(
             [postgres, redis, *([read_routing] if read_routing is not None else [])],
             store_up=self.metrics.record_store_up,
+            max_watches=s.max_health_watches,
         )
         served = [*assembly.methods(), *memory.methods()]
         methods = [*served, *self.health.methods(service_names(served))]
@@ -305,9 +307,9 @@ class ContextService:
             )
             self.health_port = await self.health_server.start(s.grpc_host, s.health_port)
         metrics_server = start_metrics_server(
-            s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
+            s.metrics_port, self.metrics_registry, host=s.metrics_host, health=self._health_detail
         )
-        self.metrics_port = metrics_server.port
+        self.metrics_port, self.metrics_host = metrics_server.port, metrics_server.host
         self._closers.append(metrics_server.close)
         # Keeps ibex_context_store_up current between probes and scrapes (alerts use it).
         store_monitor = asyncio.get_running_loop().create_task(
@@ -318,10 +320,11 @@ class ContextService:
             "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext"
         )
         log.info(
-            "serving gRPC on port %d (%s, %s), metrics on port %d",
+            "serving gRPC on port %d (%s, %s), metrics on %s port %d",
             self.port,
             transport,
             "authentication required" if self.credentials is not None else "NO authentication",
+            self.metrics_host,
             self.metrics_port,
             # The same facts as fields (`serve --json`: a script waits for this record).
             extra={
