@@ -316,8 +316,8 @@ class _IdentityRetriever:
     def __init__(self, sources: _Sources, variant: str) -> None:
         self._sources, self._variant = sources, variant
 
-    def begin_embedding(self, query: str, state: RetrievalState) -> None:
-        self._sources.begin_embedding(query, state)
+    def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
+        self._sources.begin_embedding(org_id, query, state)
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         tasks = self._sources.start(plan, state)

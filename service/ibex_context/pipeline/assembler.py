@@ -122,7 +122,7 @@ class Assembler:
         request, profile, state = call.request, call.profile, call.state
         query = _query_text(request.messages, self._config.query_max_chars)
         # First: the embedding is the call's longest step and needs nothing else.
-        self._retriever.begin_embedding(query, state)
+        self._retriever.begin_embedding(request.org_id, query, state)
         t0 = time.perf_counter_ns()
         model = resolve_model(request.model, profile.models)
         encoding = self._encodings.get(model.encoding)
