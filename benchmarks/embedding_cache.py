@@ -49,7 +49,9 @@ def _agents_file(directory: Path, seed: int) -> Path:
     for agent in plan_agents(SeedPlan(agents=AGENTS, memories=1000)):
         memories = [corpus.memory_spec(rng).content for _ in range(QUERIES_PER_AGENT)]
         queries = [corpus.query_from_memory(rng, text) for text in memories]
-        agents.append({"org_id": agent.org_id, "agent_id": agent.agent_id, "memories": 1000, "queries": queries})
+        agents.append(
+            {"org_id": agent.org_id, "agent_id": agent.agent_id, "memories": 1000, "queries": queries}
+        )
     path = directory / "agents.json"
     path.write_text(json.dumps({"agents": agents}))
     return path
@@ -117,7 +119,8 @@ def main() -> None:
         [
             f"Command: `python -m benchmarks.embedding_cache --requests {args.requests} --seed {args.seed}`",
             "",
-            f"Setup: offline replay (no server), Python {platform.python_version()}; the agent-loop scenario's "
+            f"Setup: offline replay (no server), Python {platform.python_version()}; the agent-loop "
+            "scenario's "
             f"shape ({AGENTS} agents over 4 orgs, {CALLERS} callers), LRU of "
             f"{Settings().embedding_cache_size:,} entries.",
             "",

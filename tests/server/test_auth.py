@@ -338,7 +338,8 @@ async def test_a_credentials_file_that_stops_parsing_fails_closed_until_a_good_o
         await wait_for(lambda: secured.credentials is not None and not secured.credentials.loaded)
     for token in (TOKENS["read"], TOKENS["everything"]):
         assert (
-            await call(tls_channel, MEMORY + "GetDirective", request, token) == grpc.StatusCode.UNAUTHENTICATED
+            await call(tls_channel, MEMORY + "GetDirective", request, token)
+            == grpc.StatusCode.UNAUTHENTICATED
         )
     assert secured.metrics_registry.get_sample_value(loaded) == 0
     assert any("every credential is refused" in r.getMessage() for r in caplog.records)
@@ -378,7 +379,9 @@ async def test_a_token_shorter_than_the_minimum_is_refused_even_when_the_file_na
     await wait_for(lambda: secured.credentials is not None and secured.credentials.reloads >= 1)
     request = requests_for(ORG)[MEMORY + "GetDirective"]
     with caplog.at_level(logging.WARNING, logger="ibex_context.server.guard"):
-        assert await call(tls_channel, MEMORY + "GetDirective", request, weak) == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            await call(tls_channel, MEMORY + "GetDirective", request, weak) == grpc.StatusCode.UNAUTHENTICATED
+        )
     messages = [r.getMessage() for r in caplog.records]
     assert any("weakling" in m and "shorter than 32" in m for m in messages)
     assert all(weak not in m for m in messages)

@@ -8,7 +8,8 @@ entries, and two spellings that tokenise alike share one entry (the normalised t
 what is embedded). Entries are per org: a call's ``embed_us`` reaches its caller, and a
 near-zero embedding time for a text org B never sent would tell B that another org sent
 it recently. An agent loop's repeats are one org's own, so they still hit (the
-agent-loop replay's hit rate is the same either way: benchmarks/embedding_cache.py). Concurrent misses for the same text are coalesced: one inner call, every
+agent-loop replay's hit rate is the same either way: benchmarks/embedding_cache.py).
+Concurrent misses for the same org and text are coalesced: one inner call, every
 caller gets its result. The inner call runs in its own task, so a caller whose
 deadline cancels it does not cancel the work the others wait for, and the result
 still lands in the cache for the next call. Cached vectors are read-only: callers
