@@ -75,7 +75,7 @@ class _Sources:
         self.directive: Directive | None = None
         self.messages: tuple[ChatMessage, ...] = ()
 
-    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+    def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
         """The query's embedding is part of the answers ``start`` fills in."""
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:

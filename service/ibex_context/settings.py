@@ -382,6 +382,13 @@ class Settings(BaseSettings):
         None, "Where tokenizer files are kept (baked into the image). Empty: a per-user cache directory."
     )
     message_token_cache_size: int = _f(50_000, "Message token counts cached by content hash.", ge=0)
+    inline_count_chars: int = _f(
+        65_536,
+        "A request whose messages hold more characters than this is token-counted on a worker "
+        "thread, not on the event loop every call shares (a fresh 400,000-character conversation "
+        "held it ~15 ms). 0: every request off the loop.",
+        ge=0,
+    )
     memory_token_cache_size: int = _f(
         100_000,
         "Formatted memory blocks whose token counts are cached, by memory id (about 250 bytes each); "

@@ -12,6 +12,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -214,7 +215,11 @@ class ContextService:
             max_delete_ids=s.max_delete_ids,
             max_feedback_items=s.max_feedback_items,
         )
+        # One thread: large requests' token counts use one core at most, queued beyond it.
+        counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ibex-token-count")
+        self._closers.append(lambda: counting.shutdown(wait=False, cancel_futures=True))
         assembler = Assembler(
+            counting_executor=counting,
             retriever=Retriever(
                 directives=repository,
                 hot_memories=repository,
@@ -232,6 +237,7 @@ class ContextService:
                 cold_limit=s.cold_limit,
                 lexical_limit=s.lexical_limit,
                 query_max_chars=s.query_max_chars,
+                inline_count_chars=s.inline_count_chars,
                 nonce_secret=(s.nonce_secret or secrets.token_hex(32)).encode(),
             ),
         )
