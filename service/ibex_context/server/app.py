@@ -54,7 +54,7 @@ from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_schema
-from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
+from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls, unverified_tls_warning
 from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
 from ibex_context.stores.redis_topology import RedisTopology
@@ -130,6 +130,9 @@ class ContextService:
         self.tls = _server_tls(s)
         self.metrics = Metrics(self.metrics_registry)
         self.credentials = _credentials_file(s, self.metrics.credentials_loaded.set)
+        for dsn in (s.postgres_dsn, *s.postgres_read_dsns):
+            if (warning := unverified_tls_warning(dsn, s.postgres_ca_file)) is not None:
+                log.warning("%s", warning)
         # As are Redis settings that cannot work (Sentinel without a master name, ...), before
         # the embedder and PostgreSQL take their seconds.
         RedisTopology.from_settings(s)
