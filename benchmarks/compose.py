@@ -75,7 +75,7 @@ class _Sources:
         self.directive: Directive | None = None
         self.messages: tuple[ChatMessage, ...] = ()
 
-    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+    def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
         """The query's embedding is part of the answers ``start`` fills in."""
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
@@ -316,8 +316,8 @@ class _IdentityRetriever:
     def __init__(self, sources: _Sources, variant: str) -> None:
         self._sources, self._variant = sources, variant
 
-    def begin_embedding(self, query: str, state: RetrievalState) -> None:
-        self._sources.begin_embedding(query, state)
+    def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
+        self._sources.begin_embedding(org_id, query, state)
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         tasks = self._sources.start(plan, state)

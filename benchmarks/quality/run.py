@@ -196,9 +196,12 @@ async def _ask_conversation(
     # One session per conversation and budget (the service wants a UUID).
     session_id = str(uuid.uuid4())
     for position, question in enumerate(conversation.questions):
-        if run.warm and question.text not in warmed:
-            if await warm_query_embedding(reader, warm_up, question.text):
-                warmed.add(question.text)
+        # The query cache is per org: warmed by a memoryless agent of the tenant's own org.
+        warmed_key = f"{ingested.tenant.org_id}\x1f{question.text}"
+        if run.warm and warmed_key not in warmed:
+            warm_in_org = Tenant(ingested.tenant.org_id, warm_up.agent_id)
+            if await warm_query_embedding(reader, warm_in_org, question.text):
+                warmed.add(warmed_key)
             else:
                 run.warm_up_failures += 1
         timeout = CALL_TIMEOUT_SECONDS if run.warm else SERVED_DEADLINE_SECONDS

@@ -266,7 +266,12 @@ def _data_dir_override(data_dir: Path | None) -> dict[str, Any]:
 @main.command("import")
 @click.argument("source", type=click.File("r", encoding="utf-8"), default="-", metavar="[PATH|-]")
 @TARGET_OPTION
-@click.option("--org", "org_id", default="", help="Default org id for lines without one.")
+@click.option(
+    "--org",
+    "org_id",
+    default="",
+    help="The org imported into: lines without an org_id get it, others must match.",
+)
 @click.option("--agent", "agent_id", default="", help="Default agent id for lines without one.")
 @click.option("--batch", type=click.IntRange(1, 10_000), default=200, show_default=True)
 @click.option("--progress/--no-progress", default=True, help="Report progress on stderr.")
@@ -278,6 +283,7 @@ def import_memories(
     ["org_id", "agent_id", "id", "confidence", "usefulness", "metadata", "occurred_at" (RFC 3339, e.g.
     "2023-05-08T13:56:00Z"), "embedding"]} per line; `ibex-context export` writes this format.
 
+    With --org, every line's org_id must be that org (a line of another org stops the import).
     Streams: at most --batch memories are held at once (any file size). A bad line stops the import
     there; the lines before it are written (the message says how many; lines with an "id" re-import
     idempotently)."""
@@ -332,6 +338,16 @@ def _file_size(source: TextIO) -> int | None:
     return size if stat.S_ISREG(os.fstat(source.fileno()).st_mode) and size > 0 else None
 
 
+def _same_org(given: object, expected: str) -> bool:
+    """Whether ``given`` (a line's org_id) names ``expected``, in any spelling of its UUID."""
+    if given == expected:
+        return True
+    try:
+        return uuid.UUID(str(given)) == uuid.UUID(expected)
+    except ValueError:
+        return False
+
+
 def _parse_import_line(
     line: str, where: str, org_id: str, agent_id: str, written: int
 ) -> tuple[tuple[str, str], pb.MemoryInput]:
@@ -343,6 +359,12 @@ def _parse_import_line(
     if not isinstance(row, dict):
         raise click.ClickException(f"{where}: expected a JSON object{done}")
     key = (row.pop("org_id", org_id), row.pop("agent_id", agent_id))
+    if org_id and not _same_org(key[0], org_id):
+        # --org names the tenant the import is for: a file of another org's memories is
+        # refused, not written into that org on this caller's say-so.
+        raise click.ClickException(
+            f"{where}: org_id is not the --org given (refused: one org per import){done}"
+        )
     for field_name in EXPORT_ONLY_FIELDS:  # what an export records but a write cannot set
         row.pop(field_name, None)
     if not all(key):

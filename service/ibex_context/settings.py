@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         le=65535,
     )
     grpc_reuse_port: bool = _f(False, "Bind with SO_REUSEPORT so several processes share the port.")
+    max_health_watches: int = _f(
+        100,
+        "Health `Watch` streams open at once per process (both gRPC ports together); one more is "
+        "refused with `RESOURCE_EXHAUSTED`.",
+        ge=1,
+    )
     workers: int = _f(
         1,
         "Server processes of `ibex-context serve`, sharing the gRPC port (SO_REUSEPORT); worker i "
@@ -376,6 +382,13 @@ class Settings(BaseSettings):
         None, "Where tokenizer files are kept (baked into the image). Empty: a per-user cache directory."
     )
     message_token_cache_size: int = _f(50_000, "Message token counts cached by content hash.", ge=0)
+    inline_count_chars: int = _f(
+        65_536,
+        "A request whose messages hold more characters than this is token-counted on a worker "
+        "thread, not on the event loop every call shares (a fresh 400,000-character conversation "
+        "held it ~15 ms). 0: every request off the loop.",
+        ge=0,
+    )
     memory_token_cache_size: int = _f(
         100_000,
         "Formatted memory blocks whose token counts are cached, by memory id (about 250 bytes each); "
@@ -388,6 +401,12 @@ class Settings(BaseSettings):
 
     # --- observability ----------------------------------------------------------------
     metrics_port: int = _f(9464, "HTTP port of /metrics and /healthz (0 picks a free one).", ge=0, le=65535)
+    metrics_host: str = _f(
+        "127.0.0.1",
+        "Address the /metrics and /healthz listener binds: loopback unless set, since metrics "
+        "describe every tenant's traffic; 0.0.0.0 (the chart sets it) for a Prometheus scraping "
+        "the pod.",
+    )
     log_level: str = _f("INFO", "Log level.")
     log_format: Literal["json", "text"] = _f("json", "json (one object per line) or text.")
     # Tracing follows the OpenTelemetry environment (OTEL_*); the older IBEX_* names still work

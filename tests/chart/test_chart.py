@@ -649,6 +649,8 @@ def test_one_worker_per_cpu_requested_each_metrics_port_declared_and_scraped(
     r = render([OBSERVABILITY], sets)
     container = server_container(r)
     assert env_of(container)["IBEX_WORKERS"]["value"] == str(workers)
+    # Prometheus scrapes the pod's address: the service's loopback default is opened.
+    assert env_of(container)["IBEX_METRICS_HOST"]["value"] == "0.0.0.0"
     # serve --workers: worker i serves metrics on IBEX_METRICS_PORT + i (server/workers.py).
     base = int(env_of(container)["IBEX_METRICS_PORT"]["value"])
     expected = {("http-metrics" if i == 0 else f"http-metrics-{i}", base + i) for i in range(workers)}

@@ -150,3 +150,25 @@ async def test_a_dns_target_resolves_a_real_name(server: RunningServer) -> None:
     async with ContextClient(f"dns:///localhost:{server.port}", timeout=5) as client:
         served = await assemble(client)
     assert served
+
+
+def test_a_bearer_token_is_never_sent_in_plaintext_to_another_host(tmp_path: Path) -> None:
+    """As the Go client: a token over plaintext is anyone's on the path. Refused at
+    construction, naming the host and never the token; loopback (development) and TLS pass."""
+    from ibex_context.client import MemoryClient
+
+    token = "s3cret-token-" + "x" * 32
+    for target in ("ibex-context.prod.svc:50051", "dns:///ibex-context-headless:50051", "10.0.0.7:50051"):
+        for make in (ContextClient, MemoryClient):
+            with pytest.raises(ValueError, match="plaintext") as refused:
+                make(target, token=token)
+            assert token not in str(refused.value)
+        with pytest.raises(ValueError, match="plaintext"):
+            ContextClient(target, credentials=ClientCredentials(token=token))
+    for loopback in ("127.0.0.1:50051", "localhost:50051", "[::1]:50051", "127.0.0.2:50051"):
+        ContextClient(loopback, token=token)
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(Authority.create("client test CA").cert_pem)
+    ContextClient("ibex-context.prod.svc:50051", credentials=ClientCredentials(ca_file=ca, token=token))
+    ContextClient("ibex-context.prod.svc:50051", credentials=ClientCredentials(tls=True), token=token)
+    ContextClient("ibex-context.prod.svc:50051")  # no token: plaintext is the caller's choice

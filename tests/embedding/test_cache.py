@@ -1,4 +1,4 @@
-"""CachedEmbedder: an LRU by (model, sha256(normalised text)) that coalesces concurrent misses."""
+"""CachedEmbedder: an LRU by (model, sha256(org, normalised text)) that coalesces concurrent misses."""
 
 from __future__ import annotations
 
@@ -161,3 +161,21 @@ async def test_a_failed_embedding_reaches_its_waiters_and_is_not_cached() -> Non
     with pytest.raises(EmbeddingError):
         await asyncio.shield(cache.begin("q"))
     assert len(inner.calls) == 2 and len(cache) == 0
+
+
+async def test_entries_are_per_org_neither_cached_nor_shared_in_flight_across_orgs() -> None:
+    """Org B's call of org A's exact text is embedded for B (a miss, taking an embedding's
+    time), whether A's is cached or still in flight: the time tells B nothing of A."""
+    inner = CountingEmbedder(delay=0.02)
+    cache = CachedEmbedder(inner, max_entries=10)
+    await cache.embed(["the merger closes friday"], org_id="org-a")
+    await cache.embed(["the merger closes friday"], org_id="org-b")
+    assert inner.calls == [["the merger closes friday"]] * 2
+    assert (cache.hits, cache.shared, cache.misses) == (0, 0, 2)
+    pending_a = cache.begin("in flight", org_id="org-a")
+    pending_b = cache.begin("in flight", org_id="org-b")
+    assert pending_a is not pending_b
+    await asyncio.gather(pending_a, pending_b)
+    assert cache.shared == 0
+    await cache.embed(["the merger closes friday"], org_id="org-b")
+    assert cache.hits == 1

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 from ibex_context.candidates import Candidates
@@ -78,7 +80,11 @@ class _Cold:
 
 
 async def _assembler(
-    *, hot_delay: float = 0.0, cold_delay: float = 0.0, cold: _Cold | None = None
+    *,
+    hot_delay: float = 0.0,
+    cold_delay: float = 0.0,
+    cold: _Cold | None = None,
+    counting_executor: Executor | None = None,
 ) -> Assembler:
     embedder = HashingEmbedder(384)
     (vector,) = await embedder.embed(["The warehouse opens at six."])
@@ -95,6 +101,7 @@ async def _assembler(
         encodings=encodings,
         message_counter=MessageTokenCounter(encodings),
         config=AssemblerConfig(hot_limit=20, cold_limit=50, query_max_chars=2000, nonce_secret=b"s"),
+        counting_executor=counting_executor,
     )
 
 
@@ -260,3 +267,49 @@ async def test_the_query_embedding_starts_before_any_store_is_asked_and_is_reuse
         assert second.degradation is Degradation.FULL
     finally:
         await query_cache.aclose()
+
+
+class _RecordingExecutor(ThreadPoolExecutor):
+    """One worker thread that records what was handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_a_large_requests_messages_are_counted_off_the_loop_while_other_calls_go_on() -> None:
+    """A fresh 400,000-character conversation used to be counted on the event loop, every
+    other call waiting; it is counted on the counting thread, to the same exact count."""
+    executor = _RecordingExecutor()
+    assembler = await _assembler(counting_executor=executor)
+    large = dataclasses.replace(
+        REQUEST,
+        messages=tuple(
+            ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " + "warehouse shift rota " * 240)
+            for i in range(80)
+        )
+        + REQUEST.messages,
+    )
+    assert sum(len(m.content) for m in large.messages) > 400_000
+    # The counting thread is held busy: the large call must wait for it, off the loop.
+    release = threading.Event()
+    blocker = executor.submit(release.wait, 10)
+    try:
+        pending = asyncio.create_task(assembler.assemble(large, Profile(), within(10.0, Profile())))
+        small = await assembler.assemble(REQUEST, Profile(), within(5.0, Profile()))
+        assert small.degradation is Degradation.FULL and not pending.done()
+        assert executor.submitted == 2  # the blocker and the large call; the small one counted inline
+    finally:
+        release.set()
+    blocker.result(timeout=10)
+    assembly = await pending
+    assert assembly.composed.budget is not None
+    exact = MessageTokenCounter(EncodingRegistry()).count_messages(
+        large.messages, EncodingRegistry().get("o200k_base")
+    )
+    assert assembly.composed.budget.messages_tokens == exact
+    executor.shutdown()

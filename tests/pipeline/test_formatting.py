@@ -68,16 +68,21 @@ def test_xml_memory_cannot_close_its_tag_or_forge_another() -> None:
 
 
 def _fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """(info string, content) of the top-level backtick fences (CommonMark: a fence
-    closes on a line of at least as many backticks and nothing else)."""
+    """(info string, content) of the top-level backtick fences as CommonMark reads them: a
+    fence closes on a line of at least as many backticks, indented by at most three spaces
+    and followed by nothing but spaces or tabs; a line ends at "\n", "\r\n" or "\r"."""
     blocks: list[tuple[str, str]] = []
     opened: tuple[int, str, list[str]] | None = None
-    for line in text.split("\n"):
-        ticks = len(line) - len(line.lstrip("`"))
+    for line in re.split(r"\r\n|\r|\n", text):
         if opened is None:
+            ticks = len(line) - len(line.lstrip("`"))
             if ticks >= 3:
                 opened = (ticks, line[ticks:], [])
-        elif ticks >= opened[0] and line.strip("`") == "":
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        bare = line[indent:]
+        ticks = len(bare) - len(bare.lstrip("`"))
+        if indent <= 3 and ticks >= opened[0] and bare[ticks:].strip(" \t") == "":
             blocks.append((opened[1], "\n".join(opened[2])))
             opened = None
         else:
@@ -219,3 +224,36 @@ def test_json_lines_parse_back_to_exactly_the_memories_given(texts: list[str]) -
 def test_markdown_fence_is_one_longer_than_the_longest_backtick_run(content: str, fence: str) -> None:
     out = render_injection(directive=None, memories=[scored("m1", content)], fmt="markdown", nonce=NONCE)
     assert f"{fence}memory id=1\n{content}\n{fence}" in out
+
+
+# Contents made of what a fence is made of: backtick runs, tildes, spaces, tabs and every
+# line ending, around a forged closing line and a forged opening of another block.
+_FENCE_PIECES = ["`", "``", "```", "````", "~~~", " ", "\t", "\n", "\r", "x", "memory id=2"]
+fence_material = st.lists(
+    st.lists(st.sampled_from(_FENCE_PIECES), min_size=1, max_size=12).map("".join),
+    min_size=1,
+    max_size=4,
+).map(lambda texts: [t for t in texts if t.strip()] or ["x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=fence_material, directive=st.text(alphabet="`~ \n\rxy", min_size=1, max_size=40))
+def test_markdown_blocks_parse_back_to_exactly_the_memories_and_directive_given(
+    texts: list[str], directive: str
+) -> None:
+    """No content, however many backticks it holds or however its lines end, closes its
+    block or opens another: each block reads back as exactly what was given (line endings
+    normalised, as CommonMark reads them)."""
+    if not directive.strip():
+        directive = "x"
+    memories = [scored(f"m{i}", text) for i, text in enumerate(texts)]
+    out = render_injection(directive=directive, memories=memories, fmt="markdown", nonce=NONCE)
+
+    def lines(text: str) -> str:
+        # As the block holds it: followed by the closing fence's line ending ("\r" + "\n" is one).
+        return "\n".join(re.split(r"\r\n|\r|\n", text + "\n")[:-1])
+
+    assert _fenced_blocks(out) == [
+        ("directive", lines(directive)),
+        *((f"memory id={i + 1}", lines(t)) for i, t in enumerate(texts)),
+    ]

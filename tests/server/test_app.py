@@ -38,3 +38,38 @@ async def test_a_failed_start_closes_what_it_had_opened(
         assert started.port > 0
     finally:
         await started.stop(grace=0.5)
+
+
+async def test_metrics_listen_on_loopback_unless_configured_even_when_grpc_serves_every_address(
+    start_service: StartService,
+) -> None:
+    """Metrics describe every tenant's traffic: a peer that can reach the gRPC port must
+    not read them unless the deployment opens them (the chart does, for Prometheus)."""
+    service = await start_service(grpc_host="0.0.0.0")
+    assert service.metrics_host == "127.0.0.1"
+    opened = await start_service(grpc_host="127.0.0.1", metrics_host="0.0.0.0")
+    assert opened.metrics_host == "0.0.0.0"
+
+
+async def test_requests_above_the_inline_bound_are_counted_on_the_counting_thread(
+    start_service: StartService,
+) -> None:
+    """The served assembler has its counting thread: with a bound of 0 every request's
+    messages (the start's warm-up call's too) are counted there, to the same answer. The
+    thread is started by its first task only: at the default bound no short call makes it."""
+    import threading
+    import uuid
+
+    import grpc
+    from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
+
+    from .conftest import request, user
+
+    service = await start_service(inline_count_chars=0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        stub = context_pb2_grpc.ContextAssemblyServiceStub(channel)
+        reply = await stub.AssembleContext(
+            request(str(uuid.uuid4()), str(uuid.uuid4()), user("when does the warehouse open?")), timeout=10
+        )
+    assert reply.messages[-1].content == "when does the warehouse open?"
+    assert any(t.name.startswith("ibex-token-count") for t in threading.enumerate())

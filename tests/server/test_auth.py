@@ -321,10 +321,74 @@ async def test_tokens_are_reloaded_when_the_file_changes(
         == grpc.StatusCode.UNAUTHENTICATED
     )
     assert await call(tls_channel, MEMORY + "GetDirective", request, rotated["read"]) == grpc.StatusCode.OK
-    # A file that does not parse leaves the credentials in force.
-    secured.settings.auth_credentials_file.write_text("principals: [broken")
-    await wait_for(lambda: secured.credentials is not None and secured.credentials.reloads >= 2, settle=0.3)
-    assert await call(tls_channel, MEMORY + "GetDirective", request, rotated["read"]) == grpc.StatusCode.OK
+
+
+async def test_a_credentials_file_that_stops_parsing_fails_closed_until_a_good_one_loads(
+    secured: ContextService, tls_channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A revocation with a typo must not keep the revoked token valid: nothing is valid
+    until the file parses again, and the operator is told (an error, a gauge at 0)."""
+    assert secured.settings.auth_credentials_file is not None and secured.credentials is not None
+    request = requests_for(ORG)[MEMORY + "GetDirective"]
+    loaded = "ibex_context_credentials_loaded"
+    assert secured.metrics_registry.get_sample_value(loaded) == 1
+    assert await call(tls_channel, MEMORY + "GetDirective", request, TOKENS["read"]) == grpc.StatusCode.OK
+    with caplog.at_level(logging.ERROR, logger="ibex_context.server.guard"):
+        secured.settings.auth_credentials_file.write_text("principals: [broken")
+        await wait_for(lambda: secured.credentials is not None and not secured.credentials.loaded)
+    for token in (TOKENS["read"], TOKENS["everything"]):
+        assert (
+            await call(tls_channel, MEMORY + "GetDirective", request, token)
+            == grpc.StatusCode.UNAUTHENTICATED
+        )
+    assert secured.metrics_registry.get_sample_value(loaded) == 0
+    assert any("every credential is refused" in r.getMessage() for r in caplog.records)
+    assert all(TOKENS["read"] not in r.getMessage() for r in caplog.records)
+    secured.settings.auth_credentials_file.write_text(credentials_yaml(TOKENS))
+    await wait_for(lambda: secured.credentials is not None and secured.credentials.loaded)
+    assert await call(tls_channel, MEMORY + "GetDirective", request, TOKENS["read"]) == grpc.StatusCode.OK
+    assert secured.metrics_registry.get_sample_value(loaded) == 1
+
+
+async def test_an_unauthenticated_body_is_refused_before_it_is_parsed(tls_channel: grpc.aio.Channel) -> None:
+    """Without a credential, a body that is not protobuf at all is UNAUTHENTICATED (not
+    INVALID_ARGUMENT: it was never parsed); with a valid one, the same body is parsed and
+    refused as invalid."""
+    garbage = b"\xff" * 1_000_000
+    for path in (ASSEMBLY + "AssembleContext", MEMORY + "UpsertMemories"):
+        method = tls_channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+        for metadata in (None, (("authorization", f"Bearer {token_of('nobody')}"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await method(garbage, metadata=metadata, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as parsed:
+            await method(garbage, metadata=(("authorization", f"Bearer {TOKENS['everything']}"),), timeout=10)
+        assert parsed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_token_shorter_than_the_minimum_is_refused_even_when_the_file_names_it(
+    secured: ContextService, tls_channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert secured.settings.auth_credentials_file is not None
+    weak = "password1234"
+    document = yaml.safe_load(credentials_yaml(TOKENS))
+    document["principals"].append(
+        {"name": "weakling", "roles": ["read"], "token_sha256": [token_digest(weak).hex()]}
+    )
+    secured.settings.auth_credentials_file.write_text(yaml.safe_dump(document))
+    await wait_for(lambda: secured.credentials is not None and secured.credentials.reloads >= 1)
+    request = requests_for(ORG)[MEMORY + "GetDirective"]
+    with caplog.at_level(logging.WARNING, logger="ibex_context.server.guard"):
+        assert (
+            await call(tls_channel, MEMORY + "GetDirective", request, weak) == grpc.StatusCode.UNAUTHENTICATED
+        )
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("weakling" in m and "shorter than 32" in m for m in messages)
+    assert all(weak not in m for m in messages)
+    refused = secured.metrics_registry.get_sample_value(
+        "ibex_context_auth_refusals_total", {"method": "GetDirective", "reason": "weak_token"}
+    )
+    assert refused == 1
 
 
 async def wait_for(condition: Callable[[], bool], *, settle: float = 0.0, timeout: float = 10.0) -> None:

@@ -104,11 +104,12 @@ def test_the_guard_fails_closed_for_a_method_without_a_role() -> None:
     from ibex_context.server.rpc import CallError
 
     everything = Principal("ops", frozenset(Role))
-    guard = CallGuard(lambda: Credentials({token_digest("t"): everything}, {}))
+    token = "t" * 43
+    guard = CallGuard(lambda: Credentials({token_digest(token): everything}, {}))
 
     class Context:
         def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-            return (("authorization", "Bearer t"),)
+            return (("authorization", f"Bearer {token}"),)
 
     class Request:
         org_id = ORG

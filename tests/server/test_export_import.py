@@ -192,3 +192,31 @@ async def test_export_through_the_stub_pages_by_agent_then_id(
             break
     assert len(seen) == 9 and seen == sorted(seen)
     assert [a for a, _ in seen] == [a for a in agents for _ in range(3)]
+
+
+async def test_import_with_org_refuses_a_line_of_another_org_and_writes_nothing_for_it(
+    shared_service: ContextService, tenant: Tenant, tmp_path: Path
+) -> None:
+    """A file's org_id used to override --org: an import for one org wrote into another."""
+    target = f"127.0.0.1:{shared_service.port}"
+    other_org = str(uuid.uuid4())
+    dump = tmp_path / "mixed.jsonl"
+    lines = [
+        {"content": "own line without an org", "category": "factual", "agent_id": tenant.agent_id},
+        {
+            "org_id": tenant.org_id.upper(),  # the same org in another spelling
+            "agent_id": tenant.agent_id,
+            "content": "own, upper case",
+            "category": "factual",
+        },
+        {"org_id": other_org, "agent_id": tenant.agent_id, "content": "FOREIGN line", "category": "factual"},
+    ]
+    dump.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = await _cli("import", str(dump), "--target", target, "--org", tenant.org_id)
+    assert code != 0
+    assert "mixed.jsonl:3: org_id is not the --org given" in err and other_org not in err
+    async with MemoryClient(target) as client:
+        assert [m async for page in client.export_pages(other_org) for m in page] == []
+        own = [m async for page in client.export_pages(tenant.org_id) for m in page]
+    contents = {m.content for m in own}
+    assert "own line without an org" in contents and "FOREIGN line" not in contents

@@ -52,23 +52,32 @@ def test_a_changed_file_is_in_force_after_one_reload(tmp_path: Path) -> None:
     assert second.name == "second" and Role.ADMIN in second.roles
 
 
-def test_a_file_broken_by_an_edit_leaves_the_last_good_credentials(
+def test_a_file_broken_by_an_edit_or_removed_refuses_every_credential_until_a_good_one_loads(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Fails closed: a revocation with a typo must not leave the revoked token valid."""
     path = tmp_path / "credentials.yaml"
-    path.write_text(_principal("kept", "token-1"))
-    credentials = CredentialsFile(path)
+    path.write_text(_principal("revoked", "token-1"))
+    loads: list[bool] = []
+    credentials = CredentialsFile(path, on_load=loads.append)
+    assert loads == [True] and credentials.loaded
 
     _swap_in(path, "principals:\n  - name: half written\n")
 
     assert not credentials.reload_if_changed()
-    assert credentials.reloads == 0
-    assert token_digest("token-1") in credentials.current.by_token_digest
-    assert "previous credentials stay in force" in caplog.text
+    assert credentials.reloads == 0 and not credentials.loaded
+    assert credentials.current.by_token_digest == {} and credentials.current.by_identity == {}
+    assert loads == [True, False]
+    assert "every credential is refused until a good file is loaded" in caplog.text
     assert token_digest("token-1").hex() not in caplog.text
 
     _swap_in(path, _principal("fixed", "token-3"))
-    assert credentials.reload_if_changed()
+    assert credentials.reload_if_changed() and credentials.loaded and loads[-1] is True
+    assert list(credentials.current.by_token_digest) == [token_digest("token-3")]
+
+    path.unlink()
+    assert not credentials.reload_if_changed()
+    assert credentials.current.by_token_digest == {} and loads[-1] is False
 
 
 async def test_run_polls_the_file_until_cancelled(tmp_path: Path) -> None:

@@ -114,3 +114,33 @@ async def test_an_unknown_name_is_not_found_on_check_and_service_unknown_on_watc
         reply = await stream.read()
         stream.cancel()
     assert isinstance(reply, HealthCheckResponse) and reply.status == HealthCheckResponse.SERVICE_UNKNOWN
+
+
+async def test_watch_streams_past_the_limit_are_refused_naming_it_and_a_closed_one_frees_its_slot() -> None:
+    health = ServiceHealth([], max_watches=2)
+    server = ServiceServer(health.methods([ASSEMBLY]), max_request_bytes=1024)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = HealthStub(channel)
+            held = [stub.Watch(HealthCheckRequest(service=ASSEMBLY), timeout=10) for _ in range(2)]
+            for stream in held:
+                assert (await stream.read()).status == HealthCheckResponse.SERVING
+            extra = stub.Watch(HealthCheckRequest(service="liveness"), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await extra.read()
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "IBEX_MAX_HEALTH_WATCHES" in (refused.value.details() or "")
+            assert health.watches == 2
+            held[0].cancel()
+            loop = asyncio.get_running_loop()
+            ends = loop.time() + 5
+            while health.watches > 1:
+                assert loop.time() < ends, "the cancelled Watch kept its slot"
+                await asyncio.sleep(0.02)
+            again = stub.Watch(HealthCheckRequest(service="liveness"), timeout=10)
+            assert (await again.read()).status == HealthCheckResponse.SERVING
+            again.cancel()
+            held[1].cancel()
+    finally:
+        await server.stop(0)

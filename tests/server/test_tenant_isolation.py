@@ -7,12 +7,13 @@ import asyncio
 import random
 import uuid
 
+import grpc
 from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 
-from .conftest import request, user
+from .conftest import StartService, request, user
 
 SHARED_WORDS = "the project budget meeting schedule deadline report"
 
@@ -100,3 +101,26 @@ async def test_no_leakage_under_concurrent_requests_from_many_tenants(
         carried_content += md.memories_injected + int(md.directive_injected)
     # Leakage could only show in responses that carry content: make sure some did.
     assert carried_content > 0
+
+
+async def test_another_orgs_identical_query_is_embedded_again_not_answered_from_its_cache(
+    start_service: StartService,
+) -> None:
+    """The embed time reaches the caller: org B learns nothing of org A's texts from it
+    (B's call of A's exact text is a miss of its own), while B's own repeat is a hit."""
+    service = await start_service()
+    misses = "ibex_context_query_embedding_lookups_total"
+
+    def lookups(result: str) -> float:
+        return service.metrics_registry.get_sample_value(misses, {"result": result}) or 0.0
+
+    text = f"what did we decide about the budget {uuid.uuid4().hex}"
+    org_a, org_b = Tenant(str(uuid.uuid4()), str(uuid.uuid4())), Tenant(str(uuid.uuid4()), str(uuid.uuid4()))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as ch:
+        stub = context_pb2_grpc.ContextAssemblyServiceStub(ch)
+        await stub.AssembleContext(request(org_a.org_id, org_a.agent_id, user(text)), timeout=10)
+        hits, missed = lookups("hit"), lookups("miss")
+        await stub.AssembleContext(request(org_b.org_id, org_b.agent_id, user(text)), timeout=10)
+        assert (lookups("hit"), lookups("miss")) == (hits, missed + 1)
+        await stub.AssembleContext(request(org_b.org_id, org_b.agent_id, user(text)), timeout=10)
+        assert lookups("hit") == hits + 1

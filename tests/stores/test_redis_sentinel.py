@@ -184,6 +184,8 @@ async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(
             await cache.warm_up()
             org, agent = str(uuid.uuid4()), str(uuid.uuid4())
             await repository.set_directive(org, agent, "before", {"o200k_base": 1})
+            # Above the cached one's (directive versions are the write's clock time, migration 0017).
+            after_version = (await pg_store.get_directive_state(org, agent)).version + 1000
             old_port = sentinels.primary_port()
 
             failover = asyncio.ensure_future(asyncio.to_thread(sentinels.failover, PATIENCE_SECONDS))
@@ -195,13 +197,13 @@ async def test_after_a_failover_reads_and_writes_go_to_the_new_primary(
             next(server for server in sentinels.servers if server.port == old_port).stop()
 
             async def written_and_read_back() -> bool:
-                await cache.put_directive(org, agent, DirectiveState("after", 1000, {}))
+                await cache.put_directive(org, agent, DirectiveState("after", after_version, {}))
                 state = await cache.get_directive_state(org, agent)
                 return state is not None and state.content == "after"
 
             await eventually(written_and_read_back, "the new primary did not take writes and reads")
             async with aioredis.Redis(port=new_port) as primary:
-                assert (await primary.get(directive_key(org, agent))).startswith(b"1000|")
+                assert (await primary.get(directive_key(org, agent))).startswith(f"{after_version}|".encode())
         finally:
             await repository.aclose()
             await cache.aclose()

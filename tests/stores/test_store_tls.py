@@ -56,6 +56,10 @@ async def test_postgres_verify_full_against_a_private_ca(
         other.write_bytes(Authority.create("other CA").cert_pem)
         with pytest.raises(ssl.SSLCertVerificationError):
             await asyncpg.connect(dsn, ssl=postgres_tls(other), timeout=10)
+        # A CA set is verify-full whatever the DSN says: its sslmode cannot turn it down.
+        for weaker in ("disable", "prefer", "require"):
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await asyncpg.connect(f"{dsn}?sslmode={weaker}", ssl=postgres_tls(other), timeout=10)
 
 
 async def test_rediss_against_a_private_ca_on_both_redis_clients(

@@ -23,6 +23,7 @@ grpcio's too. Two things it lacks are added here, small:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import time
@@ -192,6 +193,15 @@ class ManagedChannel:
         await asyncio.gather(*self._closing, return_exceptions=True)
 
 
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 async def _connected(channel: grpc.aio.Channel, timeout: float) -> bool:
     state = channel.get_state(try_to_connect=True)
     try:
@@ -223,8 +233,16 @@ class ChannelClient:
         """``credentials``: TLS and the bearer token (docs/security.md); ``token``, when
         given, is sent in place of theirs."""
         credentials = credentials or ClientCredentials()
-        self._auth = tuple(bearer_metadata(token or credentials.token).items())
         self.target = parse_target(target) if isinstance(target, str) else target
+        token = token or credentials.token
+        if token and not credentials.uses_tls and not _is_loopback(self.target.host):
+            # As the Go client (its bearer credential requires transport security): a token
+            # sent in clear text is anyone's on the path. Loopback stays open for development.
+            raise ValueError(
+                f"refusing to send a bearer token in plaintext to {self.target.host}: use TLS "
+                "(a CA file, IBEX_TLS_CA or IBEX_TLS=true); plaintext with a token is for loopback only"
+            )
+        self._auth = tuple(bearer_metadata(token).items())
         self.timeout = timeout
         self._channel = ManagedChannel(
             self.target, credentials=credentials.channel_credentials(), refresh_seconds=refresh_seconds

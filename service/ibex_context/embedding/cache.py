@@ -2,10 +2,14 @@
 
 An agent loop asks the same last user message across the several LLM calls of one
 turn (one per tool call): the query is embedded once per turn, not once per call.
-Keys are (model name, sha256 of the text with its whitespace runs collapsed and its
-ends stripped): texts are not kept as keys, two models never share entries, and two
-spellings that tokenise alike share one entry (the normalised text is what is
-embedded). Concurrent misses for the same text are coalesced: one inner call, every
+Keys are (model name, sha256 of the caller's org and the text with its whitespace runs
+collapsed and its ends stripped): texts are not kept as keys, two models never share
+entries, and two spellings that tokenise alike share one entry (the normalised text is
+what is embedded). Entries are per org: a call's ``embed_us`` reaches its caller, and a
+near-zero embedding time for a text org B never sent would tell B that another org sent
+it recently. An agent loop's repeats are one org's own, so they still hit (the
+agent-loop replay's hit rate is the same either way: benchmarks/embedding_cache.py).
+Concurrent misses for the same org and text are coalesced: one inner call, every
 caller gets its result. The inner call runs in its own task, so a caller whose
 deadline cancels it does not cancel the work the others wait for, and the result
 still lands in the cache for the next call. Cached vectors are read-only: callers
@@ -81,17 +85,21 @@ class CachedEmbedder:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _key(self, text: str) -> _Key:
-        return (self._inner.name, hashlib.sha256(text.encode("utf-8")).digest())
+    def _key(self, org_id: str, text: str) -> _Key:
+        digest = hashlib.sha256(org_id.encode("utf-8"))
+        digest.update(b"\x00")
+        digest.update(text.encode("utf-8"))
+        return (self._inner.name, digest.digest())
 
-    def begin(self, text: str) -> asyncio.Future[FloatVector]:
-        """The embedding of ``text``: already done when cached, else started now.
+    def begin(self, text: str, *, org_id: str = "") -> asyncio.Future[FloatVector]:
+        """The embedding of ``text`` for ``org_id``'s call: already done when that org's
+        entry is cached, else started now.
 
-        The future is shared by every caller of the same text: await it through
+        The future is shared by every caller of the same org and text: await it through
         ``asyncio.shield`` so a caller's timeout does not cancel it for the others.
         """
         normalised = self._query(text)
-        key = self._key(normalised)
+        key = self._key(org_id, normalised)
         done = self._cached(key)
         if done is not None:
             return done
@@ -102,9 +110,10 @@ class CachedEmbedder:
         self.misses += 1
         return self._start([key], [normalised])[0]
 
-    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+    async def embed(self, texts: Sequence[str], *, org_id: str = "") -> list[FloatVector]:
+        """The embeddings of ``texts`` for ``org_id``'s call (cached per org)."""
         normalised = [self._query(text) for text in texts]
-        keys = [self._key(text) for text in normalised]
+        keys = [self._key(org_id, text) for text in normalised]
         waits: list[asyncio.Future[FloatVector] | None] = []
         new_keys: dict[_Key, str] = {}
         for key, text in zip(keys, normalised, strict=True):
@@ -193,3 +202,11 @@ class CachedEmbedder:
         for task in list(self._tasks):
             task.cancel()
         await self._inner.aclose()
+
+
+async def embed_for_org(embedder: Embedder, org_id: str, texts: Sequence[str]) -> list[FloatVector]:
+    """``embedder.embed(texts)`` for a call of ``org_id``: through the query cache's
+    entries of that org when ``embedder`` is the cache."""
+    if isinstance(embedder, CachedEmbedder):
+        return await embedder.embed(texts, org_id=org_id)
+    return await embedder.embed(texts)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.cache import embed_for_org
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
 from ibex_context.memory_api.throttle import RowRateLimit
@@ -190,7 +191,7 @@ class MemoryReads:
         self, org_id: str, agent_id: str, query: str, vector: FloatVector | None, k: int
     ) -> list[SearchResult]:
         if vector is None:
-            (vector,) = await self._embedder.embed([query])
+            (vector,) = await embed_for_org(self._embedder, org_id, [query])
         hits = await self._search(org_id, agent_id, query, vector, k)
         rows = await self._data.get_memories(org_id, agent_id, [h.memory_id for h in hits])
         by_id = {r.id: r for r in rows}

@@ -72,6 +72,13 @@ class MetricsServer:
         )
 
     @property
+    def host(self) -> str:
+        """The bound address."""
+        if self._socket is None:
+            raise RuntimeError("metrics server is not running")
+        return str(self._socket.getsockname()[0])
+
+    @property
     def port(self) -> int:
         """The bound port (useful when started on port 0)."""
         if self._socket is None:

@@ -317,8 +317,9 @@ class Metrics:
         self.auth_refusals = declare.counter(
             "ibex_context_auth_refusals",
             "Calls refused before their handler ran, by method and reason: unauthenticated (no "
-            "credential or an unknown one), role (the credential lacks the method's role), org "
-            "(bound to another org). No principal or tenant ids.",
+            "credential or an unknown one), weak_token (a known token shorter than 32 characters), "
+            "role (the credential lacks the method's role), org (bound to another org). No "
+            "principal or tenant ids.",
             ["method", "reason"],
         )
         self.limit_refusals = declare.counter(
@@ -327,6 +328,11 @@ class Metrics:
             " (max_org_memories, max_org_content_bytes, max_delete_ids, max_feedback_items,"
             " max_list_categories). No tenant ids: which org reached it is not recorded.",
             ["limit"],
+        )
+        self.credentials_loaded = declare.gauge(
+            "ibex_context_credentials_loaded",
+            "1 while the credentials file's last load succeeded; 0 after a load failed (the "
+            "file does not read or parse): every credential is refused until a good file loads.",
         )
         self.embedding_seconds = declare.histogram(
             "ibex_context_embedding_seconds",

@@ -14,6 +14,13 @@ The degradation ladder (ADR-0002):
                   directive is injected if it was fetched;
 * PASS_THROUGH    nothing could be injected: the client's messages unchanged.
 
+Counting the client's messages is the one step whose cost grows with the request (a
+fresh 400,000-character conversation: ~15 ms of tokenizer work, up to 4 MiB a call):
+a request of more than ``AssemblerConfig.inline_count_chars`` characters is counted on
+the counting executor's thread (tiktoken and hashlib release the GIL while they work),
+so it does not hold the event loop every other call needs. The counts are the same
+exact counts either way.
+
 The model's window, less the response reserve and the safety buffer, is a hard
 limit: when the client's messages leave no room (``messages_exceed_window``) or
 the directive would not fit (``directive_exceeds_window``), nothing is injected.
@@ -32,6 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from ibex_context.models import AssemblyRequest, ChatMessage, Degradation
@@ -67,6 +75,8 @@ class AssemblerConfig:
     query_max_chars: int
     nonce_secret: bytes
     lexical_limit: int = 50
+    # Messages of more characters than this are counted on the counting executor.
+    inline_count_chars: int = 65_536
 
 
 class Assembler:
@@ -78,8 +88,12 @@ class Assembler:
         message_counter: MessageTokenCounter,
         config: AssemblerConfig,
         clock: Callable[[], float] = time.time,
+        counting_executor: Executor | None = None,
     ) -> None:
+        """``counting_executor``: where large requests' messages are counted (one thread
+        is enough: it bounds that work to one core); None counts every request inline."""
         self._retriever = retriever
+        self._counting = counting_executor
         self._encodings = encodings
         self._counter = message_counter
         self._config = config
@@ -122,7 +136,7 @@ class Assembler:
         request, profile, state = call.request, call.profile, call.state
         query = _query_text(request.messages, self._config.query_max_chars)
         # First: the embedding is the call's longest step and needs nothing else.
-        self._retriever.begin_embedding(query, state)
+        self._retriever.begin_embedding(request.org_id, query, state)
         t0 = time.perf_counter_ns()
         model = resolve_model(request.model, profile.models)
         encoding = self._encodings.get(model.encoding)
@@ -130,7 +144,7 @@ class Assembler:
         approximation = encoding.approximation_reason or (
             "" if model.exact else f"{model.name} is counted with {encoding.name} (approximate)"
         )
-        messages_tokens = self._counter.count_messages(request.messages, encoding)
+        messages_tokens = await self._count_messages(request.messages, encoding)
         preliminary = compute_budget(
             model,
             messages_tokens=messages_tokens,
@@ -301,6 +315,14 @@ class Assembler:
         )
 
     # -- helpers --------------------------------------------------------------------------
+
+    async def _count_messages(self, messages: Sequence[ChatMessage], encoding: Encoding) -> int:
+        """``count_messages``, inline for a small request, else on the counting executor
+        (a call cut by its deadline while queued there is dropped from the queue)."""
+        if self._counting is None or sum(len(m.content) for m in messages) <= self._config.inline_count_chars:
+            return self._counter.count_messages(messages, encoding)
+        counted = self._counting.submit(self._counter.count_messages, messages, encoding)
+        return await asyncio.wrap_future(counted)
 
     def _nonce(self, request: AssemblyRequest) -> str:
         # Unpredictable without the server secret, identical for identical inputs

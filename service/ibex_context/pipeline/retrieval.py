@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
-from ibex_context.embedding.cache import CachedEmbedder
+from ibex_context.embedding.cache import CachedEmbedder, embed_for_org
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.outcome import SourceName, SourceResult, SourceStatus, plan_detail
@@ -97,12 +97,12 @@ class Retriever:
         self._embedder = embedder
         self._begin = embedder.begin if isinstance(embedder, CachedEmbedder) else None
 
-    def begin_embedding(self, query: str, state: RetrievalState) -> None:
+    def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
         """Starts embedding ``query`` now, ahead of everything else of the call: with the
         query cache in front of a threaded embedder, a worker thread takes it at once and
         computes while the event loop counts the budget and starts the other reads."""
         if query and self._begin is not None:
-            state.pending_embedding = self._begin(query)
+            state.pending_embedding = self._begin(query, org_id=org_id)
 
     def start(self, plan: RetrievalPlan, state: RetrievalState) -> list[SourceTask]:
         """Start every source; the caller waits for them (see ``wait_for_sources``)."""
@@ -189,7 +189,7 @@ class Retriever:
                 state,
                 SourceName.EMBED,
                 deadline - time.perf_counter(),
-                lambda: self._query_embedding(plan.query, state),
+                lambda: self._query_embedding(plan.org_id, plan.query, state),
                 count=len,
             )
         except asyncio.CancelledError:
@@ -217,10 +217,10 @@ class Retriever:
         if not isinstance(cold, _Failed):
             state.cold = cold
 
-    async def _query_embedding(self, query: str, state: RetrievalState) -> list[FloatVector]:
+    async def _query_embedding(self, org_id: str, query: str, state: RetrievalState) -> list[FloatVector]:
         pending = state.pending_embedding
         if pending is None:
-            return await self._embedder.embed([query])
+            return await embed_for_org(self._embedder, org_id, [query])
         if pending.done():  # a cache hit: no shield, no turn of the loop
             return [pending.result()]
         # Shielded: other calls of the same query may share it.

@@ -12,6 +12,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -53,7 +54,7 @@ from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import check_schema
-from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
+from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls, unverified_tls_warning
 from ibex_context.stores.read_routing import build_read_routing
 from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
 from ibex_context.stores.redis_topology import RedisTopology
@@ -94,6 +95,7 @@ class ContextService:
     health_port: int | None = field(init=False, default=None)
     health_server: ServiceServer | None = field(init=False, default=None)
     metrics_port: int = field(init=False, default=0)
+    metrics_host: str = field(init=False, default="")
     _closers: list[Callable[[], object]] = field(init=False, default_factory=list)
     watcher: ProfileWatcher | None = field(init=False, default=None)
     credentials: CredentialsFile | None = field(init=False, default=None)
@@ -126,11 +128,14 @@ class ContextService:
         s = self.settings
         # Refused before anything is opened: a misconfigured security setting must not serve.
         self.tls = _server_tls(s)
-        self.credentials = _credentials_file(s)
+        self.metrics = Metrics(self.metrics_registry)
+        self.credentials = _credentials_file(s, self.metrics.credentials_loaded.set)
+        for dsn in (s.postgres_dsn, *s.postgres_read_dsns):
+            if (warning := unverified_tls_warning(dsn, s.postgres_ca_file)) is not None:
+                log.warning("%s", warning)
         # As are Redis settings that cannot work (Sentinel without a master name, ...), before
         # the embedder and PostgreSQL take their seconds.
         RedisTopology.from_settings(s)
-        self.metrics = Metrics(self.metrics_registry)
         self._gc_pauses = GcPauses(self.metrics.record_gc_pause)
         self._gc_pauses.install()
         self._closers.append(self._gc_pauses.uninstall)
@@ -213,7 +218,11 @@ class ContextService:
             max_delete_ids=s.max_delete_ids,
             max_feedback_items=s.max_feedback_items,
         )
+        # One thread: large requests' token counts use one core at most, queued beyond it.
+        counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ibex-token-count")
+        self._closers.append(lambda: counting.shutdown(wait=False, cancel_futures=True))
         assembler = Assembler(
+            counting_executor=counting,
             retriever=Retriever(
                 directives=repository,
                 hot_memories=repository,
@@ -231,6 +240,7 @@ class ContextService:
                 cold_limit=s.cold_limit,
                 lexical_limit=s.lexical_limit,
                 query_max_chars=s.query_max_chars,
+                inline_count_chars=s.inline_count_chars,
                 nonce_secret=(s.nonce_secret or secrets.token_hex(32)).encode(),
             ),
         )
@@ -277,6 +287,7 @@ class ContextService:
         self.health = ServiceHealth(
             [postgres, redis, *([read_routing] if read_routing is not None else [])],
             store_up=self.metrics.record_store_up,
+            max_watches=s.max_health_watches,
         )
         served = [*assembly.methods(), *memory.methods()]
         methods = [*served, *self.health.methods(service_names(served))]
@@ -305,9 +316,9 @@ class ContextService:
             )
             self.health_port = await self.health_server.start(s.grpc_host, s.health_port)
         metrics_server = start_metrics_server(
-            s.metrics_port, self.metrics_registry, host=s.grpc_host, health=self._health_detail
+            s.metrics_port, self.metrics_registry, host=s.metrics_host, health=self._health_detail
         )
-        self.metrics_port = metrics_server.port
+        self.metrics_port, self.metrics_host = metrics_server.port, metrics_server.host
         self._closers.append(metrics_server.close)
         # Keeps ibex_context_store_up current between probes and scrapes (alerts use it).
         store_monitor = asyncio.get_running_loop().create_task(
@@ -318,10 +329,11 @@ class ContextService:
             "mutual TLS" if self.tls is not None and self.tls.mutual else "TLS" if self.tls else "plaintext"
         )
         log.info(
-            "serving gRPC on port %d (%s, %s), metrics on port %d",
+            "serving gRPC on port %d (%s, %s), metrics on %s port %d",
             self.port,
             transport,
             "authentication required" if self.credentials is not None else "NO authentication",
+            self.metrics_host,
             self.metrics_port,
             # The same facts as fields (`serve --json`: a script waits for this record).
             extra={
@@ -430,7 +442,7 @@ def _server_tls(s: Settings) -> ServerTls | None:
     return ServerTls(TlsFiles(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
 
 
-def _credentials_file(s: Settings) -> CredentialsFile | None:
+def _credentials_file(s: Settings, on_load: Callable[[bool], None]) -> CredentialsFile | None:
     if not s.auth_enabled:
         log.warning("authentication is off (IBEX_AUTH_ENABLED=false): every caller may call every method")
         return None
@@ -441,7 +453,7 @@ def _credentials_file(s: Settings) -> CredentialsFile | None:
         )
     if s.tls_cert_file is None:
         log.warning("authentication without TLS: bearer tokens cross the network in clear text")
-    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds)
+    return CredentialsFile(s.auth_credentials_file, poll_seconds=s.auth_reload_seconds, on_load=on_load)
 
 
 async def _monitor_stores(health: ServiceHealth) -> None:

@@ -63,6 +63,7 @@ class Refusal(enum.StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # no credential, or one nobody issued
     ROLE = "role"  # the principal lacks the method's role
     ORG = "org"  # the principal is bound to another org
+    WEAK_TOKEN = "weak_token"  # a known token shorter than the guard's minimum
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,15 @@ def canonical_org(org_id: str) -> str | None:
         return None
 
 
-def authorize(principal: Principal | None, role: Role, org_id: str) -> Refusal | None:
-    """None if ``principal`` may call a method needing ``role`` for ``org_id``."""
+def authorize(principal: Principal | None, role: Role, org_id: str | None) -> Refusal | None:
+    """None if ``principal`` may call a method needing ``role`` for ``org_id`` (None: for
+    the org it is bound to, if any; the check before the request's org is known)."""
     if principal is None:
         return Refusal.UNAUTHENTICATED
     if role not in principal.roles:
         return Refusal.ROLE
+    if org_id is None:
+        return None
     bound = principal.org_id
     if bound is not None and org_id != bound and canonical_org(org_id) != bound:
         return Refusal.ORG

@@ -15,6 +15,10 @@ check waits for it at most ``check_timeout`` and then reports it as timed out, a
 later check joins the probe still running instead of starting another. No result is
 cached: the first check after a store stops says so.
 
+Watch streams are held open by their callers and cost a task and a probe a second each:
+at most ``max_watches`` run at once per process (both ports together); one more is
+refused with RESOURCE_EXHAUSTED naming the limit (``IBEX_MAX_HEALTH_WATCHES``).
+
 Served as grpc.aio handlers of our own (``grpc.health.v1.Health``: Check and Watch),
 since grpcio-health-checking's servicer knows a fixed status per name, not a store
 probe per Check; the messages are that package's ``health_pb2``, which the client
@@ -24,8 +28,9 @@ library (``ibex_context.client``) and the tests use too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -103,8 +108,11 @@ class ServiceHealth:
         *,
         check_timeout: float = 0.5,
         store_up: StoreUp | None = None,
+        max_watches: int = 100,
     ) -> None:
         self._probes = [_Probe(p) for p in probes]
+        self.max_watches = max_watches
+        self.watches = 0
         self._check_timeout = check_timeout
         self._store_up = store_up
         self.accepting = True
@@ -138,6 +146,22 @@ class ServiceHealth:
 
     async def stores_ok(self) -> bool:
         return all((await self.check_stores()).values())
+
+    @contextlib.contextmanager
+    def watch_slot(self) -> Iterator[None]:
+        """Holds one of the ``max_watches`` Watch streams for as long as the block runs;
+        raises ``CallError`` (RESOURCE_EXHAUSTED) when all are taken."""
+        if self.watches >= self.max_watches:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"health Watch streams: {self.max_watches} are open on this process, the limit "
+                "(IBEX_MAX_HEALTH_WATCHES); poll with Check instead",
+            )
+        self.watches += 1
+        try:
+            yield
+        finally:
+            self.watches -= 1
 
     def set_not_serving(self) -> None:
         self.accepting = False
@@ -197,14 +221,15 @@ class _Checks:
         return HealthCheckResponse(status=await self.status(request.service))
 
     async def watch(self, request: HealthCheckRequest, _context: Any) -> AsyncIterator[HealthCheckResponse]:
-        if not self.known(request.service):
-            yield HealthCheckResponse(status=HealthCheckResponse.SERVICE_UNKNOWN)
-            await asyncio.Event().wait()  # the name never becomes known: hold until the caller leaves
-        last: ServingStatus | None = None
-        while True:
-            accepting = self._health.accepting
-            current = await self.status(request.service)
-            if current != last:
-                last = current
-                yield HealthCheckResponse(status=current)
-            await self._health.wait_for_change(accepting, _WATCH_INTERVAL_SECONDS)
+        with self._health.watch_slot():
+            if not self.known(request.service):
+                yield HealthCheckResponse(status=HealthCheckResponse.SERVICE_UNKNOWN)
+                await asyncio.Event().wait()  # the name never becomes known: hold until the caller leaves
+            last: ServingStatus | None = None
+            while True:
+                accepting = self._health.accepting
+                current = await self.status(request.service)
+                if current != last:
+                    last = current
+                    yield HealthCheckResponse(status=current)
+                await self._health.wait_for_change(accepting, _WATCH_INTERVAL_SECONDS)

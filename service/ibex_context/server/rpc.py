@@ -12,9 +12,11 @@ method needs and none should repeat:
 * observes the call (``observability.calls.CallObserver``: metrics, spans, access log),
   including calls cut by their deadline or their caller (the task is cancelled);
 * for the services' own methods, asks the ``Guard`` (``server/guard.py``) whether the
-  caller may make the call, after parsing (the org check needs the request's org_id)
-  and before the handler: a refused call reads and writes nothing. Health and
-  reflection are not guarded (probes and tools reach them without credentials).
+  caller may make the call: its credential and role before the body is parsed (an
+  unauthenticated caller's body costs no parsing), its org after parsing (the org check
+  needs the request's org_id) and before the handler: a refused call reads and writes
+  nothing. Health and reflection are not guarded (probes and tools reach them without
+  credentials).
 
 A handler may return already-serialized bytes (AssembleContext times its own
 serialization for the report); anything else is serialized here.
@@ -78,8 +80,13 @@ class Guard(Protocol):
     """Decides whether the caller may make a call (``server/guard.py``)."""
 
     def guards(self, path: str) -> bool: ...
-    def check(self, path: str, request: Any, context: Context) -> object:
-        """Returns if the call may go on; raises ``CallError`` if not."""
+    def admit(self, path: str, context: Context) -> Any:
+        """The caller if its credential may call ``path`` (from the metadata alone, before
+        the body is parsed); raises ``CallError`` if not."""
+        ...
+
+    def check_org(self, path: str, principal: Any, request: Any) -> None:
+        """Returns if the admitted caller may make this call; raises ``CallError`` if not."""
         ...
 
 
@@ -131,15 +138,18 @@ def _fail(context: Context, path: str, exc: Exception) -> grpc.StatusCode:
 
 def unary(path: str, request_type: MessageType, behaviour: UnaryBehaviour) -> Method:
     def build(observer: CallObserver | None, guard: Guard | None) -> grpc.RpcMethodHandler[Any, Any]:
-        check = guard.check if guard is not None and guard.guards(path) else None
+        checked = guard if guard is not None and guard.guards(path) else None
 
         async def serve(data: bytes, context: Context) -> Any:
             state = _begin(observer, path, context)
             status = grpc.StatusCode.OK
             try:
-                request = _parse(request_type, data)
-                if check is not None:
-                    check(path, request, context)
+                if checked is not None:
+                    principal = checked.admit(path, context)
+                    request = _parse(request_type, data)
+                    checked.check_org(path, principal, request)
+                else:
+                    request = _parse(request_type, data)
                 return await behaviour(request, context)
             except asyncio.CancelledError:
                 status = interrupted_status(state)

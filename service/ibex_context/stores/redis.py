@@ -174,7 +174,7 @@ return 1
 
 # A purge leaves, per agent, two content-free tombstones for this long: a directive
 # entry "no directive" with a version above any a reader can have read before the purge
-# and at most the next one set (migration 0014; so a cache fill that read PostgreSQL
+# and at most the next one set (migrations 0014, 0017; so a cache fill that read PostgreSQL
 # before the purge is refused by ``PUT_DIRECTIVE``, a directive set after it is not) and a bumped
 # hot-set generation (so a rebuild that read before the purge is refused by
 # ``REPLACE_HOT``). Both expire well after any such reader (PostgreSQL's

@@ -43,10 +43,13 @@ _ORDER_KEYS = {
 }
 
 
-# The next version the sequence will hand out (nextval's result, without taking it): a
-# cache entry of this version is replaced only by a write of this version or newer.
+# Above every version the agent's directive had (the row's, or the one the purge deleted,
+# $3) and at most the first one set after it (migration 0017: versions are the clock's
+# microseconds, or the row's previous + 1): a cache entry of this version is replaced only
+# by a write of this version or newer.
 DIRECTIVE_TOMBSTONE_VERSION_SQL = (
-    "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM directive_versions"
+    "SELECT greatest(coalesce(max(version), 0) + 1, $3::int8, directive_clock_version())"
+    " FROM directives WHERE org_id = $1 AND agent_id = $2"
 )
 
 
@@ -58,7 +61,7 @@ class PurgeOutcome:
     # Nothing of the tenant left in any table when the call ended.
     complete: bool = False
     # Above every directive version handed out before the purge and at most the first
-    # after it (migration 0014): the cache's tombstone for the agent's directive.
+    # after it (migrations 0014, 0017): the cache's tombstone for the agent's directive.
     directive_tombstone_version: int = 0
 
 
@@ -246,7 +249,7 @@ class TenantData:
         injection counters are recorded without the lock.
         """
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
-        memories = directives = 0
+        memories = directives = deleted_version = 0
         graph: str | None = None
         while True:
             async with self._pool.acquire() as conn, conn.transaction():
@@ -283,10 +286,14 @@ class TenantData:
                     await conn.execute(
                         "DELETE FROM memory_feedback WHERE org_id = $1 AND agent_id = $2", org, agent
                     )
-                    status = await conn.execute(
-                        "DELETE FROM directives WHERE org_id = $1 AND agent_id = $2", org, agent
+                    deleted = await conn.fetchval(
+                        "DELETE FROM directives WHERE org_id = $1 AND agent_id = $2 RETURNING version",
+                        org,
+                        agent,
                     )
-                    directives += int(status.split()[-1])
+                    if deleted is not None:
+                        directives += 1
+                        deleted_version = max(deleted_version, int(deleted) + 1)
                     # The words its memories held (document frequencies left at 0) and its
                     # own graph's record (migrations 0012, 0013).
                     await conn.execute(
@@ -312,9 +319,10 @@ class TenantData:
                 break
             if out_of_time():
                 break
-        # Read after the deletes: a reader that read a version before them read one at or
-        # below the sequence's value now.
-        tombstone = int(await self._pool.fetchval(DIRECTIVE_TOMBSTONE_VERSION_SQL))
+        # Read after the deletes: a reader that read a version before them read one below it.
+        tombstone = int(
+            await self._pool.fetchval(DIRECTIVE_TOMBSTONE_VERSION_SQL, org, agent, deleted_version)
+        )
         return PurgeOutcome(
             memories, directives, (agent_id,), complete=last, directive_tombstone_version=tombstone
         )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
     create_pool,
+    unverified_tls_warning,
 )
 
 from tests.conftest import Tenant
@@ -60,3 +63,25 @@ async def test_a_pooled_connection_comes_back_without_an_open_transaction_or_loc
             assert await conn.fetchval("SHOW hnsw.ef_search") == "40"
     finally:
         await pool.close()
+
+
+def test_a_tcp_connection_without_a_ca_is_reported_unverified_without_echoing_the_dsn() -> None:
+    dsn = "postgresql://ibex:s3cret@db.internal:5432/ibex"
+    warning = unverified_tls_warning(dsn, None, environ={})
+    assert warning is not None
+    assert "sslmode=prefer" in warning and "IBEX_POSTGRES_CA_FILE" in warning
+    assert "s3cret" not in warning and "db.internal" not in warning
+    assert "sslmode=require" in (unverified_tls_warning(dsn + "?sslmode=require", None, environ={}) or "")
+    assert "host name not checked" in (
+        unverified_tls_warning("host=db.internal sslmode=verify-ca", None, environ={}) or ""
+    )
+    assert "sslmode=disable" in (unverified_tls_warning(dsn, None, environ={"PGSSLMODE": "disable"}) or "")
+
+
+def test_a_ca_file_a_verify_full_dsn_or_a_unix_socket_needs_no_warning(tmp_path: Path) -> None:
+    dsn = "postgresql://ibex@db.internal:5432/ibex"
+    assert unverified_tls_warning(dsn, tmp_path / "ca.crt", environ={}) is None
+    assert unverified_tls_warning(dsn + "?sslmode=verify-full", None, environ={}) is None
+    assert unverified_tls_warning("host=db.internal sslmode=verify-full", None, environ={}) is None
+    assert unverified_tls_warning("postgresql://postgres@/postgres?host=/tmp/pg", None, environ={}) is None
+    assert unverified_tls_warning("host=/var/run/postgresql dbname=ibex", None, environ={}) is None

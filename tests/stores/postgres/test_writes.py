@@ -122,17 +122,43 @@ async def test_directive_versions_increase_across_set_and_clear(
     assert await pg_store.set_directive(org, agent, "Be brief.", {}) > cleared
 
 
-async def test_directive_versions_come_from_one_sequence_so_a_deleted_row_does_not_restart_them(
+async def test_a_deleted_row_does_not_restart_directive_versions(
     pg_store: PostgresMemoryStore, tenant: Tenant
 ) -> None:
     # A purge deletes the row; the cache's tombstone is above every version handed out
-    # before it, so the next directive must be above them too (migration 0014).
+    # before it, so the next directive must be above them too (migrations 0014, 0017).
     org, agent = tenant.org_id, tenant.agent_id
     first = await pg_store.set_directive(org, agent, "Be brief.", {})
     await pg_store.pool.execute(
         "DELETE FROM directives WHERE org_id = $1::uuid AND agent_id = $2::uuid", org, agent
     )
     assert await pg_store.set_directive(org, agent, "Be kind.", {}) > first
+
+
+async def test_directive_versions_tell_the_time_of_the_write_not_other_tenants_write_rate(
+    pg_store: PostgresMemoryStore, tenant: Tenant
+) -> None:
+    """From one deployment-wide sequence, the gap between two versions of A's directive
+    was the number of directive writes every other tenant made in between."""
+    org, agent = tenant.org_id, tenant.agent_id
+    other_org = str(uuid.uuid4())
+
+    async def clock() -> int:
+        return int(await pg_store.pool.fetchval("SELECT directive_clock_version()"))
+
+    first = await pg_store.set_directive(org, agent, "Be brief.", {})
+    for i in range(50):
+        await pg_store.set_directive(other_org, agent, f"other tenant's directive {i}", {})
+    before = await clock()
+    second = await pg_store.set_directive(org, agent, "Be kind.", {})
+    after = await clock()
+    assert first < second
+    # The write's own time on the primary's clock: nothing counted across tenants.
+    assert before <= second <= after
+    cleared_before = await clock()
+    assert await pg_store.clear_directive(org, agent) is True
+    cleared = (await pg_store.get_directive_state(org, agent)).version
+    assert cleared_before <= cleared <= await clock()
 
 
 async def test_ids_that_are_not_uuids_are_rejected_naming_the_field(

@@ -7,7 +7,12 @@ them into ``PostgresMemoryStore``. The names most callers need are re-exported h
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
 from ibex_context.stores.postgres.counters import MemoryCounters
 from ibex_context.stores.postgres.feedback import FEEDBACK_ALPHA, FEEDBACK_TARGETS
-from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
+from ibex_context.stores.postgres.pool import (
+    create_graph_pool,
+    create_pool,
+    postgres_tls,
+    unverified_tls_warning,
+)
 from ibex_context.stores.postgres.reads import DirectiveState
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL
 from ibex_context.stores.postgres.store import PostgresMemoryStore
@@ -26,4 +31,5 @@ __all__ = [
     "create_pool",
     "decode_vectors",
     "postgres_tls",
+    "unverified_tls_warning",
 ]

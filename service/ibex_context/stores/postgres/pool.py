@@ -26,10 +26,12 @@ that broke) with session settings:
 from __future__ import annotations
 
 import functools
+import os
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
@@ -80,6 +82,44 @@ def postgres_tls(ca_file: Path | None) -> ssl_module.SSLContext | None:
     if ca_file is None:
         return None
     return ssl_module.create_default_context(cafile=ca_file)
+
+
+def unverified_tls_warning(
+    dsn: str, ca_file: Path | None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """What to warn at start when the connection to ``dsn`` is not TLS verified with its
+    host name (None: it is, or it does not leave the host: a Unix socket).
+
+    Without ``ca_file`` the DSN's ``sslmode`` decides, ``PGSSLMODE`` else, and asyncpg's
+    default is ``prefer``: TLS when the server offers it, its certificate not verified
+    (anyone on the path can answer), plaintext when it does not. Never echoes the DSN."""
+    if ca_file is not None:
+        return None
+    host, mode = _dsn_host_and_sslmode(dsn)
+    if not host or all(h.startswith("/") for h in host.split(",")):
+        return None
+    mode = mode or (environ if environ is not None else os.environ).get("PGSSLMODE") or "prefer"
+    if mode == "verify-full":
+        return None
+    return (
+        f"PostgreSQL TLS is not verified (sslmode={mode}"
+        + (", the host name not checked" if mode == "verify-ca" else "")
+        + "): set IBEX_POSTGRES_CA_FILE to require TLS verified against that CA with the host name "
+        "checked (verify-full)"
+    )
+
+
+def _dsn_host_and_sslmode(dsn: str) -> tuple[str, str]:
+    """The host(s) and sslmode a libpq DSN names (URL or key=value form); "" when not named."""
+    if dsn.startswith(("postgres://", "postgresql://")):
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+        netloc = parts.netloc.rpartition("@")[2]
+        named = netloc[1:].partition("]")[0] if netloc.startswith("[") else netloc.partition(":")[0]
+        host = query.get("host", [unquote(named)])[0]
+        return host, query.get("sslmode", [""])[0]
+    pairs = dict(part.split("=", 1) for part in dsn.split() if "=" in part)
+    return pairs.get("host", "") or pairs.get("hostaddr", ""), pairs.get("sslmode", "")
 
 
 async def create_pool(

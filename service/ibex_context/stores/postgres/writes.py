@@ -61,7 +61,7 @@ _SET_DIRECTIVE_SQL = """
     VALUES ($1, $2, $3, $4)
     ON CONFLICT (org_id, agent_id) DO UPDATE
         SET content = EXCLUDED.content, token_counts = EXCLUDED.token_counts,
-            version = nextval('directive_versions'), updated_at = now()
+            version = greatest(d.version + 1, directive_clock_version()), updated_at = now()
         WHERE d.org_id = $1 AND d.agent_id = $2
           AND (d.content IS DISTINCT FROM EXCLUDED.content
                OR d.token_counts IS DISTINCT FROM EXCLUDED.token_counts)
@@ -198,7 +198,7 @@ class MemoryWrites:
         """Clears the directive and returns the version of the cleared state, or None."""
         version: int | None = await self._pool.fetchval(
             "UPDATE directives SET content = NULL, token_counts = '{}'::jsonb,"
-            " version = nextval('directive_versions'),"
+            " version = greatest(version + 1, directive_clock_version()),"
             " updated_at = now() WHERE org_id = $1 AND agent_id = $2 AND content IS NOT NULL"
             " RETURNING version",
             as_uuid(org_id, "org_id"),
