@@ -68,9 +68,7 @@ async def fake_openai(keep: int = 1000) -> AsyncIterator[FakeOpenAI]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server = site._server
-    assert server is not None
-    fake.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fake.port = int(runner.addresses[0][1])
     try:
         yield fake
     finally:

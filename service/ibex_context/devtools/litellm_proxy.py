@@ -78,6 +78,13 @@ class LiteLLMProxy:
         return self.log_file.read_text(errors="replace")[-characters:]
 
 
+def _write_config(directory: Path, config: Mapping[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config_file = directory / "litellm-config.yaml"
+    config_file.write_text(json.dumps(config, indent=2))
+    return config_file
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,9 +109,7 @@ async def litellm_proxy(
             f"{executable} is missing: run `source scripts/bootstrap.sh && ensure_litellm_venv` "
             "(or set IBEX_LITELLM_VENV)"
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    config_file = directory / "litellm-config.yaml"
-    config_file.write_text(json.dumps(config, indent=2))
+    config_file = _write_config(directory, config)
     log_file = directory / "litellm.log"
     port = _free_port()
     environment = {
@@ -153,7 +158,8 @@ async def _wait_ready(proxy: LiteLLMProxy, timeout: float) -> None:
     async with httpx.AsyncClient(timeout=2.0) as http:
         while time.monotonic() < deadline:
             if proxy.process.returncode is not None:
-                raise RuntimeError(f"the LiteLLM proxy exited ({proxy.process.returncode}):\n{proxy.log_tail()}")
+                code = proxy.process.returncode
+                raise RuntimeError(f"the LiteLLM proxy exited ({code}):\n{proxy.log_tail()}")
             try:
                 reply = await http.get(f"{proxy.base_url}/health/liveliness")
                 if reply.status_code == 200:
