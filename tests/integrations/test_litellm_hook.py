@@ -112,7 +112,8 @@ async def proxy_without_service(
 
 async def chat(
     proxy: LiteLLMProxy, messages: list[dict[str, Any]], headers: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> httpx.Response:
+    """The proxy's answer, checked to be the model's."""
     async with httpx.AsyncClient(timeout=60.0) as http:
         reply = await http.post(
             f"{proxy.base_url}/v1/chat/completions",
@@ -120,8 +121,8 @@ async def chat(
             json={"model": "gpt-4o", "messages": messages},
         )
     assert reply.status_code == 200, reply.text
-    body: dict[str, Any] = reply.json()
-    return body
+    assert reply.json()["choices"][0]["message"]["content"] == REPLY
+    return reply
 
 
 def sent_to_model(upstream: FakeOpenAI) -> str:
@@ -138,7 +139,8 @@ async def test_the_model_receives_the_directive_and_the_memory(
 
     answer = await chat(proxy, [{"role": "user", "content": QUESTION}])
 
-    assert answer["choices"][0]["message"]["content"] == REPLY
+    assert answer.headers["x-ibex-context"] == "assembled"
+    assert float(answer.headers["x-ibex-context-ms"]) > 0
     sent = sent_to_model(upstream)
     assert DIRECTIVE in sent
     assert MEMORY in sent
@@ -153,14 +155,16 @@ async def test_trusted_headers_name_the_agent_and_a_header_cannot_reach_another_
 ) -> None:
     await remember(service_target, tokens.agent, tokens.org_id, OTHER_AGENT, OTHER_MEMORY)
 
-    await chat(proxy, [{"role": "user", "content": QUESTION}], {"x-ibex-agent-id": OTHER_AGENT})
+    other_agent = await chat(proxy, [{"role": "user", "content": QUESTION}], {"x-ibex-agent-id": OTHER_AGENT})
+    assert other_agent.headers["x-ibex-context"] == "assembled"
     assert OTHER_MEMORY in sent_to_model(upstream)
     assert DIRECTIVE not in sent_to_model(upstream)  # AGENT's, not OTHER_AGENT's
 
     # The proxy's token is bound to its org: the service refuses another, and the request
     # goes to the model as it came.
     other_org = {"x-ibex-org-id": tokens.other_org_id, "x-ibex-agent-id": OTHER_AGENT}
-    await chat(proxy, [{"role": "user", "content": QUESTION}], other_org)
+    refused = await chat(proxy, [{"role": "user", "content": QUESTION}], other_org)
+    assert refused.headers["x-ibex-context"] == "fallback:client_error:PERMISSION_DENIED"
     assert upstream.received[-1]["messages"] == [{"role": "user", "content": QUESTION}]
 
 
@@ -181,8 +185,9 @@ async def test_a_request_with_tool_calls_passes_untouched(proxy: LiteLLMProxy, u
         {"role": "tool", "tool_call_id": "call_1", "content": "teal"},
     ]
 
-    await chat(proxy, messages)
+    answer = await chat(proxy, messages)
 
+    assert answer.headers["x-ibex-context"] == "skipped"
     received = upstream.received[-1]["messages"]
     assert [m["role"] for m in received] == ["user", "assistant", "tool"]
     assert received[1]["tool_calls"][0]["function"]["name"] == "lookup_colour"
@@ -195,12 +200,12 @@ async def test_it_still_answers_when_the_service_hangs_and_when_it_is_gone(
     question = [{"role": "user", "content": QUESTION}]
 
     hung = await chat(proxy_without_service, question)
-    assert hung["choices"][0]["message"]["content"] == REPLY
+    assert hung.headers["x-ibex-context"] == "fallback:client_timeout"
     assert upstream.received[-1]["messages"] == question
 
     await unanswering.close()
     gone = await chat(proxy_without_service, question)
-    assert gone["choices"][0]["message"]["content"] == REPLY
+    assert gone.headers["x-ibex-context"] == "fallback:client_unavailable"
     assert upstream.received[-1]["messages"] == question
     log = proxy_without_service.log_tail(1_000_000)
     assert "context assembly fell back (client_timeout" in log

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from ibex_context.client.context import AssembleResult
 from ibex_context.integrations.litellm_request import (
     HookConfig,
     RequestTenant,
     assemblable_messages,
+    outcome_headers,
     resolve_tenant,
 )
 from ibex_context.models import ChatMessage
@@ -131,3 +133,24 @@ def test_plain_text_messages_are_taken_whole() -> None:
 )
 def test_messages_carrying_more_than_role_and_text_are_left_alone(messages: object) -> None:
     assert assemblable_messages(messages) is None
+
+
+def _result(reason: str, from_service: bool) -> AssembleResult:
+    return AssembleResult((), None, reason, from_service, elapsed_seconds=0.0123)
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome"),
+    [
+        (_result("", True), "assembled"),
+        (_result("cold_timeout", True), "degraded:cold_timeout"),
+        (_result("client_timeout", False), "fallback:client_timeout"),
+        (_result("client_error:PERMISSION_DENIED", False), "fallback:client_error:PERMISSION_DENIED"),
+    ],
+)
+def test_the_answer_says_what_became_of_its_context(result: AssembleResult, outcome: str) -> None:
+    assert outcome_headers(result) == {"x-ibex-context": outcome, "x-ibex-context-ms": "12.30"}
+
+
+def test_a_request_no_call_was_made_for_says_skipped() -> None:
+    assert outcome_headers(None) == {"x-ibex-context": "skipped"}

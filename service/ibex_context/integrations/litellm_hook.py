@@ -19,7 +19,8 @@ The bearer token and TLS files come from the proxy's environment (``IBEX_TOKEN``
 The hook never fails or holds up the request beyond its timeout: ``ContextClient`` returns the
 request's own messages on any failure (unreachable, slow, refusing), and anything else going
 wrong here leaves the request as it came. Requests it cannot assemble without losing something
-(tool calls, images, no known org/agent, other endpoints) pass untouched.
+(tool calls, images, no known org/agent, other endpoints) pass untouched. The answer says what
+happened in ``x-ibex-context`` (``litellm_request.outcome_headers``).
 """
 
 from __future__ import annotations
@@ -27,23 +28,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import OrderedDict
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ibex_context.client.context import ContextClient
+from ibex_context.client.context import AssembleResult, ContextClient
 from ibex_context.client.credentials import ClientCredentials
 from ibex_context.integrations.litellm_request import (
     CHAT_CALL_TYPES,
     CONFIG_SECTION,
     HookConfig,
     assemblable_messages,
+    outcome_headers,
     resolve_tenant,
 )
 
 __all__ = ["IbexContextHook", "proxy_hook"]
 
 log = logging.getLogger("ibex_context.integrations.litellm")
+
+# Outcomes kept for the answer's headers until it is sent; a request that fails before then
+# leaves its entry, so the oldest go first beyond this many.
+_OUTCOMES_KEPT = 4096
 
 
 def _configured() -> HookConfig:
@@ -69,6 +76,7 @@ class IbexContextHook(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no t
         self._client: ContextClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._invalid = False
+        self._outcomes: OrderedDict[str, dict[str, str]] = OrderedDict()
 
     def _context_client(self) -> ContextClient | None:
         """The client for this loop (grpc.aio channels belong to the loop that made them; the
@@ -97,24 +105,44 @@ class IbexContextHook(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no t
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: str
     ) -> dict[str, Any]:
+        result: AssembleResult | None = None
         try:
-            await self._assemble(user_api_key_dict, data, call_type)
+            result = await self._assemble(user_api_key_dict, data, call_type)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # The request goes out as it came; the exception's type only (its text may quote content).
             log.warning("context hook skipped a request after %s", type(exc).__name__)
+        call_id = data.get("litellm_call_id")
+        if isinstance(call_id, str) and call_type in CHAT_CALL_TYPES:
+            self._outcomes[call_id] = outcome_headers(result)
+            while len(self._outcomes) > _OUTCOMES_KEPT:
+                self._outcomes.popitem(last=False)
         return data
 
-    async def _assemble(self, key: Any, data: dict[str, Any], call_type: str) -> None:
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict[str, Any],
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+        litellm_call_info: dict[str, Any] | None = None,
+    ) -> dict[str, str] | None:
+        """``x-ibex-context`` (and ``x-ibex-context-ms``) on the answer: what became of its context."""
+        call_id = data.get("litellm_call_id")
+        return self._outcomes.pop(call_id, None) if isinstance(call_id, str) else None
+
+    async def _assemble(self, key: Any, data: dict[str, Any], call_type: str) -> AssembleResult | None:
+        """The call's result once the messages are replaced (or left, on a fallback); None when
+        no call was made."""
         if call_type not in CHAT_CALL_TYPES:
-            return
+            return None
         messages = assemblable_messages(data.get("messages"))
         if messages is None:
-            return
+            return None
         client = self._context_client()
         if client is None or self._config is None:
-            return
+            return None
         request = data.get("proxy_server_request")
         tenant = resolve_tenant(
             self._config,
@@ -123,7 +151,7 @@ class IbexContextHook(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no t
             headers=request.get("headers") if isinstance(request, dict) else None,
         )
         if tenant is None:
-            return
+            return None
         call_id = data.get("litellm_call_id")
         result = await client.assemble(
             org_id=tenant.org_id,
@@ -135,6 +163,7 @@ class IbexContextHook(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no t
         )
         if result.from_service:
             data["messages"] = [{"role": m.role, "content": m.content} for m in result.messages]
+        return result
 
 
 # What config.yaml names: one hook (and one channel) per proxy process.

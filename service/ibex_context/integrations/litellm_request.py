@@ -17,20 +17,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibex_context.client.context import DEFAULT_TIMEOUT_SECONDS
+from ibex_context.client.context import DEFAULT_TIMEOUT_SECONDS, AssembleResult
 from ibex_context.client.target import parse_target
 from ibex_context.models import ROLES, ChatMessage
 
 __all__ = [
     "CONFIG_SECTION",
+    "ELAPSED_HEADER",
     "HEADER_AGENT",
     "HEADER_ORG",
     "HEADER_SESSION",
     "KEY_AGENT",
     "KEY_ORG",
+    "OUTCOME_HEADER",
     "HookConfig",
     "RequestTenant",
     "assemblable_messages",
+    "outcome_headers",
     "resolve_tenant",
 ]
 
@@ -41,6 +44,9 @@ KEY_AGENT = "ibex_agent_id"
 HEADER_ORG = "x-ibex-org-id"
 HEADER_AGENT = "x-ibex-agent-id"
 HEADER_SESSION = "x-ibex-session-id"
+# On the proxy's answer: what became of the request's context, and the call's wall time.
+OUTCOME_HEADER = "x-ibex-context"
+ELAPSED_HEADER = "x-ibex-context-ms"
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 # LiteLLM's call types of a chat completion (sync and async); the other endpoints pass untouched.
@@ -152,3 +158,16 @@ def assemblable_messages(messages: object) -> tuple[ChatMessage, ...] | None:
             return None
         converted.append(ChatMessage(role, content))
     return tuple(converted)
+
+
+def outcome_headers(result: AssembleResult | None) -> dict[str, str]:
+    """The answer's headers: ``assembled``, ``degraded:<reason>`` (the service's messages, as far
+    as it got), ``fallback:<reason>`` (the request's own messages) or ``skipped`` (no call made);
+    reasons are the client's bounded labels, never content or ids."""
+    if result is None:
+        return {OUTCOME_HEADER: "skipped"}
+    if result.from_service:
+        outcome = f"degraded:{result.fallback_reason}" if result.fallback_reason else "assembled"
+    else:
+        outcome = f"fallback:{result.fallback_reason}"
+    return {OUTCOME_HEADER: outcome, ELAPSED_HEADER: f"{result.elapsed_seconds * 1000:.2f}"}
