@@ -531,8 +531,18 @@ def health(target: str, service: str, timeout: float, as_json: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: the address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP.")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per service call.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Log JSON records on stderr (stdout is the stdio transport's)."
+)
 def mcp(
-    target: str, transport: str, org_id: str, agent_id: str, host: str, port: int, timeout: float
+    target: str,
+    transport: str,
+    org_id: str,
+    agent_id: str,
+    host: str,
+    port: int,
+    timeout: float,
+    as_json: bool,
 ) -> None:
     """Serve the memory API as MCP tools (search, get, upsert, delete, set/get directive).
 
@@ -544,8 +554,10 @@ def mcp(
         from ibex_context.integrations.mcp_server import McpConfig, build_server
     except ImportError as exc:
         raise click.ClickException(f"the MCP server needs the mcp extra ({exc.name} is missing)") from None
+    from ibex_context.observability.logging import configure_logging
+
     # stdout is the stdio transport's: logs go to stderr, warnings only.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging("WARNING", "json" if as_json else "text", stream=sys.stderr)
     config = McpConfig(
         target=target,
         credentials=client_credentials()["credentials"],
