@@ -230,3 +230,40 @@ def test_the_hook_loads_nothing_of_the_server_in_the_proxy() -> None:
     modules = loaded.stdout.split()
     assert "ibex_context.client.context" in modules
     assert not [m for m in modules if m.split(".")[1:2] and m.split(".")[1] in SERVER_SIDE]
+
+
+def test_a_token_it_would_send_in_clear_text_disables_the_hook_once() -> None:
+    """Off loopback without TLS the client refuses the token: the hook says so once, at ERROR,
+    and every request goes out as it came."""
+    script = """
+import asyncio, logging, sys
+from ibex_context.client.credentials import ClientCredentials
+from ibex_context.integrations.litellm_hook import IbexContextHook
+from ibex_context.integrations.litellm_request import HookConfig
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+
+async def main():
+    hook = IbexContextHook(HookConfig("ibex.example.com:50051", 0.045, "org", "agent"),
+                           ClientCredentials(token="secret-token-never-logged"))
+    for n in range(3):
+        data = {"messages": [{"role": "user", "content": "Hi"}], "litellm_call_id": f"c{n}"}
+        assert await hook.async_pre_call_hook(None, None, data, "acompletion") is data
+        assert data["messages"] == [{"role": "user", "content": "Hi"}]
+        print(await hook.async_post_call_response_headers_hook(data, None, None))
+
+asyncio.run(main())
+"""
+    ran = subprocess.run(
+        [str(litellm_venv() / "bin" / "python"), "-c", script],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)},
+        timeout=120,
+    )
+    lines = ran.stdout.splitlines()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert len(errors) == 1 and "refusing to send a bearer token in plaintext" in errors[0]
+    assert lines.count("{'x-ibex-context': 'skipped'}") == 3
+    assert "secret-token-never-logged" not in ran.stdout + ran.stderr

@@ -84,21 +84,23 @@ class IbexContextHook(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no t
         loop = asyncio.get_running_loop()
         if self._client is not None and self._loop is loop:
             return self._client
-        if self._config is None:
-            if self._invalid:
-                return None
-            try:
+        if self._invalid:
+            return None
+        try:
+            if self._config is None:
                 self._config = _configured()
-            except ValueError as exc:
-                self._invalid = True
-                log.error("context hook disabled, every request passes unassembled: %s", exc)
-                return None
-        # Not started here: its first call connects, within that call's timeout.
-        self._client = ContextClient(
-            self._config.target,
-            timeout=self._config.timeout_seconds,
-            credentials=self._credentials or ClientCredentials.from_env(),
-        )
+            # Not started here: its first call connects, within that call's timeout.
+            self._client = ContextClient(
+                self._config.target,
+                timeout=self._config.timeout_seconds,
+                credentials=self._credentials or ClientCredentials.from_env(),
+            )
+        except (ValueError, OSError) as exc:
+            # A setting it cannot use, a token it would send in clear text off loopback, a TLS
+            # file it cannot read: the same for every request, so said once.
+            self._invalid = True
+            log.error("context hook disabled, every request passes unassembled: %s", exc)
+            return None
         self._loop = loop
         return self._client
 

@@ -123,16 +123,17 @@ class _Calls:
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
     async def __call__(self, ctx: Context[Any, Any, Any], work: Callable[[MemoryClient], Awaitable[T]]) -> T:
-        client = MemoryClient(
-            self._config.target,
-            timeout=self._config.timeout_seconds,
-            credentials=self._transport_credentials,
-            token=self._token(ctx),
-        )
         try:
+            # Refuses (ValueError) a token it would send in clear text off loopback.
+            client = MemoryClient(
+                self._config.target,
+                timeout=self._config.timeout_seconds,
+                credentials=self._transport_credentials,
+                token=self._token(ctx),
+            )
             async with client:
                 return await work(client)
-        except MemoryClientError as exc:
+        except (MemoryClientError, ValueError) as exc:
             raise ToolError(str(exc)) from None
 
 
