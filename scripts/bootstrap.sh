@@ -35,6 +35,25 @@ ensure_venv() {
   export PATH="$VENV/bin:$PATH"
 }
 
+# ensure_litellm_venv: the LiteLLM proxy that tests/integrations and benchmarks/litellm_hook.py start,
+# in a virtualenv of its own (.venv-litellm, or IBEX_LITELLM_VENV) from requirements-litellm.lock,
+# every wheel hash-checked: LiteLLM's pins are not the project's. ibex_context is not installed
+# there; the proxy imports it from the source tree (PYTHONPATH), so the hook under test is this one.
+ensure_litellm_venv() {
+  local venv="${IBEX_LITELLM_VENV:-$ROOT/.venv-litellm}" lock="$ROOT/requirements-litellm.lock" stamp
+  stamp="$venv/.ibex-installed-$(sha256sum < "$lock" | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    log "installing the LiteLLM proxy's locked environment (requirements-litellm.lock) into $venv"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+      --only-binary :all: -r "$lock"
+    rm -f "$venv"/.ibex-installed-*
+    touch "$stamp"
+  fi
+  export IBEX_LITELLM_VENV="$venv"
+}
+
 ensure_buf() {
   if [ ! -x "$TOOLS/node_modules/.bin/buf" ]; then
     log "installing buf $BUF_VERSION from npm"

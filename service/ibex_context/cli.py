@@ -517,6 +517,59 @@ def health(target: str, service: str, timeout: float, as_json: bool) -> None:
         raise SystemExit(1)
 
 
+@main.command("mcp")
+@TARGET_OPTION
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio: the agent's host starts this process; http: streamable HTTP on --host:--port/mcp.",
+)
+@click.option("--org", "org_id", default="", envvar="IBEX_ORG_ID", help="Whose memories [IBEX_ORG_ID].")
+@click.option("--agent", "agent_id", default="", envvar="IBEX_AGENT_ID", help="[IBEX_AGENT_ID].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: the address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP.")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per service call.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Log JSON records on stderr (stdout is the stdio transport's)."
+)
+def mcp(
+    target: str,
+    transport: str,
+    org_id: str,
+    agent_id: str,
+    host: str,
+    port: int,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Serve the memory API as MCP tools (search, get, upsert, delete, set/get directive).
+
+    stdio calls the service with this process's credential (--token-file, IBEX_TOKEN...); HTTP
+    forwards each caller's own Authorization header, and X-Ibex-Org-Id / X-Ibex-Agent-Id name
+    the org and agent per request. Needs the mcp extra: pip install 'ibex-context[mcp]'.
+    """
+    try:
+        from ibex_context.integrations.mcp_server import McpConfig, build_server
+    except ImportError as exc:
+        raise click.ClickException(f"the MCP server needs the mcp extra ({exc.name} is missing)") from None
+    from ibex_context.observability.logging import configure_logging
+
+    # stdout is the stdio transport's: logs go to stderr, warnings only.
+    configure_logging("WARNING", "json" if as_json else "text", stream=sys.stderr)
+    config = McpConfig(
+        target=target,
+        credentials=client_credentials()["credentials"],
+        transport="http" if transport == "http" else "stdio",
+        org_id=org_id,
+        agent_id=agent_id,
+        timeout_seconds=timeout,
+    )
+    server = build_server(config, host=host, port=port)
+    server.run("streamable-http" if transport == "http" else "stdio")
+
+
 @main.group()
 def token() -> None:
     """Bearer tokens for the credentials file (docs/security.md)."""
