@@ -12,6 +12,8 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/ibex-context/ibex-context/clients/go/contextv1"
 	"github.com/ibex-context/ibex-context/clients/go/ibexcontext"
@@ -63,7 +65,13 @@ type Proxy struct {
 	assembler Assembler
 	log       *slog.Logger
 	forward   *httputil.ReverseProxy
+	// lastWarned (unix nanoseconds) throttles the fallback warnings: a service
+	// that is down would otherwise log a line per request.
+	lastWarned atomic.Int64
 }
+
+// warnEvery is the most often a fallback is logged (the LiteLLM hook's period).
+const warnEvery = 10 * time.Second
 
 // NewProxy forwards to cfg.Upstream; the upstream's answers, SSE streams
 // included, go back unchanged and unbuffered.
@@ -140,8 +148,7 @@ func (p *Proxy) assemble(r *http.Request, body []byte) ([]byte, string, string) 
 	})
 	elapsed := fmt.Sprintf("%.2f", float64(result.Elapsed.Microseconds())/1000)
 	if !result.FromService {
-		// The reason only: the error may quote a rejected id.
-		p.log.Warn("context assembly fell back", "reason", result.FallbackReason)
+		p.warnFallback(result.FallbackReason)
 		return body, "fallback:" + result.FallbackReason, elapsed
 	}
 	outcome := "assembled"
@@ -153,6 +160,17 @@ func (p *Proxy) assemble(r *http.Request, body []byte) ([]byte, string, string) 
 		return body, "fallback:encode", elapsed
 	}
 	return replaced, outcome, elapsed
+}
+
+// warnFallback logs a fallback's reason (only: the error may quote a rejected
+// id), at most once per warnEvery.
+func (p *Proxy) warnFallback(reason string) {
+	now, last := time.Now().UnixNano(), p.lastWarned.Load()
+	if now-last < int64(warnEvery) || !p.lastWarned.CompareAndSwap(last, now) {
+		return
+	}
+	p.log.Warn("context assembly fell back; requests go out as they came", "reason", reason,
+		"quiet_for", warnEvery.String())
 }
 
 // tenant is whose context the request gets: the headers when trusted, else the defaults.

@@ -27,6 +27,8 @@ const (
 	testAgent   = "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11"
 	headerOrgID = "7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e02"
 	injected    = "Directive and memories"
+	// modelOverloaded makes the scripted service degrade.
+	modelOverloaded = "scenario-overloaded"
 	// generous bounds a call in tests that need the service's answer (a loaded machine).
 	generous = 10 * time.Second
 )
@@ -43,6 +45,10 @@ func (s *scriptedService) AssembleContext(_ context.Context, req *contextv1.Asse
 	s.mu.Lock()
 	s.calls = append(s.calls, req)
 	s.mu.Unlock()
+	if req.GetModel() == modelOverloaded { // the service sheds: the caller's messages, and says why
+		return &contextv1.AssembleContextResponse{Messages: req.GetMessages(),
+			Metadata: &contextv1.InjectionMetadata{FallbackReason: "overloaded"}}, nil
+	}
 	messages := append([]*contextv1.Message{{Role: "system", Content: injected}}, req.GetMessages()...)
 	return &contextv1.AssembleContextResponse{Messages: messages, Metadata: &contextv1.InjectionMetadata{DirectiveInjected: true}}, nil
 }
@@ -126,6 +132,11 @@ func (u *recordingUpstream) last(t *testing.T) ([]byte, http.Header) {
 
 func startProxy(t *testing.T, upstream *recordingUpstream, target string, cfg Config, opts ...ibexcontext.Option) *httptest.Server {
 	t.Helper()
+	return startProxyLogging(t, io.Discard, upstream, target, cfg, opts...)
+}
+
+func startProxyLogging(t *testing.T, logs io.Writer, upstream *recordingUpstream, target string, cfg Config, opts ...ibexcontext.Option) *httptest.Server {
+	t.Helper()
 	client, err := ibexcontext.NewContextClient(target, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +149,7 @@ func startProxy(t *testing.T, upstream *recordingUpstream, target string, cfg Co
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
-	proxy := httptest.NewServer(NewProxy(cfg, client, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	proxy := httptest.NewServer(NewProxy(cfg, client, slog.New(slog.NewTextHandler(logs, nil))))
 	t.Cleanup(proxy.Close)
 	return proxy
 }
@@ -221,6 +232,21 @@ func TestHeadersNameNoTenantUnlessTrusted(t *testing.T) {
 	}
 }
 
+func TestADegradedAssemblySaysWhy(t *testing.T) {
+	_, target := startScripted(t)
+	upstream := startUpstream(t, nil)
+	proxy := startProxy(t, upstream, target, Config{DefaultOrg: testOrg, DefaultAgent: testAgent}, ibexcontext.WithTimeout(generous))
+
+	resp := post(t, proxy, `{"model":"`+modelOverloaded+`","messages":[{"role":"user","content":"Hi"}]}`, nil)
+
+	if got := resp.Header.Get(OutcomeHeader); got != "degraded:overloaded" {
+		t.Errorf("%s %q, want degraded:overloaded", OutcomeHeader, got)
+	}
+	if body, _ := upstream.last(t); len(sentMessages(t, body)) != 1 {
+		t.Errorf("the upstream received %q, want the service's (here the request's) one message", body)
+	}
+}
+
 func TestFailsOpenWhenTheServiceIsDown(t *testing.T) {
 	upstream := startUpstream(t, nil)
 	proxy := startProxy(t, upstream, closedAddress(t), Config{DefaultOrg: testOrg, DefaultAgent: testAgent},
@@ -238,6 +264,41 @@ func TestFailsOpenWhenTheServiceIsDown(t *testing.T) {
 	if body, _ := upstream.last(t); string(body) != plainCompletion {
 		t.Errorf("the upstream received %q, want the request as it came", body)
 	}
+}
+
+func TestFallbacksAreLoggedOncePerPeriodWithoutContent(t *testing.T) {
+	upstream := startUpstream(t, nil)
+	var logs syncBuffer
+	proxy := startProxyLogging(t, &logs, upstream, closedAddress(t), Config{DefaultOrg: testOrg, DefaultAgent: testAgent})
+
+	post(t, proxy, plainCompletion, nil)
+	post(t, proxy, plainCompletion, nil)
+
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "reason=") {
+		t.Errorf("logged %q, want one line with the reason", lines)
+	}
+	if strings.Contains(logs.String(), testOrg) || strings.Contains(logs.String(), "Which seat") {
+		t.Errorf("the log names the tenant or the content: %q", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer the proxy's handlers may write concurrently.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestMessagesBeyondRoleAndTextPassUntouched(t *testing.T) {
