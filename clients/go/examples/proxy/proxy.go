@@ -79,8 +79,7 @@ func NewProxy(cfg Config, assembler Assembler, log *slog.Logger) *Proxy {
 	p := &Proxy{cfg: cfg, assembler: assembler, log: log}
 	p.forward = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(cfg.Upstream)
-			r.Out.Host = r.In.Host
+			r.SetURL(cfg.Upstream) // the upstream's Host too: a hosted API routes by it
 			// The tenant headers are the proxy's, not the model's.
 			for _, name := range []string{headerOrg, headerAgent, headerSession} {
 				r.Out.Header.Del(name)

@@ -380,7 +380,7 @@ func TestOtherPathsPassThrough(t *testing.T) {
 	service, target := startScripted(t)
 	upstream := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTeapot)
-		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+		_, _ = io.WriteString(w, r.Method+" "+r.Host+r.URL.RequestURI())
 	})
 	proxy := startProxy(t, upstream, target, Config{DefaultOrg: testOrg, DefaultAgent: testAgent})
 
@@ -391,7 +391,7 @@ func TestOtherPathsPassThrough(t *testing.T) {
 	defer resp.Body.Close()
 
 	answer, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusTeapot || string(answer) != "POST /v1/embeddings?x=1" || resp.Header.Get(OutcomeHeader) != "" {
+	if resp.StatusCode != http.StatusTeapot || string(answer) != "POST "+strings.TrimPrefix(upstream.URL, "http://")+"/v1/embeddings?x=1" || resp.Header.Get(OutcomeHeader) != "" {
 		t.Errorf("status %d, body %q, %s %q", resp.StatusCode, answer, OutcomeHeader, resp.Header.Get(OutcomeHeader))
 	}
 	if body, _ := upstream.last(t); string(body) != `{"input":"hi"}` || len(service.seen()) != 0 {
