@@ -194,7 +194,7 @@ func TestAssembledMessagesReachTheUpstream(t *testing.T) {
 
 	resp := post(t, proxy, plainCompletion, map[string]string{headerOrg: headerOrgID, headerRequestID: "req-7"})
 
-	if resp.StatusCode != http.StatusOK || resp.Header.Get(OutcomeHeader) != "assembled" {
+	if resp.StatusCode != http.StatusOK || len(resp.Header.Values(OutcomeHeader)) != 1 || resp.Header.Get(OutcomeHeader) != "assembled" {
 		t.Fatalf("status %d, %s %q, want 200 and assembled", resp.StatusCode, OutcomeHeader, resp.Header.Values(OutcomeHeader))
 	}
 	if resp.Header.Get(ElapsedHeader) == "" {
