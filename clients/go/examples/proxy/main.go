@@ -59,7 +59,7 @@ func run(log *slog.Logger) error {
 	flag.Parse()
 
 	upstreamURL, err := url.Parse(*upstream)
-	if err != nil || upstreamURL.Scheme == "" || upstreamURL.Host == "" {
+	if err != nil || (upstreamURL.Scheme != "http" && upstreamURL.Scheme != "https") || upstreamURL.Host == "" {
 		return fmt.Errorf("-upstream: an absolute http(s) URL is required, got %q", *upstream)
 	}
 	if *maxBody <= 0 {
