@@ -4,21 +4,15 @@ package ibexcontext
 
 // The client against the real Python service: `ibex-context dev` (embedded Redis
 // and PostgreSQL+pgvector, the demo tenants, the MiniLM embedder) started by the
-// test. IBEX_CONTEXT_BIN names the command (default: ibex-context on PATH).
+// test through internal/devservice (IBEX_CONTEXT_BIN names the command).
 // Run: go test -tags integration ./... (scripts/test-go does).
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"net"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -29,132 +23,18 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ibex-context/ibex-context/clients/go/contextv1"
+	"github.com/ibex-context/ibex-context/clients/go/internal/devservice"
 )
 
 const (
-	// The demo's Acme Travel support agent and its paraphrased question, whose
-	// answer is the memory about the dog (found by meaning: no word in common).
-	demoOrg      = "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01"
-	demoAgent    = "5d2e9c1a-3b4f-4e6a-8c7d-9f0a1b2c3d11"
-	demoQuestion = "Can my furry companion come on board with me to Berlin next month?"
-	demoMemory   = "service dog, Miso"
+	demoOrg      = devservice.DemoOrg
+	demoAgent    = devservice.DemoAgent
+	demoQuestion = devservice.DemoQuestion
+	demoMemory   = devservice.DemoMemory
 	// The service refuses requests over this many bytes (RESOURCE_EXHAUSTED).
 	serviceMaxRequestBytes = 65536
-	startupLimit           = 300 * time.Second
 	connectionAge          = time.Second
-	exitLimit              = 60 * time.Second
 )
-
-var servingLine = regexp.MustCompile(`serving gRPC on 127\.0\.0\.1:(\d+)`)
-
-// realService is `ibex-context dev` in a process group of its own.
-type realService struct {
-	cmd    *exec.Cmd
-	port   string
-	mu     sync.Mutex
-	output []string // the last lines it printed, for failures
-	exited chan struct{}
-}
-
-func startRealService(t *testing.T) *realService {
-	t.Helper()
-	bin := os.Getenv("IBEX_CONTEXT_BIN")
-	if bin == "" {
-		bin = "ibex-context"
-	}
-	cmd := exec.Command(bin, "dev", "--data-dir", t.TempDir())
-	cmd.Env = append(os.Environ(),
-		"IBEX_GRPC_PORT=0", "IBEX_METRICS_PORT=0", "IBEX_LOG_FORMAT=text",
-		// Connections aged every second (the default is 60 s): the test sees them replaced.
-		fmt.Sprintf("IBEX_GRPC_MAX_CONNECTION_AGE_SECONDS=%d", int(connectionAge.Seconds())),
-		fmt.Sprintf("IBEX_MAX_REQUEST_BYTES=%d", serviceMaxRequestBytes))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v (set IBEX_CONTEXT_BIN, or put .venv/bin on PATH)", bin, err)
-	}
-	service := &realService{cmd: cmd, exited: make(chan struct{})}
-	ports := make(chan string, 1)
-	go service.read(stdout, ports)
-	go func() { _ = cmd.Wait(); close(service.exited) }()
-	t.Cleanup(func() { service.stop(t) })
-
-	select {
-	case service.port = <-ports:
-		return service
-	case <-service.exited:
-		t.Fatalf("ibex-context dev exited before serving:\n%s", service.tail())
-	case <-time.After(startupLimit):
-		t.Fatalf("ibex-context dev did not serve within %v:\n%s", startupLimit, service.tail())
-	}
-	return nil
-}
-
-func (s *realService) read(stdout io.Reader, ports chan<- string) {
-	scanner := bufio.NewScanner(stdout)
-	scanner.Buffer(make([]byte, 64<<10), 1<<20)
-	for scanner.Scan() {
-		line := scanner.Text()
-		s.mu.Lock()
-		s.output = append(s.output, line)
-		if len(s.output) > 60 {
-			s.output = s.output[1:]
-		}
-		s.mu.Unlock()
-		if match := servingLine.FindStringSubmatch(line); match != nil {
-			select {
-			case ports <- match[1]:
-			default:
-			}
-		}
-	}
-}
-
-func (s *realService) tail() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Join(s.output, "\n")
-}
-
-func (s *realService) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %v: %v", sig, err)
-	}
-}
-
-// shutDown stops the service as Kubernetes does (SIGTERM) and waits for it.
-func (s *realService) shutDown(t *testing.T) {
-	t.Helper()
-	s.signal(t, syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(exitLimit):
-		t.Fatalf("ibex-context dev still running %v after SIGTERM:\n%s", exitLimit, s.tail())
-	}
-}
-
-// stop ends the service and the stores it started, whatever state it is in.
-func (s *realService) stop(t *testing.T) {
-	select {
-	case <-s.exited:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGCONT)
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(exitLimit):
-		t.Errorf("ibex-context dev ignored SIGTERM; killing its process group")
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.exited
-	}
-}
 
 func newUUID(t *testing.T) string {
 	t.Helper()
@@ -176,10 +56,13 @@ func demoRequest(requestID string) Request {
 // TestAgainstTheRealService runs its cases in order: the last ones freeze and
 // then stop the service.
 func TestAgainstTheRealService(t *testing.T) {
-	service := startRealService(t)
+	service := devservice.Start(t,
+		// Connections aged every second (the default is 60 s): the test sees them replaced.
+		fmt.Sprintf("IBEX_GRPC_MAX_CONNECTION_AGE_SECONDS=%d", int(connectionAge.Seconds())),
+		fmt.Sprintf("IBEX_MAX_REQUEST_BYTES=%d", serviceMaxRequestBytes))
 	// localhost may resolve to ::1 as well, where nothing listens: round robin
 	// uses the address that answers.
-	target := "dns:///localhost:" + service.port
+	target := "dns:///localhost:" + service.Port
 	client := newTestClient(t, target, WithTimeout(generous))
 	waitReady(t, client)
 	capped := newTestClient(t, target) // the 45 ms default
@@ -323,8 +206,8 @@ func TestAgainstTheRealService(t *testing.T) {
 
 	t.Run("slow: frozen past the 45 ms cap", func(t *testing.T) {
 		req := demoRequest("go-integration-5")
-		service.signal(t, syscall.SIGSTOP)
-		defer service.signal(t, syscall.SIGCONT)
+		service.Signal(t, syscall.SIGSTOP)
+		defer service.Signal(t, syscall.SIGCONT)
 
 		result := capped.Assemble(context.Background(), req)
 
@@ -343,7 +226,7 @@ func TestAgainstTheRealService(t *testing.T) {
 	})
 
 	t.Run("down", func(t *testing.T) {
-		service.shutDown(t)
+		service.ShutDown(t)
 		fresh := newTestClient(t, target, WithTimeout(generous))
 
 		for name, c := range map[string]*ContextClient{"connected before": client, "new": fresh} {
