@@ -76,9 +76,13 @@ async def test_redis_stopped_serves_cold_memories_and_the_directive_from_postgre
 
 
 async def test_postgres_blocked_times_out_cold_search_uses_hot_set_and_leaves_no_orphan_query(
-    start_service: StartService, private_postgres_dsn: str, tenant: Tenant
+    start_service: StartService, private_postgres_dsn: str, tenant: Tenant, tmp_path: Path
 ) -> None:
-    service = await start_service(postgres_dsn=private_postgres_dsn)
+    # The cold search gives up at 20 ms of the call's 45: the hot set then has 25 ms to be
+    # ranked and packed. With the generous profile's 44 it had 1 ms, and on a loaded machine the
+    # call missed its own deadline (directive only) instead of answering from the hot set.
+    profiles = generous_profiles_file(tmp_path, coldMs=20)
+    service = await start_service(postgres_dsn=private_postgres_dsn, profiles_path=profiles)
     await _seed(service.port, tenant)
     async with memories_locked(private_postgres_dsn) as blocker:
         response = await _assemble(service.port, tenant, "when does the warehouse in city 5 open?")
