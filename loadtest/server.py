@@ -78,6 +78,7 @@ def secure_settings(
     import secrets
 
     import yaml
+
     from ibex_context.devtools.certs import Authority
     from ibex_context.server.auth import token_digest
 

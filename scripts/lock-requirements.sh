@@ -7,7 +7,7 @@
 #   requirements-litellm.lock                            the LiteLLM proxy the tests and the hook's
 #                                                        benchmark run (scripts/bootstrap.sh
 #                                                        ensure_litellm_venv: .venv-litellm), with
-#                                                        what ibex_context.client imports, at the
+#                                                        what ibex_context_client imports, at the
 #                                                        image lock's versions; linux/x86_64
 #
 # The dev locks take the image lock's pins as constraints, so a package has one version everywhere;
@@ -113,7 +113,7 @@ lock x86_64-manylinux_2_28 "${ROOT}/requirements.lock" "${ROOT}/requirements-dev
 lock aarch64-manylinux_2_28 "${ROOT}/requirements-arm64.lock"
 
 # The LiteLLM proxy's environment: litellm[proxy] at LITELLM_VERSION and the hook's imports
-# (ibex_context.client: grpcio, its health messages, protobuf, the OpenTelemetry API, the Prometheus
+# (ibex_context_client: grpcio, its health messages, protobuf, the OpenTelemetry API, the Prometheus
 # client, numpy) held to the image lock's versions; ibex_context itself comes from the source tree.
 grep -E '^(grpcio|grpcio-health-checking|protobuf|opentelemetry-api|prometheus-client|numpy)==' \
   "${ROOT}/requirements.lock" | sed 's/ *\\$//' > "${work}/client-pins.txt"
@@ -126,7 +126,7 @@ rm -f "${work}/litellm.txt"
   -c "${work}/client-pins.txt" -o "${work}/litellm.txt" "${work}/litellm.in"
 {
   echo "# Pinned environment of the LiteLLM proxy in the tests and benchmarks (scripts/bootstrap.sh"
-  echo "# ensure_litellm_venv), with hashes: litellm[proxy]==${LITELLM_VERSION} and ibex_context.client's"
+  echo "# ensure_litellm_venv), with hashes: litellm[proxy]==${LITELLM_VERSION} and ibex_context_client's"
   echo "# imports at the image lock's versions. Platform: CPython 3.11, x86_64-manylinux_2_28."
   echo "# Regenerate with scripts/lock-requirements.sh; never edit by hand."
   sed '/^[[:space:]]*$/d' "${work}/litellm.txt"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ibex_context.settings import Settings
 from pydantic import AliasChoices
+
+from ibex_context.settings import Settings
 
 
 def variables(name: str, field: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+
 from ibex_context.cli import main
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGE_LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
 LITELLM_LOCK = ROOT / "requirements-litellm.lock"
-GENERATED_STUBS = ROOT / "service/ibex_context/_proto/ibex/context/v1/context_pb2_grpc.py"
+GENERATED_STUBS = ROOT / "clients/python/ibex_context_client/proto/ibex/context/v1/context_pb2_grpc.py"
 _PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)")
 
 

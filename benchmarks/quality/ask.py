@@ -17,11 +17,10 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.context import ContextClient
-from ibex_context.models import ChatMessage
-
 from benchmarks.quality.ingest import Tenant
+from ibex_context.models import ChatMessage
+from ibex_context_client.context import ContextClient
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 MODEL = "gpt-4o"
 # The LLM proxy gives up on the service at 45 ms: a cold question is asked under it.

@@ -4,6 +4,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
+
 from ibex_context.devtools.scripted_service import RunningServer, scripted_server
 
 
@@ -16,5 +17,5 @@ async def server() -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 def client_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="ibex_context.client")
+    caplog.set_level(logging.INFO, logger="ibex_context_client")
     return caplog

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
+
 from ibex_context.devtools.embedded import (
     RedisProcess,
     _postgres_data_root,

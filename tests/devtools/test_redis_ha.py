@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import redis
+
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisClusterProcesses, RedisSentinelSet
 
 

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import asyncpg
+
 from ibex_context.devtools.embedded import PostgresProcess
 from ibex_context.devtools.replica import PostgresReplica
 

@@ -11,6 +11,7 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 import pytest
+
 from ibex_context.embedding.batching import EmbeddingQueue, EmbeddingTurn
 from ibex_context.models import FloatVector
 

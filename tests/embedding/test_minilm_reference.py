@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ibex_context.embedding.minilm_reference import (
     MiniLMModel,
     default_model_dir,

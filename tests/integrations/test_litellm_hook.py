@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from ibex_context.client.memory import MemoryClient
+
 from ibex_context.devtools.fake_openai import REPLY, FakeOpenAI, fake_openai
 from ibex_context.devtools.litellm_proxy import (
     SOURCE_ROOT,
@@ -23,7 +23,7 @@ from ibex_context.devtools.litellm_proxy import (
     proxy_config,
 )
 from ibex_context.server.app import ContextService
-
+from ibex_context_client.memory import MemoryClient
 from tests.client.test_imports import SERVER_SIDE
 from tests.integrations.conftest import Tokens, remember
 
@@ -216,7 +216,7 @@ def test_the_hook_loads_nothing_of_the_server_in_the_proxy() -> None:
     """It moves with the client package: in the proxy's own environment, importing the hook
     loads the clients and nothing of the server's (edge, pipeline, stores...)."""
     script = (
-        "import sys, ibex_context.integrations.litellm_hook\n"
+        "import sys, ibex_context_client.litellm.hook\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('ibex_context')))"
     )
     loaded = subprocess.run(
@@ -228,7 +228,7 @@ def test_the_hook_loads_nothing_of_the_server_in_the_proxy() -> None:
         timeout=120,
     )
     modules = loaded.stdout.split()
-    assert "ibex_context.client.context" in modules
+    assert "ibex_context_client.context" in modules
     assert not [m for m in modules if m.split(".")[1:2] and m.split(".")[1] in SERVER_SIDE]
 
 
@@ -237,9 +237,9 @@ def test_a_token_it_would_send_in_clear_text_disables_the_hook_once() -> None:
     and every request goes out as it came."""
     script = """
 import asyncio, logging, sys
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.integrations.litellm_hook import IbexContextHook
-from ibex_context.integrations.litellm_request import HookConfig
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.litellm.hook import IbexContextHook
+from ibex_context_client.litellm.request import HookConfig
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
 

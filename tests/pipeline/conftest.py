@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ibex_context.tokens.encodings import EncodingRegistry
 
 

@@ -5,6 +5,7 @@ timings' arithmetic."""
 from __future__ import annotations
 
 import pytest
+
 from ibex_context.models import Degradation
 from ibex_context.pipeline.outcome import (
     SOURCES,

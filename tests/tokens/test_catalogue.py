@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ibex_context.profiles.model import ModelSpec
 from ibex_context.tokens.catalogue import (
     CATALOGUE,

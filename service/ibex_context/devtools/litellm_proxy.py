@@ -27,7 +27,7 @@ __all__ = ["HOOK", "LiteLLMProxy", "litellm_proxy", "litellm_venv", "proxy_confi
 
 SOURCE_ROOT = Path(ibex_context.__file__).resolve().parents[1]
 REPO_ROOT = SOURCE_ROOT.parent
-HOOK = "ibex_context.integrations.litellm_hook.proxy_hook"
+HOOK = "ibex_context_client.litellm.hook.proxy_hook"
 MASTER_KEY = "sk-ibex-test-master-key"
 
 

@@ -27,7 +27,6 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ibex_context.buckets import ASSEMBLY_BUCKETS
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (
@@ -49,6 +48,7 @@ from ibex_context.pipeline.outcome import (
 )
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
+from ibex_context_client.buckets import ASSEMBLY_BUCKETS
 
 __all__ = [
     "ASSEMBLY_BUCKETS",

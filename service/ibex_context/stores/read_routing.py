@@ -41,7 +41,7 @@ from ibex_context.errors import StoreError
 from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.redis_topology import RedisClient, RedisTopology
 from ibex_context.stores.redis_wire import RedisReads
-from ibex_context.tasks import cancel_and_wait
+from ibex_context_client.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings

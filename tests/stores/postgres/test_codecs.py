@@ -6,6 +6,7 @@ import gc
 import struct
 
 import numpy as np
+
 from ibex_context.stores.postgres import (
     TokenCountsDecoder,
     decode_vectors,
