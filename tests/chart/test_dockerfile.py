@@ -366,9 +366,9 @@ def test_every_copied_source_exists_and_is_in_the_build_context() -> None:
             )
         ]
         for source in sources:
-            top = source.rstrip("/").split("/")[0]
+            path = source.rstrip("/") + "/"
             assert (REPO / source).exists(), f"COPY {source}: missing from the repository"
-            assert top in allowed, f"COPY {source}: excluded by .dockerignore"
+            assert any(path.startswith(f"{a}/") for a in allowed), f"COPY {source}: excluded by .dockerignore"
 
 
 # --- the lock file ------------------------------------------------------------------------------------

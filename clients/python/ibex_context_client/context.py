@@ -61,8 +61,18 @@ CLIENT_INVALID_ARGUMENT = "client_invalid_argument"
 CLIENT_ERROR = "client_error"
 
 _LOG_INTERVAL_SECONDS = 10.0
-# Without the ``otel`` extra there is no trace context to pass on.
-_OTEL_API = importlib.util.find_spec("opentelemetry.propagate") is not None
+
+
+def _has_otel_api() -> bool:
+    """Whether the OpenTelemetry API (the ``otel`` extra) is installed: without it there is no
+    trace context to pass on."""
+    try:
+        return importlib.util.find_spec("opentelemetry.propagate") is not None
+    except ModuleNotFoundError:  # not even the ``opentelemetry`` namespace
+        return False
+
+
+_OTEL_API = _has_otel_api()
 
 
 @dataclass(frozen=True, slots=True)
