@@ -7,8 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-# The server's subpackages: what the LiteLLM hook and the MCP server must never load.
-SERVER_SIDE = ("server", "pipeline", "observability", "stores", "devtools", "memory_api", "profiles")
 # grpc_health.v1, not grpc_health: grpc's own __init__ looks for the bare package.
 EXTRAS = ("opentelemetry.sdk", "prometheus_client", "grpc_health.v1", "numpy")
 

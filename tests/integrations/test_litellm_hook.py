@@ -24,7 +24,6 @@ from ibex_context.devtools.litellm_proxy import (
 )
 from ibex_context.server.app import ContextService
 from ibex_context_client.memory import MemoryClient
-from tests.client.test_imports import SERVER_SIDE
 from tests.integrations.conftest import Tokens, remember
 
 # Each proxy takes 10-60 s to start on this machine (LiteLLM imports ~2,000 modules).
