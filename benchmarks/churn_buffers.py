@@ -41,6 +41,7 @@ from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.postgres.reads import HOT_SET_SQL
 from ibex_context.stores.postgres.searches import LEXICAL_ARRAYS_SQL, SEARCH_ARRAYS_SQL
+
 from loadtest.corpus import churn_words
 
 QUERY = "rocket garden violin"

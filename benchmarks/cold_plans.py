@@ -36,12 +36,12 @@ from pathlib import Path
 
 import asyncpg
 import numpy as np
-
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
+
 from loadtest import corpus
 
 RESULTS = Path(__file__).parent / "results"

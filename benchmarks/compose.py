@@ -47,7 +47,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.workload import DIM, Workload, make_workload, pct  # noqa: E402
 from ibex_context.candidates import Candidates  # noqa: E402
 from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
 from ibex_context.models import AssemblyRequest, ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
@@ -59,6 +58,8 @@ from ibex_context.profiles.model import BudgetLimits, Profile  # noqa: E402
 from ibex_context.server.convert import assemble_response  # noqa: E402
 from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
 from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
+
+from benchmarks.workload import DIM, Workload, make_workload, pct  # noqa: E402
 
 LEXICAL = 50
 

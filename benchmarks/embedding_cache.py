@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from ibex_context.embedding.cache import normalise_query  # noqa: E402
 from ibex_context.settings import Settings  # noqa: E402
+
 from loadtest import corpus  # noqa: E402
 from loadtest.seed import SeedPlan, plan_agents  # noqa: E402
 from loadtest.workload import Caller, RequestMix, Workload  # noqa: E402

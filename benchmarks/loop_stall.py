@@ -34,7 +34,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compose import _Sources  # noqa: E402
 from ibex_context.models import AssemblyRequest, ChatMessage  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig  # noqa: E402
 from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
@@ -42,6 +41,8 @@ from ibex_context.profiles.model import Profile  # noqa: E402
 from ibex_context.settings import Settings  # noqa: E402
 from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
 from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
+
+from benchmarks.compose import _Sources  # noqa: E402
 
 LARGE_CHARS, LARGE_MESSAGES = 400_000, 80
 _WORDS = ("account", "invoice", "refund", "deploy", "rollback", "incident", "ticket", "customer")

@@ -38,7 +38,6 @@ from importlib.metadata import version
 from pathlib import Path
 
 import grpc
-
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent

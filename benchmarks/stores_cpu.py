@@ -48,9 +48,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.call_cpu import _Context, _requests, in_process_settings  # noqa: E402
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy  # noqa: E402
 from ibex_context.profiles.schema import Deadlines  # noqa: E402
+
+from benchmarks.call_cpu import _Context, _requests, in_process_settings  # noqa: E402
 from loadtest.datastores import PgActivitySampler, stores, warm_postgres  # noqa: E402
 from loadtest.machine import git_commit, process_cpu_ns  # noqa: E402
 from loadtest.workload import DEFAULT_WEIGHTS, Workload  # noqa: E402

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import tiktoken
-
 from ibex_context.models import CATEGORY_ORDER, ChatMessage, MemoryRecord, Source
 
 HOT = 20

@@ -68,6 +68,7 @@ if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
+
 from loadtest import bulkload, corpus, pgcopy
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 

@@ -78,7 +78,6 @@ def secure_settings(
     import secrets
 
     import yaml
-
     from ibex_context.devtools.certs import Authority
     from ibex_context.server.auth import token_digest
 

@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ibex_context.observability.metrics import GRPC_HANDLING_SECONDS  # noqa: E402
+
 from loadtest import promdelta  # noqa: E402
 from loadtest.corpus import churn_words  # noqa: E402
 from loadtest.datastores import pin_stores, seed_if_needed, stores, warm_postgres  # noqa: E402
@@ -128,7 +129,6 @@ class Writer:
 
     async def _run(self) -> None:
         import grpc
-
         from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
         from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from loadtest import corpus
 
 SCENARIOS: tuple[str, ...] = (

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices
-
 from ibex_context.settings import Settings
+from pydantic import AliasChoices
 
 
 def variables(name: str, field: Any) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from ibex_context.devtools.embedded import PostgresProcess, RedisProcess, start_postgres, start_redis
 from ibex_context.devtools.redis_ha import (
     RedisClusterProcesses,

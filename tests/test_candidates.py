@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from ibex_context.candidates import Candidates, concat, merge
 from ibex_context.models import MemoryRecord, Source
 

@@ -15,7 +15,6 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
-
 from ibex_context.cli import main
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format
-
 from ibex_context.cli_render import render_result, result_json
 from ibex_context.models import ChatMessage
 from ibex_context_client import AssembleResult

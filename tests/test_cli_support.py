@@ -6,10 +6,9 @@ from __future__ import annotations
 import io
 
 import pytest
-from pydantic import ValidationError
-
 from ibex_context.cli_support import Progress, describe_dsn, settings_error_message
 from ibex_context.settings import Settings
+from pydantic import ValidationError
 
 
 class Stream(io.StringIO):

@@ -13,7 +13,6 @@ import asyncpg
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-
 from ibex_context import ranking
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord

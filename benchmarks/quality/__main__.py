@@ -22,18 +22,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.quality.budgets import Budget, parse_budgets, profiles_json
-from benchmarks.quality.ingest import Tenant
-from benchmarks.quality.locomo import Conversation, load_conversations
-from benchmarks.quality.report import Setup, markdown, results_json, terminal_summary
-from benchmarks.quality.run import BudgetRun, model_encoding, prepare, run_budget
-from benchmarks.quality.service import RunningService, local_stores, remote_service, service_process
 from ibex_context.embedding.minilm import MODEL_NAME, MiniLMEmbedder
 from ibex_context.models import ChatMessage
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client.context import ContextClient
+
+from benchmarks.quality.budgets import Budget, parse_budgets, profiles_json
+from benchmarks.quality.ingest import Tenant
+from benchmarks.quality.locomo import Conversation, load_conversations
+from benchmarks.quality.report import Setup, markdown, results_json, terminal_summary
+from benchmarks.quality.run import BudgetRun, model_encoding, prepare, run_budget
+from benchmarks.quality.service import RunningService, local_stores, remote_service, service_process
 from loadtest.machine import inherited_settings
 
 log = logging.getLogger("benchmarks.quality")

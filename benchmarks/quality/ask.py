@@ -17,10 +17,11 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from benchmarks.quality.ingest import Tenant
 from ibex_context.models import ChatMessage
 from ibex_context_client.context import ContextClient
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
+from benchmarks.quality.ingest import Tenant
 
 MODEL = "gpt-4o"
 # The LLM proxy gives up on the service at 45 ms: a cold question is asked under it.

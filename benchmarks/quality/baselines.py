@@ -19,7 +19,6 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
 from ibex_context.models import MemoryRecord, ScoredMemory
 from ibex_context.pipeline.formatting import format_context
 from ibex_context.tokens.counting import MessageTokenCounter

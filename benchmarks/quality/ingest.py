@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-
-from benchmarks.quality.locomo import Conversation
 from ibex_context_client import NewMemory
 from ibex_context_client.memory import MemoryClient
+
+from benchmarks.quality.locomo import Conversation
 
 CATEGORY = "episodic"
 

@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from ibex_context.embedding.minilm import MiniLMEmbedder
+from ibex_context.tokens.catalogue import resolve_model
+from ibex_context.tokens.counting import MessageTokenCounter
+from ibex_context.tokens.encodings import Encoding, EncodingRegistry
+from ibex_context_client.context import ContextClient
+from ibex_context_client.memory import MemoryClient
 
 from benchmarks.quality.ask import (
     CALL_TIMEOUT_SECONDS,
@@ -45,12 +51,6 @@ from benchmarks.quality.ingest import (
 from benchmarks.quality.locomo import Conversation
 from benchmarks.quality.metrics import Outcome, outcome
 from benchmarks.quality.served import Served, level_name, served
-from ibex_context.embedding.minilm import MiniLMEmbedder
-from ibex_context.tokens.catalogue import resolve_model
-from ibex_context.tokens.counting import MessageTokenCounter
-from ibex_context.tokens.encodings import Encoding, EncodingRegistry
-from ibex_context_client.context import ContextClient
-from ibex_context_client.memory import MemoryClient
 
 log = logging.getLogger(__name__)
 SERVICE = "service"

@@ -22,7 +22,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpc_health.v1.health_pb2_grpc import HealthStub
-
 from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.stores.migrate import migrate
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from ibex_context.profiles.schema import UUID_PATTERN, ContextProfileSpec
 
 GROUP = "context.ibex.dev"

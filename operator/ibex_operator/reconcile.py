@@ -19,6 +19,7 @@ from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import API_VERSION as FILE_API_VERSION
 from ibex_context.profiles.loader import FILE_KIND, parse_entry
 from ibex_context.profiles.schema import DEFAULT_HALF_LIVES_DAYS, OPERATOR_ONLY_FIELDS
+
 from ibex_operator.crd import GROUP, KIND, VERSION, default_spec
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

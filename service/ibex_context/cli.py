@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 from google.protobuf import json_format
+from ibex_context_client.memory_views import EXPORT_ONLY_FIELDS
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.cli_memory import (
     TARGET_OPTION,
@@ -35,8 +37,6 @@ from ibex_context.cli_support import (
     settings_error_message,
 )
 from ibex_context.settings import Settings
-from ibex_context_client.memory_views import EXPORT_ONLY_FIELDS
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 if TYPE_CHECKING:
     from ibex_context_client import AssembleResult, MemoryClient
@@ -417,9 +417,10 @@ def assemble(
     MESSAGE is the user's message (words are joined). Without --require-full the command succeeds on
     a degraded answer or a client fallback, as the proxy would (the metadata says why).
     """
+    from ibex_context_client import ContextClient
+
     from ibex_context.cli_render import render_result, result_json
     from ibex_context.models import ChatMessage
-    from ibex_context_client import ContextClient
 
     messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", " ".join(message))]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format
-
-from ibex_context.pipeline.outcome import STAGES
 from ibex_context_client import AssembleResult
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
+from ibex_context.pipeline.outcome import STAGES
 
 
 def result_metadata(result: AssembleResult) -> pb.InjectionMetadata:

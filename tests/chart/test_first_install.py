@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-
 from ibex_context.server.validation import uuid_field
 from ibex_operator.config import OperatorConfig
 from ibex_operator.reconcile import INFLIGHT_METRIC, ProfileView, plan_namespace
+
 from tests.chart.conftest import (
     CHART,
     FULLNAME,
@@ -169,9 +169,8 @@ def test_the_shipped_prometheus_adapter_rule_serves_the_metric_the_hpa_asks_for(
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
     # The service exports exactly that gauge.
-    from prometheus_client import CollectorRegistry
-
     from ibex_context.observability.metrics import Metrics
+    from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
     Metrics(registry)

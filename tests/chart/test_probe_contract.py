@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.health import ServiceHealth
+
 from tests.chart.conftest import FULLNAME, Rendered
 
 CLI = str(Path(sys.executable).parent / "ibex-context")

@@ -4,7 +4,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-
 from ibex_context.devtools.scripted_service import RunningServer, scripted_server
 
 

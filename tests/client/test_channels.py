@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.certs import Authority
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
@@ -17,6 +16,7 @@ from ibex_context.models import ChatMessage
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context_client import ClientCredentials, ContextClient
+
 from tests.client.dns_server import DnsServer, dns_server
 
 MESSAGES = (ChatMessage("user", "What do I drink?"),)

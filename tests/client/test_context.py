@@ -8,8 +8,6 @@ import time
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
-
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 from ibex_context.models import ChatMessage
@@ -19,6 +17,7 @@ from ibex_context.server.rpc import Context
 from ibex_context_client import ContextClient
 from ibex_context_client.context import _RateLimitedLog
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from prometheus_client import CollectorRegistry
 
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "What do I drink?"))
 

@@ -18,13 +18,12 @@ from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
-import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-
 import ibex_context
 import ibex_context_client
+import pytest
 from ibex_context.devtools.scripted_service import RunningServer
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "clients" / "python"

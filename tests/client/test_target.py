@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ibex_context_client.target import Target, parse_target
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 import yaml
-
 from ibex_context.devtools.certs import Authority
 from ibex_context.server.auth import token_digest
+
 from tests.chart.conftest import find_helm
 from tests.cluster.kube import KUBECONFIG_VARIABLE, KUBECTL_VARIABLE, REPO, Cluster
 from tests.cluster.release import Release, create_namespace

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
-
 from ibex_context.devtools.demo import ACME_SUPPORT, GLOBEX_TUTOR
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
-
 from ibex_context.devtools.embedded import (
     RedisProcess,
     _postgres_data_root,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import redis
-
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisClusterProcesses, RedisSentinelSet
 
 

@@ -7,7 +7,6 @@ import asyncio
 import uuid
 
 import asyncpg
-
 from ibex_context.devtools.embedded import PostgresProcess
 from ibex_context.devtools.replica import PostgresReplica
 

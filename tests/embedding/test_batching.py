@@ -11,7 +11,6 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 import pytest
-
 from ibex_context.embedding.batching import EmbeddingQueue, EmbeddingTurn
 from ibex_context.models import FloatVector
 

@@ -8,7 +8,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from ibex_context.embedding.cache import CachedEmbedder, normalise_query
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import EmbeddingError

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.embedding.factory import build_embedder, check_embedder
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import ConfigurationError

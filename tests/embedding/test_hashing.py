@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import ConfigurationError
 

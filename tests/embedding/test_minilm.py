@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ibex_context.embedding.minilm import MiniLMEmbedder, length_batches
 from ibex_context.embedding.minilm_reference import (
     MiniLMModel,

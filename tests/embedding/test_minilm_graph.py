@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
 from ibex_context.embedding.minilm import open_session
 from ibex_context.embedding.minilm_graph import (
     GRAPH_VERSION,

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ibex_context.embedding.minilm_reference import (
     MiniLMModel,
     default_model_dir,

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 from ibex_context.embedding.openai import OpenAIEmbedder
 from ibex_context.errors import EmbeddingError
 from ibex_context.settings import Settings

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from ibex_context.devtools.fake_openai import REPLY, FakeOpenAI, fake_openai
 from ibex_context.devtools.litellm_proxy import (
     CLIENT_ROOT,
@@ -24,6 +23,7 @@ from ibex_context.devtools.litellm_proxy import (
 )
 from ibex_context.server.app import ContextService
 from ibex_context_client.memory import MemoryClient
+
 from tests.integrations.conftest import Tokens, remember
 
 # Each proxy takes 10-60 s to start on this machine (LiteLLM imports ~2,000 modules).

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from ibex_context.models import ChatMessage
 from ibex_context_client.context import AssembleResult
 from ibex_context_client.litellm.request import (

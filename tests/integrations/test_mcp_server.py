@@ -17,13 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
+from ibex_context.devtools.litellm_proxy import CLIENT_ROOT, SOURCE_ROOT
+from ibex_context_client.memory import MemoryClient
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
-from ibex_context.devtools.litellm_proxy import CLIENT_ROOT, SOURCE_ROOT
-from ibex_context_client.memory import MemoryClient
 from tests.integrations.conftest import Tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import asyncpg
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.models import NewMemory
 from ibex_context.stores.base import MemoryWriter
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.tokens.encodings import EncodingRegistry
+
 from loadtest import seed
 
 PLAN = seed.SeedPlan(agents=3, memories=30, orgs=2, queries_per_agent=4)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from loadtest import checks
 
 ROOT = Path(__file__).resolve().parents[2]

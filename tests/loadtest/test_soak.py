@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import grpc
+from ibex_context.observability.metrics import Metrics
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ibex_context.observability.metrics import Metrics
 from loadtest import soak
 from loadtest.measure import Reading
 

@@ -6,7 +6,6 @@ import base64
 import json
 
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
 

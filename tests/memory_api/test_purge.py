@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 import pytest
 import redis.asyncio as aioredis
-
 from ibex_context.errors import StoreUnavailable
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
 from ibex_context.stores.tenant_data import TenantData
+
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock
 from tests.stores.helpers import MakeMemory

@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
@@ -29,6 +28,7 @@ from ibex_context.profiles.model import Scoring
 from ibex_context.stores.base import ListOrder, MemoryFilter
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.tenant_data import TenantData
+
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock
 from tests.stores.helpers import DIM, MakeMemory, at_similarity, unit_vector

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from ibex_context.memory_api.throttle import RowRateLimit
+
 from tests.memory_api.clock import FakeClock
 
 

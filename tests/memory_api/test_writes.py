@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Sequence
 import asyncpg
 import numpy as np
 import pytest
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import EmbeddingError
 from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites, content_hash
@@ -20,6 +19,7 @@ from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.repository import ContextRepository
 from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.encodings import EncodingRegistry
+
 from tests.conftest import Tenant
 from tests.stores.helpers import DIM, unit_vector
 

@@ -12,16 +12,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 from ibex_context.observability.exposition import MetricsServer, start_metrics_server
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import Tracing
 from ibex_context.server.rpc import Method
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

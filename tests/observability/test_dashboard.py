@@ -9,11 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
-
 from ibex_context.observability.metrics import Metrics
 from ibex_context_client.context import AssembleResult, _ClientMetrics
 from ibex_operator.metrics import OperatorMetrics
+from prometheus_client import CollectorRegistry
 
 DASHBOARD = (
     Path(__file__).resolve().parents[2] / "charts" / "ibex-context" / "dashboards" / "ibex-context.json"

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
-
 from ibex_context.observability.exposition import (
     HealthCheck,
     HealthStatus,
@@ -17,6 +15,8 @@ from ibex_context.observability.exposition import (
 )
 from ibex_context.observability.metrics import Metrics
 from ibex_context.pipeline.outcome import Timings
+from prometheus_client import CollectorRegistry
+
 from tests.pipeline.assemblies import an_assembly
 
 Start = Callable[..., MetricsServer]

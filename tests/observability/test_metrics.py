@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import ChatMessage, Degradation
@@ -17,6 +15,8 @@ from ibex_context.observability.metrics import (
 from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, SourceStatus, StageSpan, plan_detail
 from ibex_context.stores.read_routing import ReplicaStatus
 from ibex_context_client import ContextClient
+from prometheus_client import CollectorRegistry
+
 from tests.observability.harness import Observed, sample
 from tests.pipeline.assemblies import a_budget, an_assembly
 

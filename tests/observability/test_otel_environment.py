@@ -13,12 +13,11 @@ from typing import ClassVar
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from ibex_context.observability.state import CallState
 from ibex_context.observability.tracing import Tracing, sample_ratio, service_resource
 from ibex_context.settings import Settings
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 OTEL_NAMES = (
     "OTEL_TRACES_EXPORTER",
@@ -194,9 +193,8 @@ def test_the_standard_samplers_set_the_ratio_of_ordinary_calls(
 def test_an_unknown_sampler_or_protocol_is_a_settings_error_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pydantic import ValidationError
-
     from ibex_context.cli_support import settings_error_message
+    from pydantic import ValidationError
 
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "jaeger_remote")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")

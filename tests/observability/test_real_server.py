@@ -17,13 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, FloatVector, NewMemory
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
@@ -32,6 +25,13 @@ from ibex_context.observability.tracing import Tracing
 from ibex_context.server.app import ContextService
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client import ContextClient, MemoryClient, MemoryRequestInvalid
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.conftest import Tenant
 from tests.observability.harness import Samples, sample
 from tests.server.conftest import make_settings

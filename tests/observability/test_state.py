@@ -6,6 +6,7 @@ from __future__ import annotations
 from ibex_context.observability.state import CallState, CurrentCallObserver, current_call
 from ibex_context.pipeline.assembly import Rejection
 from ibex_context.pipeline.outcome import StageSpan, Timings
+
 from tests.pipeline.assemblies import an_assembly
 
 ASSEMBLE = "/ibex.context.v1.ContextAssemblyService/AssembleContext"

@@ -8,6 +8,12 @@ import time
 from typing import ClassVar
 
 import grpc
+from ibex_context.devtools import scripted_service as scripted
+from ibex_context.models import ChatMessage
+from ibex_context.observability.state import CallState
+from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
+from ibex_context.settings import Settings
+from ibex_context_client import ContextClient
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -15,12 +21,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from ibex_context.devtools import scripted_service as scripted
-from ibex_context.models import ChatMessage
-from ibex_context.observability.state import CallState
-from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
-from ibex_context.settings import Settings
-from ibex_context_client import ContextClient
 from tests.observability.harness import ObservedFactory
 
 USER_TEXT = "Please remember my locker code is Marmalade-Osprey-3301"

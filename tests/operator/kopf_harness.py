@@ -24,7 +24,6 @@ from typing import Any
 import kmock as kmock_lib
 import kopf
 import pytest
-
 from ibex_operator.config import OperatorConfig
 from ibex_operator.crd import GROUP, KIND, PLURAL, VERSION
 from ibex_operator.handlers import Reconciler, build_registry

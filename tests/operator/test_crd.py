@@ -22,7 +22,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.models import CATEGORY_ORDER
 from ibex_context.profiles.loader import parse_entry

@@ -12,13 +12,12 @@ from typing import Any
 import kopf
 import kopf_harness
 import pytest
-from kopf_harness import NAMESPACE, eventually
-from prometheus_client import generate_latest
-from test_operator_e2e import CM, create_profile, live
-
 from ibex_operator.handlers import build_registry
 from ibex_operator.kube import Credentials
 from ibex_operator.leadership import is_leader, peering_path, random_priority
+from kopf_harness import NAMESPACE, eventually
+from prometheus_client import generate_latest
+from test_operator_e2e import CM, create_profile, live
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 NOW = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC)

@@ -8,11 +8,10 @@ from typing import Any
 
 import kopf_harness
 import pytest
-from kopf_harness import NAMESPACE, eventually
-from test_operator_e2e import CM, HPA, condition, create_profile, live
-
 from ibex_operator.config import OperatorConfig
 from ibex_operator.crd import GROUP
+from kopf_harness import NAMESPACE, eventually
+from test_operator_e2e import CM, HPA, condition, create_profile, live
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator

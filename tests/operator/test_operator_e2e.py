@@ -7,11 +7,10 @@ from typing import Any
 
 import aiohttp
 import kopf_harness
-from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
-
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.profiles.registry import ProfileRegistry
 from ibex_operator.crd import GROUP, KIND, VERSION
+from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
 
 # Selector ids are UUIDs, as requests carry them.
 A = "aaaaaaaa-0000-4000-8000-000000000000"

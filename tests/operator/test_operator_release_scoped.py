@@ -9,11 +9,10 @@ from typing import Any
 
 import kopf_harness
 import pytest
-from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
-from test_operator_e2e import BASE, CM, HPA, live
-
 from ibex_operator.config import OperatorConfig
 from ibex_operator.crd import GROUP, KIND, VERSION
+from kopf_harness import CR_RESOURCE, NAMESPACE, eventually, key
+from test_operator_e2e import BASE, CM, HPA, live
 
 k8s = kopf_harness.k8s  # fixtures, requested by name
 operator = kopf_harness.operator

@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.profiles.registry import ProfileRegistry
 from ibex_operator.reconcile import (

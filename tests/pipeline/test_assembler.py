@@ -14,7 +14,6 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-
 from ibex_context.candidates import Candidates
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.hashing import HashingEmbedder

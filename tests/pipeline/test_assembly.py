@@ -5,10 +5,10 @@ request's rejection."""
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.models import MemoryRecord, ScoredMemory
 from ibex_context.pipeline.assembly import Rejection
 from ibex_context.pipeline.outcome import Outcome, Timings
+
 from tests.pipeline.assemblies import a_budget, an_assembly
 
 

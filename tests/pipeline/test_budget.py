@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.pipeline.budget import IS_CONSTRAINED_BELOW, compute_budget
 from ibex_context.profiles.model import BudgetLimits
 from ibex_context.tokens.catalogue import resolve_model

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, Source
 from ibex_context.pipeline.budget import compute_budget

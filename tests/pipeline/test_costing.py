@@ -8,7 +8,6 @@ import random
 import re
 
 import pytest
-
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.costing import (
@@ -24,6 +23,7 @@ from ibex_context.pipeline.formatting import lay_out, render_injection
 from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
+
 from tests.pipeline.helpers import FORMATS, MESSAGES, NONCE, scored
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from ibex_context.pipeline.deadlines import CallDeadlines, DeadlinePolicy
 from ibex_context.profiles.model import Deadlines
 

@@ -8,10 +8,10 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ibex_context.models import ChatMessage
 from ibex_context.pipeline.formatting import format_context, lay_out, render_injection
 from ibex_context.profiles.model import Format
+
 from tests.pipeline.helpers import FORMATS, MESSAGES, NONCE, scored
 
 

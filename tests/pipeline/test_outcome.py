@@ -5,7 +5,6 @@ timings' arithmetic."""
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.models import Degradation
 from ibex_context.pipeline.outcome import (
     SOURCES,

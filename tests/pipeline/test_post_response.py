@@ -9,11 +9,11 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.tenant_data import TenantData
+
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory
 

@@ -5,12 +5,11 @@ import math
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
-
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord, ScoredMemory
 from ibex_context.pipeline.scoring import score_candidates
 from ibex_context.profiles.model import Scoring, ScoringWeights
+from pydantic import ValidationError
 
 NOW = 1_800_000_000.0
 DAY = 86_400.0

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import load_profiles_file, parse_entry, parse_profiles
 from ibex_context.profiles.model import DEFAULT_HALF_LIVES_DAYS, DEFAULT_PROFILE, ModelSpec

@@ -9,7 +9,6 @@ from typing import Any
 
 import grpc
 import pytest
-
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry

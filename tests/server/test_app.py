@@ -6,7 +6,6 @@ import asyncio
 import gc
 
 import pytest
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.server.app import ContextService
 from ibex_context.tokens.encodings import EncodingRegistry
@@ -62,7 +61,6 @@ async def test_requests_above_the_inline_bound_are_counted_on_the_counting_threa
     import uuid
 
     import grpc
-
     from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
     from .conftest import request, user

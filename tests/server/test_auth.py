@@ -16,13 +16,13 @@ import grpc
 import httpx
 import pytest
 import yaml
-
 from ibex_context.devtools.certs import SERVER_NAME, Authority, Issued
 from ibex_context.observability.logging import JsonFormatter
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from tests.server.conftest import StartService
 
 pytestmark = pytest.mark.integration
@@ -552,7 +552,6 @@ async def test_the_cli_takes_tls_and_a_token_from_flags_and_env(
     secured: ContextService, pki: Pki, tmp_path: Path
 ) -> None:
     from click.testing import CliRunner
-
     from ibex_context.cli import main
 
     token_file = tmp_path / "token"
@@ -583,7 +582,6 @@ async def test_the_clients_and_the_cli_present_a_client_certificate(
     mutual: ContextService, pki: Pki, tmp_path: Path
 ) -> None:
     from click.testing import CliRunner
-
     from ibex_context.cli import main
     from ibex_context.models import ChatMessage
     from ibex_context_client import ContextClient, MemoryClient
@@ -620,10 +618,10 @@ async def test_the_clients_and_the_cli_present_a_client_certificate(
 async def test_no_token_or_tenant_id_reaches_a_span(
     redis_url: str, postgres_dsn: str, pki: Pki, tmp_path: Path, encodings: EncodingRegistry
 ) -> None:
+    from ibex_context.observability.tracing import Tracing
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from prometheus_client import CollectorRegistry
 
-    from ibex_context.observability.tracing import Tracing
     from tests.server.conftest import generous_profiles_file, make_settings
 
     cert, key = pki.server.write(tmp_path, "server")

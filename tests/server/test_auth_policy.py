@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.server.auth import Principal, Refusal, Role, authorize, parse_credentials, token_digest
 
@@ -89,7 +88,6 @@ def test_a_bad_file_is_refused_naming_the_entry_and_field_without_echoing_values
 
 def test_token_new_prints_a_token_and_the_digest_the_file_stores() -> None:
     from click.testing import CliRunner
-
     from ibex_context.cli import main
 
     result = CliRunner().invoke(main, ["token", "new"])
@@ -101,7 +99,6 @@ def test_token_new_prints_a_token_and_the_digest_the_file_stores() -> None:
 
 def test_the_guard_fails_closed_for_a_method_without_a_role() -> None:
     import grpc
-
     from ibex_context.server.auth import Credentials
     from ibex_context.server.guard import CallGuard
     from ibex_context.server.rpc import CallError

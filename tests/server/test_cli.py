@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import asyncpg
-
 from ibex_context.server.app import ContextService
+
 from tests.conftest import Tenant
 
 

@@ -12,9 +12,9 @@ import sys
 from typing import Any
 
 import asyncpg
-
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.server.app import ContextService
+
 from tests.conftest import Tenant
 from tests.server.conftest import StartService
 

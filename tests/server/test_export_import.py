@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ibex_context.models import NewMemory
 from ibex_context.server.app import ContextService
 from ibex_context_client.memory import MemoryClient, MemoryRequestInvalid
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
 from tests.conftest import Tenant
 
 from .test_cli import _cli

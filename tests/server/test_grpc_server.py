@@ -12,7 +12,6 @@ from typing import Any, cast
 
 import grpc
 import pytest
-
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import ScriptedAssembly, scripted_server
 from ibex_context.server.grpc_server import ConnectionPolicy

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
 from ibex_context.server.guard import CallGuard, CredentialsFile

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-
 from ibex_context.errors import InvalidRequest, LimitExceeded, StoreUnavailable
 from ibex_context.server.handling import agent_scoped, handled
 from ibex_context.server.lifecycle import InflightCalls

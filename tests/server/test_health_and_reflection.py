@@ -12,7 +12,6 @@ from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpc_health.v1.health_pb2_grpc import HealthStub
 from grpc_reflection.v1alpha.reflection_pb2 import ServerReflectionRequest, ServerReflectionResponse
-
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.health import ServiceHealth
 

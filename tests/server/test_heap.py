@@ -9,10 +9,10 @@ import sys
 
 import grpc
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from ibex_context.server.heap import GcPauses
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.conftest import Tenant
 
 from .conftest import request, user

@@ -9,10 +9,10 @@ import time
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from ibex_context.server.loop_lag import LoopLagProbe, TimedEventLoop
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.conftest import Tenant
 
 from .conftest import request, user

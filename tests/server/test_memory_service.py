@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 
 import numpy as np
-
 from ibex_context.server import memory_service
 from ibex_context.server.memory_service import CONVERT_CHUNK, stored_memory
 from ibex_context.stores.base import StoredRow

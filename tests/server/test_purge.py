@@ -13,11 +13,11 @@ import asyncpg
 import grpc
 import pytest
 import redis.asyncio as aioredis
-
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.stores.redis import PURGE_TOMBSTONE_SECONDS
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
 from tests.conftest import Tenant
 
 from .conftest import StartService, request, user

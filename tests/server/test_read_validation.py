@@ -7,7 +7,6 @@ import uuid
 
 import numpy as np
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.server import read_validation
 from ibex_context.server.read_validation import (

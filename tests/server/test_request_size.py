@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
 from tests.conftest import Tenant
 
 from .conftest import request, user

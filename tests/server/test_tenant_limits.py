@@ -9,9 +9,9 @@ import uuid
 import grpc
 import httpx
 import pytest
-
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
 from tests.conftest import Tenant
 
 from .conftest import StartService

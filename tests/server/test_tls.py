@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from ibex_context.devtools.certs import Authority, Issued
 from ibex_context.errors import ConfigurationError
 from ibex_context.server.tls import ServerTls, TlsFiles

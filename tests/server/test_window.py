@@ -9,6 +9,7 @@ from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
 from tests.conftest import Tenant
 
 from .conftest import request, user

@@ -13,11 +13,11 @@ import time
 
 import grpc
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from ibex_context.server.workers import Supervisor, worker_count, worker_environment
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
 from loadtest.machine import free_port_run
 from tests.conftest import Tenant
 

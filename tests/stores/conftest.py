@@ -7,7 +7,6 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
@@ -15,6 +14,7 @@ from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
+
 from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory
 
 

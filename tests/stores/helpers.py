@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import asyncpg
 import numpy as np
-
 from ibex_context.candidates import Candidates
 from ibex_context.models import FloatVector, MemoryRecord
 from ibex_context.stores.base import PreparedMemory

@@ -18,12 +18,12 @@ import statistics
 import uuid
 
 import numpy as np
-
-from benchmarks.cold_plans import recall
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+
+from benchmarks.cold_plans import recall
 from loadtest import corpus
 from tests.stores.helpers import DIM, MakeMemory
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
 from ibex_context.models import MemoryRecord, Source
 from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+
 from tests.stores.helpers import unit_vector
 
 COUNTS = {"o200k_base": 7, "o200k_base/xml": 12, "cl100k_base": 8}

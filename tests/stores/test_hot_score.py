@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.models import MemoryRecord
 from ibex_context.profiles.model import ScoringWeights
 from ibex_context.stores.hot_score import hot_set_score

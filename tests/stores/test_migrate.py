@@ -8,7 +8,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.stores.migrate import apply_migrations, check_schema, load_migrations, migrate, render
 

@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.devtools.replica import PostgresReplica
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
@@ -31,6 +30,7 @@ from ibex_context.stores.read_routing import (
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
+
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, records
 

@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 import redis.asyncio as aioredis
-
 from ibex_context.models import MemoryRecord
 from ibex_context.stores import redis as redis_module
 from ibex_context.stores.hot_score import frequency_weight
@@ -20,6 +19,7 @@ from ibex_context.stores.redis import (
     hot_set_key,
 )
 from ibex_context.stores.redis_wire import PipelinedRedis
+
 from tests.conftest import Tenant
 from tests.stores.helpers import records, unit_vector
 

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
-
 from ibex_context.devtools.redis_ha import RedisClusterProcesses, redis_cluster
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
@@ -23,6 +20,9 @@ from ibex_context.stores.read_routing import WriteMarks
 from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
 from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster, key_slot
 from ibex_context.stores.redis_topology import RedisTopology
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
 from tests.stores.helpers import records, unit_vector
 
 # Every wait below ends by this, however loaded the machine; none is a timing assertion.

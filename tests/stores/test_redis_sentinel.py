@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
@@ -24,6 +21,9 @@ from ibex_context.stores.redis_sentinel import SentinelLocator
 from ibex_context.stores.redis_topology import RedisTopology
 from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint
 from ibex_context.stores.repository import ContextRepository
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
 from tests.stores.helpers import records, unit_vector
 
 # Every wait below ends by this, however loaded the machine; none is a timing assertion.

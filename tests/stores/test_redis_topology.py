@@ -4,14 +4,13 @@ refused at start-up (each error names the variable to fix, never a credential)."
 from __future__ import annotations
 
 import pytest
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-
 from ibex_context.errors import ConfigurationError
 from ibex_context.settings import Settings
 from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster
 from ibex_context.stores.redis_topology import RedisTopology
 from ibex_context.stores.redis_wire import PipelinedRedis
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 
 def topology(**settings: object) -> RedisTopology:

@@ -21,15 +21,14 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from ibex_context.devtools.embedded import RedisProcess, redis_server_binary
 from ibex_context.devtools.redis_ha import RedisSentinelSet
 from ibex_context.errors import ConfigurationError
 from ibex_context.stores.redis import RedisContextCache, create_redis_client
 from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint, SharedAttempt
+from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Holds Redis (which runs one command at a time) for ARGV[1] milliseconds, then answers ARGV[2].
 SLOW = LuaScript(

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
@@ -25,6 +24,7 @@ from ibex_context.stores.redis import (
 )
 from ibex_context.stores.redis_wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, records
 

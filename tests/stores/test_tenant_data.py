@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 
 import asyncpg
-
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.postgres.graphs import graph_index_name
 from ibex_context.stores.tenant_data import TenantData
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory
 

@@ -6,7 +6,6 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ibex_context.profiles.model import ModelSpec
 from ibex_context.tokens.catalogue import (
     CATALOGUE,

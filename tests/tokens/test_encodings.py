@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ibex_context.tokens.encodings import OFFLINE_ENCODINGS, EncodingRegistry
 
 

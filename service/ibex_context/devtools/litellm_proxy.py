@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import ibex_context_client
 
 import ibex_context
-import ibex_context_client
 
 __all__ = ["CLIENT_ROOT", "HOOK", "LiteLLMProxy", "litellm_proxy", "litellm_venv", "proxy_config"]
 

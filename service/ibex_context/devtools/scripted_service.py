@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.models import Degradation, MemoryRecord, ScoredMemory
 from ibex_context.observability.calls import CallObserver
@@ -41,7 +42,6 @@ from ibex_context.pipeline.outcome import (
 from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.rpc import CallError, Context, Method, unary
 from ibex_context.tokens.catalogue import resolve_model
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 MEMORY_TEXT = "Zanzibar-quokka-PAPAYA-7731 prefers dark roast"

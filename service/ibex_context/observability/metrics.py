@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 import grpc
+from ibex_context_client.buckets import ASSEMBLY_BUCKETS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -48,7 +49,6 @@ from ibex_context.pipeline.outcome import (
 )
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
-from ibex_context_client.buckets import ASSEMBLY_BUCKETS
 
 __all__ = [
     "ASSEMBLY_BUCKETS",

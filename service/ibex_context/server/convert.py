@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from ibex_context.pipeline.assembly import Assembly
 from ibex_context.pipeline.outcome import STAGES
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 # Each stage's field in the wire's StageTimings: every stage of ``STAGES`` but the send,
 # which is timed after the response is built (observability reads it, the wire does not).

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api.writes import MemoryWrites
@@ -27,7 +28,6 @@ from ibex_context.server.admission import FairAdmission
 from ibex_context.server.handling import agent_scoped
 from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.server.rpc import CallError, Context, Method, service_methods
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 log = logging.getLogger(__name__)
 

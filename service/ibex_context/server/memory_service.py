@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from ibex_context.memory_api.purge import PurgeReport, TenantPurge
 from ibex_context.memory_api.reads import MemoryReads
 from ibex_context.memory_api.writes import MemoryWrites
@@ -16,7 +18,6 @@ from ibex_context.server.handlers import MemoryHandler
 from ibex_context.server.handling import agent_scoped, handled
 from ibex_context.server.lifecycle import InflightCalls
 from ibex_context.stores.base import StoredRow
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 
 def _stamp(target: Any, value: datetime) -> None:

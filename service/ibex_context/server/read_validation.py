@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.memory_api.reads import ListQuery
 from ibex_context.models import Category, FloatVector
 from ibex_context.server.validation import memory_ids, uuid_field
 from ibex_context.stores.base import ListOrder, MemoryFilter
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 MAX_GET_IDS = 1000
 MAX_PAGE_SIZE = 1000

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.models import ROLES, AssemblyRequest, Category, ChatMessage, NewMemory
-from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 _MAX_MODEL_CHARS = 200
 _MAX_REQUEST_ID_CHARS = 128

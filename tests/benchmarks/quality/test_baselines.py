@@ -4,6 +4,10 @@ import uuid
 from collections.abc import Sequence
 
 import numpy as np
+from ibex_context.models import MemoryRecord, ScoredMemory
+from ibex_context.pipeline.formatting import format_context
+from ibex_context.tokens.counting import MessageTokenCounter
+from ibex_context.tokens.encodings import EncodingRegistry
 
 from benchmarks.quality.baselines import (
     ContentCost,
@@ -14,10 +18,6 @@ from benchmarks.quality.baselines import (
     rrf_ranking,
     score_ranking,
 )
-from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.formatting import format_context
-from ibex_context.tokens.counting import MessageTokenCounter
-from ibex_context.tokens.encodings import EncodingRegistry
 
 
 class _Costs:

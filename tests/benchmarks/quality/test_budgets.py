@@ -3,9 +3,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from ibex_context.profiles.loader import parse_profiles
 
 from benchmarks.quality.budgets import parse_budget, parse_budgets, profiles_json
-from ibex_context.profiles.loader import parse_profiles
 
 
 def test_budgets_are_read_from_the_command_line_form() -> None:

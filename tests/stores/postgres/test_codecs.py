@@ -6,7 +6,6 @@ import gc
 import struct
 
 import numpy as np
-
 from ibex_context.stores.postgres import (
     TokenCountsDecoder,
     decode_vectors,

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import asyncpg
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
 )
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, records
 

@@ -6,7 +6,6 @@ import uuid
 
 import asyncpg
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.stores.postgres import (
     FEEDBACK_ALPHA,
@@ -14,6 +13,7 @@ from ibex_context.stores.postgres import (
     PostgresMemoryStore,
 )
 from ibex_context.stores.postgres.feedback import FEEDBACK_LOG_PER_MEMORY
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory
 

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
-
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
 from ibex_context.stores.postgres.graphs import graph_index_name
 from ibex_context.stores.postgres.pool import GRAPH_BUILD_APPLICATION
+
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
     create_pool,
     unverified_tls_warning,
 )
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, unit_vector
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
-
 from ibex_context.errors import LimitExceeded
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.quotas import OrgQuotas
+
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory
 

@@ -8,6 +8,7 @@ from ibex_context.stores.hot_score import hot_set_score
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
 )
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory
 

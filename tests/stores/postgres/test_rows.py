@@ -9,7 +9,6 @@ import time
 import uuid
 
 import numpy as np
-
 from ibex_context.models import Source
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore
@@ -22,6 +21,7 @@ from ibex_context.stores.postgres.rows import (
     candidate_columns,
     record,
 )
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory
 

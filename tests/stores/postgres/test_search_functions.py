@@ -11,7 +11,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.graphs import graph_index_name
@@ -23,6 +22,7 @@ from ibex_context.stores.postgres.searches import (
     SEARCH_SQL,
 )
 from ibex_context.stores.postgres.store import prepare_request_path
+
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, near, unit_vector
 

@@ -8,12 +8,12 @@ import uuid
 
 import asyncpg
 import pytest
-
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
     create_pool,
 )
+
 from tests.conftest import Tenant
 from tests.postgres_locks import memories_locked
 from tests.stores.helpers import (

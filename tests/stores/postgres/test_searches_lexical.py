@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import asyncpg
 import numpy as np
-
 from ibex_context.stores.postgres import PostgresMemoryStore
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, records
 

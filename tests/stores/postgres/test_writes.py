@@ -6,11 +6,11 @@ import uuid
 
 import asyncpg
 import pytest
-
 from ibex_context.errors import InvalidRequest
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
 )
+
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory, records, unit_vector
 

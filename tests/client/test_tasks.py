@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from ibex_context_client.tasks import cancel_and_wait
 
 
