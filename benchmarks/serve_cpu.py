@@ -5,8 +5,8 @@ same stores, same data, same driver, back to back.
 Starts its own Redis and PostgreSQL (embedded, throwaway), migrates, seeds
 ``--agents`` agents of ``--memories`` memories each through MemoryService (hashing
 embedder), then for each round and each tree: starts ``python -m ibex_context serve``
-with that tree's ``clients/python/`` and ``service/`` first on ``PYTHONPATH``, waits for SERVING, offers
-AssembleContext at a fixed rate (open loop, grpc.aio client in this process, over
+with that tree's ``clients/python/`` and ``service/`` first on ``PYTHONPATH``, waits for
+SERVING, offers AssembleContext at a fixed rate (open loop, grpc.aio client in this process, over
 ``CHANNELS`` channels) for a warm-up and a measured window. Server CPU per call is
 the server process's user+system time (every thread, from ``/proc/<pid>/stat``) over
 the window divided by the calls answered in it; the per-thread split (main thread =
