@@ -14,13 +14,13 @@ In LiteLLM's config.yaml::
 
 The bearer token and TLS files come from the proxy's environment (``IBEX_TOKEN``,
 ``IBEX_TOKEN_FILE``, ``IBEX_TLS_CA``...; docs/security.md). Whose context a request gets is
-``litellm_request.resolve_tenant``.
+``request.resolve_tenant``.
 
 The hook never fails or holds up the request beyond its timeout: ``ContextClient`` returns the
 request's own messages on any failure (unreachable, slow, refusing), and anything else going
 wrong here leaves the request as it came. Requests it cannot assemble without losing something
 (tool calls, images, no known org/agent, other endpoints) pass untouched. The answer says what
-happened in ``x-ibex-context`` (``litellm_request.outcome_headers``).
+happened in ``x-ibex-context`` (``request.outcome_headers``).
 """
 
 from __future__ import annotations

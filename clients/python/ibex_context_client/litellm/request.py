@@ -1,7 +1,7 @@
 """What the LiteLLM hook decides from a proxy request, as pure functions: its configuration, whose
 context the request is (org, agent, session), and whether its messages can be assembled.
 
-Kept apart from ``litellm_hook`` (which subclasses LiteLLM's ``CustomLogger``) so these rules are
+Kept apart from ``hook`` (which subclasses LiteLLM's ``CustomLogger``) so these rules are
 tested without LiteLLM installed.
 
 Whose request: the LiteLLM virtual key's metadata (``ibex_org_id``, ``ibex_agent_id``), else its
