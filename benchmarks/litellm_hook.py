@@ -56,9 +56,9 @@ def _percentile(values: list[float], q: float) -> float:
 @contextlib.asynccontextmanager
 async def _service(work: Path) -> AsyncIterator[str]:
     """``ibex-context serve`` as its own process on embedded stores; its target."""
-    from ibex_context.client import ContextClient
     from ibex_context.devtools.embedded import embedded_stores
     from ibex_context.stores.migrate import migrate
+    from ibex_context_client import ContextClient
 
     with embedded_stores(work / "stores") as stores:
         await migrate(stores.postgres.dsn, 384)
@@ -98,8 +98,7 @@ async def _service(work: Path) -> AsyncIterator[str]:
 
 
 async def _seed(target: str, memories: int) -> None:
-    from ibex_context.client import MemoryClient
-    from ibex_context.models import NewMemory
+    from ibex_context_client import MemoryClient, NewMemory
 
     async with MemoryClient(target) as client:
         await client.set_directive(ORG, AGENT, DIRECTIVE)

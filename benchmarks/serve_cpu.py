@@ -5,8 +5,8 @@ same stores, same data, same driver, back to back.
 Starts its own Redis and PostgreSQL (embedded, throwaway), migrates, seeds
 ``--agents`` agents of ``--memories`` memories each through MemoryService (hashing
 embedder), then for each round and each tree: starts ``python -m ibex_context serve``
-with that tree's ``service/`` first on ``PYTHONPATH``, waits for SERVING, offers
-AssembleContext at a fixed rate (open loop, grpc.aio client in this process, over
+with that tree's ``clients/python/`` and ``service/`` first on ``PYTHONPATH``, waits for
+SERVING, offers AssembleContext at a fixed rate (open loop, grpc.aio client in this process, over
 ``CHANNELS`` channels) for a warm-up and a measured window. Server CPU per call is
 the server process's user+system time (every thread, from ``/proc/<pid>/stat``) over
 the window divided by the calls answered in it; the per-thread split (main thread =
@@ -15,7 +15,7 @@ and shares the machine with everything else: read it as context, not as the resu
 The "degraded" column counts answers with a degradation reason: a degraded call costs
 less CPU, so compare trees at similar degradation.
 
-    PYTHONPATH=service:. .venv/bin/python -m benchmarks.serve_cpu \\
+    PYTHONPATH=clients/python:service:. .venv/bin/python -m benchmarks.serve_cpu \\
         --tree before=/tmp/baseline --tree after=. --out benchmarks/results/serve_cpu.md
 """
 
@@ -38,7 +38,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import grpc
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSEMBLE = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
@@ -135,7 +135,10 @@ def _requests(agents: list[tuple[str, str]], count: int, seed: int) -> list[byte
 def _env(tree: Path, port: int, redis_url: str, dsn: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=f"{tree / 'service'}",
+        # The tree's client distribution too (clients/python; a tree from before the split has none).
+        PYTHONPATH=os.pathsep.join(
+            str(tree / d) for d in ("clients/python", "service") if (tree / d).is_dir()
+        ),
         IBEX_REDIS_URL=redis_url,
         IBEX_POSTGRES_DSN=dsn,
         IBEX_GRPC_HOST="127.0.0.1",

@@ -73,7 +73,7 @@ from locust.stats import StatsEntry  # noqa: E402
 if __package__ in (None, ""):  # locust imports this file by path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb  # noqa: E402
 
 from loadtest import checks  # noqa: E402
 from loadtest.arrivals import ARRIVALS, Schedule, min_circular_gap  # noqa: E402

@@ -129,8 +129,8 @@ class Writer:
 
     async def _run(self) -> None:
         import grpc
-        from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-        from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
+        from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+        from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
         rng = random.Random(self.seed)
         written: deque[tuple[str, str, str]] = deque()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from loadtest import corpus
 

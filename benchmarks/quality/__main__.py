@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ibex_context.client.context import ContextClient
 from ibex_context.embedding.minilm import MODEL_NAME, MiniLMEmbedder
 from ibex_context.models import ChatMessage
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.context import ContextClient
 
 from benchmarks.quality.budgets import Budget, parse_budgets, profiles_json
 from benchmarks.quality.ingest import Tenant

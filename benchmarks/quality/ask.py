@@ -17,9 +17,9 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.context import ContextClient
 from ibex_context.models import ChatMessage
+from ibex_context_client.context import ContextClient
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from benchmarks.quality.ingest import Tenant
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from ibex_context.client.memory import MemoryClient
-from ibex_context.models import NewMemory
+from ibex_context_client import NewMemory
+from ibex_context_client.memory import MemoryClient
 
 from benchmarks.quality.locomo import Conversation
 

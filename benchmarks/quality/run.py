@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from ibex_context.client.context import ContextClient
-from ibex_context.client.memory import MemoryClient
 from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.tokens.catalogue import resolve_model
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
+from ibex_context_client.context import ContextClient
+from ibex_context_client.memory import MemoryClient
 
 from benchmarks.quality.ask import (
     CALL_TIMEOUT_SECONDS,

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 from google.protobuf import json_format
+from ibex_context_client.memory_views import EXPORT_ONLY_FIELDS
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.cli_memory import (
     TARGET_OPTION,
     call_memory,
@@ -35,11 +36,10 @@ from ibex_context.cli_support import (
     one_line,
     settings_error_message,
 )
-from ibex_context.client.memory_views import EXPORT_ONLY_FIELDS
 from ibex_context.settings import Settings
 
 if TYPE_CHECKING:
-    from ibex_context.client import AssembleResult, MemoryClient
+    from ibex_context_client import AssembleResult, MemoryClient
 
 T = TypeVar("T")
 log = logging.getLogger("ibex_context.cli")
@@ -118,7 +118,7 @@ def main(
 
     The client commands read --target from IBEX_TARGET when it is not given.
     """
-    from ibex_context.client.credentials import ClientCredentials
+    from ibex_context_client.credentials import ClientCredentials
 
     ctx.meta["ibex.debug"] = debug
     # What the client commands present (docs/security.md); flags before the command.
@@ -417,8 +417,9 @@ def assemble(
     MESSAGE is the user's message (words are joined). Without --require-full the command succeeds on
     a degraded answer or a client fallback, as the proxy would (the metadata says why).
     """
+    from ibex_context_client import ContextClient
+
     from ibex_context.cli_render import render_result, result_json
-    from ibex_context.client import ContextClient
     from ibex_context.models import ChatMessage
 
     messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", " ".join(message))]
@@ -495,7 +496,7 @@ def directive_clear(target: str, org_id: str, agent_id: str, as_json: bool) -> N
 @JSON_OPTION
 def health(target: str, service: str, timeout: float, as_json: bool) -> None:
     """Check gRPC health; exits 0 only when SERVING."""
-    from ibex_context.client import ContextClient
+    from ibex_context_client import ContextClient
 
     async def run() -> str:
         async with ContextClient(target, **client_credentials()) as client:
@@ -551,7 +552,7 @@ def mcp(
     the org and agent per request. Needs the mcp extra: pip install 'ibex-context[mcp]'.
     """
     try:
-        from ibex_context.integrations.mcp_server import McpConfig, build_server
+        from ibex_context_client.mcp.server import McpConfig, build_server
     except ImportError as exc:
         raise click.ClickException(f"the MCP server needs the mcp extra ({exc.name} is missing)") from None
     from ibex_context.observability.logging import configure_logging

@@ -16,12 +16,12 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import click
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.memory import MemoryClient, MemoryClientError
+from ibex_context_client.memory_views import ORDERS, export_line
+from ibex_context_client.target import parse_target
 
 from ibex_context.cli_support import Progress, echo_json
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.client.memory import MemoryClient, MemoryClientError
-from ibex_context.client.memory_views import ORDERS, export_line
-from ibex_context.client.target import parse_target
 
 T = TypeVar("T")
 

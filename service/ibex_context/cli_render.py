@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format
+from ibex_context_client import AssembleResult
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client import AssembleResult
 from ibex_context.pipeline.outcome import STAGES
 
 

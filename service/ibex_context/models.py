@@ -13,19 +13,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+# The wire's values, one source for the client and the service (re-exported here).
+from ibex_context_client.messages import ROLES as ROLES
+from ibex_context_client.messages import Category as Category
+from ibex_context_client.messages import ChatMessage as ChatMessage
+
 FloatVector = npt.NDArray[np.float32]
-
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool", "developer"})
-
-
-class Category(enum.StrEnum):
-    """Memory categories, in the order the formatter injects them."""
-
-    PROCEDURAL = "procedural"
-    FACTUAL = "factual"
-    PREFERENCE = "preference"
-    BEHAVIORAL = "behavioral"
-    EPISODIC = "episodic"
 
 
 CATEGORY_ORDER: tuple[str, ...] = tuple(c.value for c in Category)
@@ -48,12 +41,6 @@ class Degradation(enum.IntEnum):
     PASS_THROUGH = 4
     COLD_ONLY = 16
     PARTIAL = 17
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str
-    content: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +114,9 @@ class ScoredMemory:
 
 @dataclass(frozen=True, slots=True)
 class NewMemory:
-    """A memory to write (the write side), already validated."""
+    """A memory to write (the write side), validated by the service: its embedding is the
+    store's float32 vector (the client's ``ibex_context_client.NewMemory`` is the caller's
+    draft of it)."""
 
     content: str
     category: str

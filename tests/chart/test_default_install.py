@@ -20,11 +20,11 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import Role, parse_credentials, token_digest
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from tests.chart.conftest import (
     CI_VALUES,

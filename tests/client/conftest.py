@@ -16,5 +16,5 @@ async def server() -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 def client_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="ibex_context.client")
+    caplog.set_level(logging.INFO, logger="ibex_context_client")
     return caplog

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.rpc import CallError, Method, unary
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 SERVICE = "/ibex.context.v1.MemoryService/"
 

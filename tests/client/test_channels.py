@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from ibex_context.client import ClientCredentials, ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.certs import Authority
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 from ibex_context.models import ChatMessage
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.tls import ServerTls, TlsFiles
+from ibex_context_client import ClientCredentials, ContextClient
 
 from tests.client.dns_server import DnsServer, dns_server
 
@@ -155,7 +155,7 @@ async def test_a_dns_target_resolves_a_real_name(server: RunningServer) -> None:
 def test_a_bearer_token_is_never_sent_in_plaintext_to_another_host(tmp_path: Path) -> None:
     """As the Go client: a token over plaintext is anyone's on the path. Refused at
     construction, naming the host and never the token; loopback (development) and TLS pass."""
-    from ibex_context.client import MemoryClient
+    from ibex_context_client import MemoryClient
 
     token = "s3cret-token-" + "x" * 32
     for target in ("ibex-context.prod.svc:50051", "dns:///ibex-context-headless:50051", "10.0.0.7:50051"):

@@ -8,15 +8,15 @@ import time
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client import ContextClient
-from ibex_context.client.context import _RateLimitedLog
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import RunningServer, closed_port, free_socket, scripted_server
 from ibex_context.models import ChatMessage
 from ibex_context.server.grpc_server import ServiceServer
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.rpc import Context
+from ibex_context_client import ContextClient
+from ibex_context_client.context import _RateLimitedLog
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from prometheus_client import CollectorRegistry
 
 MESSAGES = (ChatMessage("system", "You are helpful."), ChatMessage("user", "What do I drink?"))
@@ -122,7 +122,7 @@ async def test_invalid_argument_falls_back_and_is_logged_loudly_with_the_field(
 
     assert result.fallback_reason == "client_invalid_argument"
     assert result.messages == MESSAGES
-    (record,) = [r for r in client_log.records if r.name == "ibex_context.client"]
+    (record,) = [r for r in client_log.records if r.name == "ibex_context_client"]
     assert record.levelno == logging.ERROR
     assert "org_id: must be a UUID" in record.getMessage()
     assert "req-bad" in record.getMessage()
@@ -138,7 +138,7 @@ async def test_a_request_over_the_size_limit_falls_back_as_a_rejected_request(
     assert result.fallback_reason == "client_invalid_argument"
     assert result.messages == huge
     assert server.service.calls == 0, "refused before the handler"
-    (record,) = [r for r in client_log.records if r.name == "ibex_context.client"]
+    (record,) = [r for r in client_log.records if r.name == "ibex_context_client"]
     assert "larger than max" in record.getMessage()
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client import FeedbackKind, MemoryClient, MemoryClientError, MemoryRequestInvalid
 from ibex_context.devtools.scripted_service import closed_port
 from ibex_context.models import NewMemory
+from ibex_context_client import FeedbackKind, MemoryClient, MemoryClientError, MemoryRequestInvalid
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from tests.client.memory_service import memory_server
 

@@ -20,15 +20,15 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
-from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import RunningServer, ScriptedAssembly, scripted_server
 from ibex_context.models import ChatMessage
 from ibex_context.server.grpc_server import ConnectionPolicy
 from ibex_context.server.rpc import Context
 from ibex_context.settings import Settings
+from ibex_context_client import ContextClient
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.client.dns_server import DnsServer, dns_server
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from ibex_context.client.target import Target, parse_target
+from ibex_context_client.target import Target, parse_target
 
 
 @pytest.mark.parametrize(

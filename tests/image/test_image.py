@@ -441,7 +441,9 @@ def test_every_installed_distribution_is_the_locks_exact_pin(podman: Podman, var
     )
     pins = _lock()
     installed = _distributions(podman, image)
+    # Our two wheels, at the project's one version; everything else is a pin of the lock.
     assert installed.pop("ibex-context") == "0.1.0"
+    assert installed.pop("ibex-context-client") == "0.1.0"
     outside = {n: v for n, v in installed.items() if pins.get(n) != v}
     assert not outside, f"not pinned by requirements.lock: {outside}"
     assert "pip" not in installed and "setuptools" not in installed, "the runtime venv carries build tools"

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
-from ibex_context.client.memory import MemoryClient
 from ibex_context.models import NewMemory
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import token_digest
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.memory import MemoryClient
 
 from tests.server.conftest import generous_profiles_file, make_settings
 

@@ -13,18 +13,17 @@ from typing import Any
 
 import httpx
 import pytest
-from ibex_context.client.memory import MemoryClient
 from ibex_context.devtools.fake_openai import REPLY, FakeOpenAI, fake_openai
 from ibex_context.devtools.litellm_proxy import (
-    SOURCE_ROOT,
+    CLIENT_ROOT,
     LiteLLMProxy,
     litellm_proxy,
     litellm_venv,
     proxy_config,
 )
 from ibex_context.server.app import ContextService
+from ibex_context_client.memory import MemoryClient
 
-from tests.client.test_imports import SERVER_SIDE
 from tests.integrations.conftest import Tokens, remember
 
 # Each proxy takes 10-60 s to start on this machine (LiteLLM imports ~2,000 modules).
@@ -213,10 +212,11 @@ async def test_it_still_answers_when_the_service_hangs_and_when_it_is_gone(
 
 
 def test_the_hook_loads_nothing_of_the_server_in_the_proxy() -> None:
-    """It moves with the client package: in the proxy's own environment, importing the hook
-    loads the clients and nothing of the server's (edge, pipeline, stores...)."""
+    """It ships in the client distribution: in the proxy's own environment, with only the
+    client's source on the path, the hook imports and the server is not even importable."""
     script = (
-        "import sys, ibex_context.integrations.litellm_hook\n"
+        "import importlib.util, sys, ibex_context_client.litellm.hook\n"
+        "print('server importable:', importlib.util.find_spec('ibex_context') is not None)\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('ibex_context')))"
     )
     loaded = subprocess.run(
@@ -224,12 +224,13 @@ def test_the_hook_loads_nothing_of_the_server_in_the_proxy() -> None:
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(CLIENT_ROOT)},
         timeout=120,
     )
-    modules = loaded.stdout.split()
-    assert "ibex_context.client.context" in modules
-    assert not [m for m in modules if m.split(".")[1:2] and m.split(".")[1] in SERVER_SIDE]
+    first, *modules = loaded.stdout.splitlines()
+    assert first == "server importable: False"
+    assert "ibex_context_client.litellm.hook" in modules and "ibex_context_client.context" in modules
+    assert all(m.split(".")[0] == "ibex_context_client" for m in modules), modules
 
 
 def test_a_token_it_would_send_in_clear_text_disables_the_hook_once() -> None:
@@ -237,9 +238,9 @@ def test_a_token_it_would_send_in_clear_text_disables_the_hook_once() -> None:
     and every request goes out as it came."""
     script = """
 import asyncio, logging, sys
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.integrations.litellm_hook import IbexContextHook
-from ibex_context.integrations.litellm_request import HookConfig
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.litellm.hook import IbexContextHook
+from ibex_context_client.litellm.request import HookConfig
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
 
@@ -259,7 +260,7 @@ asyncio.run(main())
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(CLIENT_ROOT)},
         timeout=120,
     )
     lines = ran.stdout.splitlines()

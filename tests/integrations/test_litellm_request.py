@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ibex_context.client.context import AssembleResult
-from ibex_context.integrations.litellm_request import (
+from ibex_context.models import ChatMessage
+from ibex_context_client.context import AssembleResult
+from ibex_context_client.litellm.request import (
     HookConfig,
     RequestTenant,
     assemblable_messages,
     outcome_headers,
     resolve_tenant,
 )
-from ibex_context.models import ChatMessage
 
 
 def test_the_settings_default_to_the_clients_45_ms_and_the_target_from_the_environment() -> None:

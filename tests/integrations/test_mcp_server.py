@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ibex_context.client.memory import MemoryClient
-from ibex_context.devtools.litellm_proxy import SOURCE_ROOT
+from ibex_context.devtools.litellm_proxy import CLIENT_ROOT, SOURCE_ROOT
+from ibex_context_client.memory import MemoryClient
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -36,7 +36,10 @@ TOOLS = {
     "set_directive",
     "get_directive",
 }
-ENV = {"PYTHONPATH": str(SOURCE_ROOT), "GRPC_ENABLE_FORK_SUPPORT": "false"}
+ENV = {
+    "PYTHONPATH": os.pathsep.join((str(CLIENT_ROOT), str(SOURCE_ROOT))),
+    "GRPC_ENABLE_FORK_SUPPORT": "false",
+}
 
 
 @asynccontextmanager

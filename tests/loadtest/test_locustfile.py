@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from loadtest import checks
 
@@ -134,7 +134,7 @@ def test_a_fallback_alone_is_not_a_contract_problem() -> None:
 def test_the_load_generators_imports_pull_in_no_asyncio_or_server_code() -> None:
     code = (
         "import sys\n"
-        "from ibex_context._proto.ibex.context.v1 import context_pb2\n"
+        "from ibex_context_client.proto.ibex.context.v1 import context_pb2\n"
         "import loadtest.checks, loadtest.corpus\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('asyncio', 'uvloop', 'h2')"
         " or m.startswith(('ibex_context.server', 'ibex_context.pipeline', 'ibex_context.stores')))\n"

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from ibex_context.client import ContextClient
+from ibex_context_client import ContextClient
 
 from tests.observability.harness import Observed, ObservedFactory, observed_server
 

@@ -9,13 +9,13 @@ import grpc
 import pytest
 from grpc_health.v1.health_pb2 import HealthCheckRequest
 from grpc_health.v1.health_pb2_grpc import HealthStub
-from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.calls import safe_request_id
 from ibex_context.observability.metrics import Metrics
 from ibex_context.observability.tracing import IncomingTrace, Tracing
 from ibex_context.server.health import ServiceHealth
+from ibex_context_client import ContextClient
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, ObservedFactory, sample

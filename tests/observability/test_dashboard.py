@@ -9,8 +9,9 @@ from typing import Any
 
 import grpc
 import pytest
-from ibex_context.client.context import AssembleResult, _ClientMetrics
 from ibex_context.observability.metrics import Metrics
+from ibex_context_client.context import AssembleResult
+from ibex_context_client.metrics import ClientMetrics
 from ibex_operator.metrics import OperatorMetrics
 from prometheus_client import CollectorRegistry
 
@@ -41,7 +42,7 @@ def exposed_sample_names() -> set[str]:
     metrics.record_call("/ibex.context.v1.ContextAssemblyService/AssembleContext", grpc.StatusCode.OK, 0.01)
     metrics.record_store_up("redis", True)  # the store gauges appear with the first probe
     names = set(metrics.metric_names())
-    _ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))
+    ClientMetrics(registry).record(AssembleResult((), None, "", True, 0.01))
     names |= {s.name for family in registry.collect() for s in family.samples}
     operator = OperatorMetrics()
     operator.reconcile_seconds.observe(0.1)

@@ -8,11 +8,11 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.logging import configure_logging
 from ibex_context.observability.state import CallState, current_call
+from ibex_context_client import ContextClient
 
 from tests.observability.harness import Observed
 

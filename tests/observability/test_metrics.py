@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import ChatMessage, Degradation
@@ -15,6 +14,7 @@ from ibex_context.observability.metrics import (
 )
 from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, SourceStatus, StageSpan, plan_detail
 from ibex_context.stores.read_routing import ReplicaStatus
+from ibex_context_client import ContextClient
 from prometheus_client import CollectorRegistry
 
 from tests.observability.harness import Observed, sample

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ibex_context.client import ContextClient, MemoryClient, MemoryRequestInvalid
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import ChatMessage, FloatVector, NewMemory
 from ibex_context.observability.logging import CallContextFilter, JsonFormatter
@@ -25,6 +24,7 @@ from ibex_context.observability.metrics import KNOWN_REASONS
 from ibex_context.observability.tracing import Tracing
 from ibex_context.server.app import ContextService
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client import ContextClient, MemoryClient, MemoryRequestInvalid
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -8,12 +8,12 @@ import time
 from typing import ClassVar
 
 import grpc
-from ibex_context.client import ContextClient
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.state import CallState
 from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
 from ibex_context.settings import Settings
+from ibex_context_client import ContextClient
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

@@ -9,11 +9,11 @@ from typing import Any
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.app import ContextService
 from ibex_context.settings import Settings
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 StartService = Callable[..., Awaitable[ContextService]]
 

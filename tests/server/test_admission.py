@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.pipeline.outcome import Reason
 from ibex_context.profiles.schema import Admission
 from ibex_context.server.admission import FairAdmission
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

@@ -61,7 +61,7 @@ async def test_requests_above_the_inline_bound_are_counted_on_the_counting_threa
     import uuid
 
     import grpc
-    from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
+    from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
     from .conftest import request, user
 

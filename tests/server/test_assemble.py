@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 import tiktoken
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.app import ContextService
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

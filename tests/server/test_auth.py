@@ -16,12 +16,12 @@ import grpc
 import httpx
 import pytest
 import yaml
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.devtools.certs import SERVER_NAME, Authority, Issued
 from ibex_context.observability.logging import JsonFormatter
 from ibex_context.server.app import ContextService
 from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from tests.server.conftest import StartService
 
@@ -525,10 +525,10 @@ async def test_refusals_are_counted_without_ids_and_no_token_reaches_logs_or_met
 
 
 async def test_the_clients_present_tls_and_a_token(secured: ContextService, pki: Pki) -> None:
-    from ibex_context.client import ContextClient, MemoryClient
-    from ibex_context.client.credentials import ClientCredentials
-    from ibex_context.client.memory import MemoryClientError
     from ibex_context.models import ChatMessage
+    from ibex_context_client import ContextClient, MemoryClient
+    from ibex_context_client.credentials import ClientCredentials
+    from ibex_context_client.memory import MemoryClientError
 
     target = f"127.0.0.1:{secured.port}"
     agent = str(uuid.uuid4())  # this test's own agent: the others purge and clear ORG's
@@ -583,10 +583,10 @@ async def test_the_clients_and_the_cli_present_a_client_certificate(
 ) -> None:
     from click.testing import CliRunner
     from ibex_context.cli import main
-    from ibex_context.client import ContextClient, MemoryClient
-    from ibex_context.client.credentials import ClientCredentials
-    from ibex_context.client.memory import MemoryClientError
     from ibex_context.models import ChatMessage
+    from ibex_context_client import ContextClient, MemoryClient
+    from ibex_context_client.credentials import ClientCredentials
+    from ibex_context_client.memory import MemoryClientError
 
     cert, key = pki.ca.issue("ignored-cn", dns=("reader.clients.test",)).write(tmp_path, "reader")
     target = f"127.0.0.1:{mutual.port}"

@@ -3,7 +3,6 @@ has its field in the wire's StageTimings, and the response carries what the asse
 
 from __future__ import annotations
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.models import ChatMessage, Degradation, MemoryRecord, ScoredMemory
 from ibex_context.pipeline.assembly import Assembly, Composition
 from ibex_context.pipeline.outcome import (
@@ -17,6 +16,7 @@ from ibex_context.pipeline.outcome import (
     Timings,
 )
 from ibex_context.server.convert import WIRE_STAGE_FIELDS, assemble_response
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 
 def test_the_wire_timings_have_one_field_per_stage_and_nothing_else_of_the_stages() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
-from ibex_context.client.memory import MemoryClient, MemoryRequestInvalid
 from ibex_context.models import NewMemory
 from ibex_context.server.app import ContextService
+from ibex_context_client.memory import MemoryClient, MemoryRequestInvalid
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 from aiohttp import web
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 from tests.postgres_locks import memories_locked

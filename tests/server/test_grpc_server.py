@@ -12,13 +12,13 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools import scripted_service as scripted
 from ibex_context.devtools.scripted_service import ScriptedAssembly, scripted_server
 from ibex_context.server.grpc_server import ConnectionPolicy
 from ibex_context.server.rpc import Context
 from ibex_context.settings import Settings
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 REQUEST = pb.AssembleContextRequest(
     org_id="o", agent_id="a", model=scripted.FULL, messages=[pb.Message(role="user", content="hi")]

@@ -9,8 +9,8 @@ import sys
 
 import grpc
 import httpx
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.heap import GcPauses
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Tenant

@@ -9,8 +9,8 @@ import time
 import grpc
 import httpx
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.loop_lag import LoopLagProbe, TimedEventLoop
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Tenant

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpc_health.v1.health_pb2_grpc import HealthStub
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.devtools.replica import PostgresReplica
 from ibex_context.server.app import ContextService
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Tenant

@@ -7,7 +7,6 @@ import uuid
 
 import numpy as np
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest
 from ibex_context.server import read_validation
 from ibex_context.server.read_validation import (
@@ -19,6 +18,7 @@ from ibex_context.server.read_validation import (
     MAX_TOP_K,
 )
 from ibex_context.stores.base import ListOrder
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 DIM = 8
 

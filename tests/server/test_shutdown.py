@@ -14,8 +14,8 @@ import time
 import grpc
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpc_health.v1.health_pb2_grpc import HealthStub
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.devtools.certs import SERVER_NAME, Authority
 from ibex_context.server.app import ContextService
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from tests.server.conftest import StartService
 

@@ -4,11 +4,11 @@ window used is never rounded down below an overflow. Real gRPC, real stores."""
 
 from __future__ import annotations
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.models import ChatMessage
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
 from tests.conftest import Tenant
 

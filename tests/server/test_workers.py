@@ -13,9 +13,9 @@ import time
 
 import grpc
 import httpx
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context._proto.ibex.context.v1 import context_pb2_grpc
 from ibex_context.server.workers import Supervisor, worker_count, worker_environment
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.machine import free_port_run

@@ -16,7 +16,7 @@
 //	                         client_error:bad_request when the request cannot be encoded
 //	                         (invalid UTF-8), client_error:empty_response
 //
-// These are the reasons of the Python client (ibex_context.client.ContextClient).
+// These are the reasons of the Python client (ibex_context_client.ContextClient).
 //
 // Dial the headless Service with a dns:/// target: the client balances round
 // robin over every address the name resolves to, resolves the name again every

@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// The Python client's metrics (ibex_context.client.context), which the chart's
+// The Python client's metrics (ibex_context_client.metrics), which the chart's
 // dashboard reads in its proxy panels: a Prometheus exporter (or the collector)
 // names them ibex_context_client_requests_total{result} and
 // ibex_context_client_duration_seconds.

@@ -19,12 +19,11 @@ import logging
 import shlex
 
 import click
+from ibex_context_client import AssembleResult, ChatMessage, ContextClient, MemoryClient, NewMemory
 
 from ibex_context.cli_render import render_result, result_json
-from ibex_context.client import AssembleResult, ContextClient, MemoryClient
 from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
 from ibex_context.devtools.embedded import embedded_stores
-from ibex_context.models import ChatMessage, NewMemory
 from ibex_context.server.lifecycle import stop_signal
 from ibex_context.settings import Settings
 from ibex_context.stores.migrate import migrate

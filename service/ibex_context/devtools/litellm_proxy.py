@@ -2,8 +2,9 @@
 
 LiteLLM runs from its own virtualenv (``.venv-litellm``, made from requirements-litellm.lock by
 scripts/bootstrap.sh ``ensure_litellm_venv``; ``IBEX_LITELLM_VENV`` names another): its pins are
-not the project's. ``ibex_context`` is imported from this source tree (``PYTHONPATH``), as a proxy
-image would install the package. The config is written as JSON, which is YAML.
+not the project's. The hook comes from the client distribution alone (``ibex_context_client``, whose
+source tree is the proxy's ``PYTHONPATH``, as a proxy image installs ``ibex-context-client``): nothing
+of the server is importable there. The config is written as JSON, which is YAML.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import ibex_context_client
 
 import ibex_context
 
-__all__ = ["HOOK", "LiteLLMProxy", "litellm_proxy", "litellm_venv", "proxy_config"]
+__all__ = ["CLIENT_ROOT", "HOOK", "LiteLLMProxy", "litellm_proxy", "litellm_venv", "proxy_config"]
 
 SOURCE_ROOT = Path(ibex_context.__file__).resolve().parents[1]
 REPO_ROOT = SOURCE_ROOT.parent
-HOOK = "ibex_context.integrations.litellm_hook.proxy_hook"
+# clients/python: the client distribution's source, the one thing of ours on the proxy's path.
+CLIENT_ROOT = Path(ibex_context_client.__file__).resolve().parents[1]
+HOOK = "ibex_context_client.litellm.hook.proxy_hook"
 MASTER_KEY = "sk-ibex-test-master-key"
 
 
@@ -115,7 +119,7 @@ async def litellm_proxy(
     environment = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(directory),
-        "PYTHONPATH": str(SOURCE_ROOT),
+        "PYTHONPATH": str(CLIENT_ROOT),
         # The model prices bundled with the release, not fetched from GitHub at start-up.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_LOG": "ERROR",

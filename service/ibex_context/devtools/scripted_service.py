@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.models import Degradation, MemoryRecord, ScoredMemory
 from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.metrics import Metrics

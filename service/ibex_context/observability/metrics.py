@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 import grpc
+from ibex_context_client.buckets import ASSEMBLY_BUCKETS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -27,7 +28,6 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ibex_context.buckets import ASSEMBLY_BUCKETS
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.models import Degradation
 from ibex_context.observability.exposition import (

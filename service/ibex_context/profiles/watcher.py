@@ -23,10 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from ibex_context_client.tasks import cancel_and_wait
+
 from ibex_context.errors import ConfigurationError
 from ibex_context.profiles.loader import load_profiles_file
 from ibex_context.profiles.registry import ProfileRegistry, ProfileStore
-from ibex_context.tasks import cancel_and_wait
 
 _log = logging.getLogger(__name__)
 

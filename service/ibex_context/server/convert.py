@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from ibex_context.pipeline.assembly import Assembly
 from ibex_context.pipeline.outcome import STAGES
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 import grpc
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler

@@ -22,7 +22,7 @@ refused with RESOURCE_EXHAUSTED naming the limit (``IBEX_MAX_HEALTH_WATCHES``).
 Served as grpc.aio handlers of our own (``grpc.health.v1.Health``: Check and Watch),
 since grpcio-health-checking's servicer knows a fixed status per name, not a store
 probe per Check; the messages are that package's ``health_pb2``, which the client
-library (``ibex_context.client``) and the tests use too.
+library (``ibex_context_client``) and the tests use too.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+
 from ibex_context.memory_api.purge import PurgeReport, TenantPurge
 from ibex_context.memory_api.reads import MemoryReads
 from ibex_context.memory_api.writes import MemoryWrites

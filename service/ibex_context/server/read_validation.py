@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.memory_api.reads import ListQuery
 from ibex_context.models import Category, FloatVector

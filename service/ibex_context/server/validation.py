@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context.errors import InvalidRequest, LimitExceeded
 from ibex_context.models import ROLES, AssemblyRequest, Category, ChatMessage, NewMemory
 

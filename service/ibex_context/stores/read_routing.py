@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import asyncpg
+from ibex_context_client.tasks import cancel_and_wait
 from redis.exceptions import RedisError
 
 from ibex_context.errors import StoreError
 from ibex_context.stores.base import StoreHealth
 from ibex_context.stores.redis_topology import RedisClient, RedisTopology
 from ibex_context.stores.redis_wire import RedisReads
-from ibex_context.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings

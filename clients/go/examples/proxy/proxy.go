@@ -20,7 +20,7 @@ import (
 )
 
 // The headers the proxy reads and answers with: the LiteLLM hook's
-// (service/ibex_context/integrations/litellm_request.py).
+// (clients/python/ibex_context_client/litellm/request.py).
 const (
 	headerOrg       = "X-Ibex-Org-Id"
 	headerAgent     = "X-Ibex-Agent-Id"

@@ -13,24 +13,34 @@ out, unassembled, because failing it would turn our bug into the user's outage.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import grpc
-from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.buckets import ASSEMBLY_BUCKETS
-from ibex_context.client.channels import ChannelClient
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.client.target import Target
-from ibex_context.models import ChatMessage
+from ibex_context_client.channels import ChannelClient
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.health import (
+    HEALTH_CHECK,
+    HealthCheckRequest,
+    HealthCheckResponse,
+    check_request,
+    serving_status,
+)
+from ibex_context_client.messages import ChatMessage
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.target import Target
+
+if TYPE_CHECKING:
+    # Both optional: metrics with the ``prometheus`` extra, tracing with ``otel``.
+    from opentelemetry import trace
+    from prometheus_client import CollectorRegistry
+
+    from ibex_context_client.metrics import ClientMetrics
 
 __all__ = [
     "ASSEMBLE_CONTEXT",
@@ -43,7 +53,6 @@ __all__ = [
 ]
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 DEFAULT_TIMEOUT_SECONDS = 0.045
 
 CLIENT_TIMEOUT = "client_timeout"
@@ -52,6 +61,18 @@ CLIENT_INVALID_ARGUMENT = "client_invalid_argument"
 CLIENT_ERROR = "client_error"
 
 _LOG_INTERVAL_SECONDS = 10.0
+
+
+def _has_otel_api() -> bool:
+    """Whether the OpenTelemetry API (the ``otel`` extra) is installed: without it there is no
+    trace context to pass on."""
+    try:
+        return importlib.util.find_spec("opentelemetry.propagate") is not None
+    except ModuleNotFoundError:  # not even the ``opentelemetry`` namespace
+        return False
+
+
+_OTEL_API = _has_otel_api()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +125,7 @@ def classify_failure(exc: Exception) -> _Failure:
     return _Failure(f"{CLIENT_ERROR}:unexpected", detail=type(exc).__name__)
 
 
-_CLIENT_RESULTS = (
+CLIENT_RESULTS = (
     "ok",
     "degraded",
     CLIENT_TIMEOUT,
@@ -112,32 +133,6 @@ _CLIENT_RESULTS = (
     CLIENT_INVALID_ARGUMENT,
     CLIENT_ERROR,
 )
-
-
-class _ClientMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.results = Counter(
-            "ibex_context_client_requests",
-            "AssembleContext calls by result: ok, degraded (by the service) or the client fallback.",
-            ["result"],
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "ibex_context_client_duration_seconds",
-            "Client-side wall time of AssembleContext, fallbacks included.",
-            buckets=ASSEMBLY_BUCKETS,
-            registry=registry,
-        )
-        for result in _CLIENT_RESULTS:
-            self.results.labels(result)
-
-    def record(self, result: AssembleResult) -> None:
-        if result.from_service:
-            label = "degraded" if result.fallback_reason else "ok"
-        else:
-            label = result.fallback_reason.partition(":")[0]
-        self.results.labels(label).inc()
-        self.duration.observe(result.elapsed_seconds)
 
 
 class _RateLimitedLog:
@@ -183,9 +178,13 @@ class ContextClient(ChannelClient):
         super().__init__(
             target, timeout=timeout, credentials=credentials, token=token, refresh_seconds=refresh_seconds
         )
-        self._metrics = _ClientMetrics(registry) if registry is not None else None
+        self._metrics: ClientMetrics | None = None
+        if registry is not None:
+            from ibex_context_client.metrics import ClientMetrics  # the ``prometheus`` extra
+
+            self._metrics = ClientMetrics(registry)
         self._tracer = tracer
-        self._log = logger or logging.getLogger("ibex_context.client")
+        self._log = logger or logging.getLogger("ibex_context_client")
         self._log_limited = _RateLimitedLog(self._log, _LOG_INTERVAL_SECONDS)
         self._started = False
 
@@ -212,10 +211,8 @@ class ContextClient(ChannelClient):
         """
         await self.start()
         method = self._channel.unary(HEALTH_CHECK, HealthCheckRequest, HealthCheckResponse)
-        reply: HealthCheckResponse = await method(
-            HealthCheckRequest(service=service), timeout=timeout, metadata=self._auth
-        )
-        return str(HealthCheckResponse.ServingStatus.Name(reply.status))
+        reply = await method(check_request(service), timeout=timeout, metadata=self._auth)
+        return serving_status(reply)
 
     async def assemble(
         self,
@@ -236,6 +233,8 @@ class ContextClient(ChannelClient):
                 org_id, agent_id, model, original, session_id, request_id, timeout, started
             )
         else:
+            from opentelemetry.trace import SpanKind, StatusCode
+
             with self._tracer.start_as_current_span(
                 ASSEMBLE_CONTEXT.lstrip("/"),
                 kind=SpanKind.CLIENT,
@@ -287,7 +286,10 @@ class ContextClient(ChannelClient):
         if request_id:
             carrier["x-request-id"] = request_id
         # The caller's current span (or ours) as W3C traceparent; a no-op without OTel.
-        propagate.inject(carrier)
+        if _OTEL_API:
+            from opentelemetry import propagate
+
+            propagate.inject(carrier)
         metadata = (*self._auth, *carrier.items())
         channel = self._channel
         try:

@@ -17,11 +17,11 @@ from typing import Any, cast
 
 import grpc
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
-from ibex_context.client.channels import ChannelClient
-from ibex_context.client.context import classify_failure
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.client.memory_views import (
+from ibex_context_client.channels import ChannelClient
+from ibex_context_client.context import classify_failure
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.errors import ClientError
+from ibex_context_client.memory_views import (
     ORDERS,
     DirectiveView,
     MemoryPage,
@@ -30,9 +30,9 @@ from ibex_context.client.memory_views import (
     StoredMemory,
     timestamp,
 )
-from ibex_context.client.target import Target
-from ibex_context.errors import IbexError
-from ibex_context.models import NewMemory
+from ibex_context_client.messages import NewMemory
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.target import Target
 
 __all__ = [
     "DirectiveView",
@@ -52,7 +52,7 @@ _SERVICE = "/ibex.context.v1.MemoryService/"
 DEFAULT_WRITE_TIMEOUT_SECONDS = 30.0
 
 
-class MemoryClientError(IbexError):
+class MemoryClientError(ClientError):
     """A write-side call failed. ``status`` is the gRPC status when the service answered."""
 
     def __init__(

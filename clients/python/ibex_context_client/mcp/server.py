@@ -28,10 +28,10 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.client.memory import MemoryClient, MemoryClientError
-from ibex_context.client.memory_views import StoredMemory
-from ibex_context.models import Category, NewMemory
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.memory import MemoryClient, MemoryClientError
+from ibex_context_client.memory_views import StoredMemory
+from ibex_context_client.messages import Category, NewMemory
 
 __all__ = ["HEADER_AGENT", "HEADER_ORG", "McpConfig", "MemoryToWrite", "build_server"]
 

@@ -1,7 +1,7 @@
 """Histogram buckets that the service's metrics and the proxy's client both use.
 
-A leaf module: the client (``client.context``) must not import the service's
-``observability`` (and through it the OpenTelemetry SDK and the pipeline) for a constant.
+A leaf module of the client distribution: the service imports it from here, and the
+client never imports the service (its observability, the OpenTelemetry SDK) for a constant.
 """
 
 from __future__ import annotations

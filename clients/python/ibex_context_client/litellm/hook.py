@@ -3,7 +3,7 @@
 In LiteLLM's config.yaml::
 
     litellm_settings:
-      callbacks: ["ibex_context.integrations.litellm_hook.proxy_hook"]
+      callbacks: ["ibex_context_client.litellm.hook.proxy_hook"]
     callback_settings:
       ibex_context:
         target: ibex-context:50051   # else IBEX_TARGET
@@ -14,13 +14,13 @@ In LiteLLM's config.yaml::
 
 The bearer token and TLS files come from the proxy's environment (``IBEX_TOKEN``,
 ``IBEX_TOKEN_FILE``, ``IBEX_TLS_CA``...; docs/security.md). Whose context a request gets is
-``litellm_request.resolve_tenant``.
+``request.resolve_tenant``.
 
 The hook never fails or holds up the request beyond its timeout: ``ContextClient`` returns the
 request's own messages on any failure (unreachable, slow, refusing), and anything else going
 wrong here leaves the request as it came. Requests it cannot assemble without losing something
 (tool calls, images, no known org/agent, other endpoints) pass untouched. The answer says what
-happened in ``x-ibex-context`` (``litellm_request.outcome_headers``).
+happened in ``x-ibex-context`` (``request.outcome_headers``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ibex_context.client.context import AssembleResult, ContextClient
-from ibex_context.client.credentials import ClientCredentials
-from ibex_context.integrations.litellm_request import (
+from ibex_context_client.context import AssembleResult, ContextClient
+from ibex_context_client.credentials import ClientCredentials
+from ibex_context_client.litellm.request import (
     CHAT_CALL_TYPES,
     CONFIG_SECTION,
     HookConfig,
@@ -46,7 +46,7 @@ from ibex_context.integrations.litellm_request import (
 
 __all__ = ["IbexContextHook", "proxy_hook"]
 
-log = logging.getLogger("ibex_context.integrations.litellm")
+log = logging.getLogger("ibex_context_client.litellm")
 
 # Outcomes kept for the answer's headers until it is sent; a request that fails before then
 # leaves its entry, so the oldest go first beyond this many.

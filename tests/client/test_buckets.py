@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ibex_context import buckets
 from ibex_context.observability import metrics
+from ibex_context_client import buckets
 
 
 def test_the_client_and_the_service_bucket_assembly_latency_with_one_tuple() -> None:

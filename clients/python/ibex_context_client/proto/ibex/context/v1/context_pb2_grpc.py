@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as ibex_dot_context_dot_v1_dot_context__pb2
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as ibex_dot_context_dot_v1_dot_context__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from ibex_context._proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 EXPORT_ONLY_FIELDS: tuple[str, ...] = ("created_at", "updated_at", "retrieval_count", "last_injected_at")
 

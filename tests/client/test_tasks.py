@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from ibex_context.tasks import cancel_and_wait
+from ibex_context_client.tasks import cancel_and_wait
 
 
 async def test_it_cancels_the_task_and_waits_for_its_clean_up() -> None:

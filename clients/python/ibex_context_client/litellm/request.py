@@ -1,7 +1,7 @@
 """What the LiteLLM hook decides from a proxy request, as pure functions: its configuration, whose
 context the request is (org, agent, session), and whether its messages can be assembled.
 
-Kept apart from ``litellm_hook`` (which subclasses LiteLLM's ``CustomLogger``) so these rules are
+Kept apart from ``hook`` (which subclasses LiteLLM's ``CustomLogger``) so these rules are
 tested without LiteLLM installed.
 
 Whose request: the LiteLLM virtual key's metadata (``ibex_org_id``, ``ibex_agent_id``), else its
@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibex_context.client.context import DEFAULT_TIMEOUT_SECONDS, AssembleResult
-from ibex_context.client.target import parse_target
-from ibex_context.models import ROLES, ChatMessage
+from ibex_context_client.context import DEFAULT_TIMEOUT_SECONDS, AssembleResult
+from ibex_context_client.messages import ROLES, ChatMessage
+from ibex_context_client.target import parse_target
 
 __all__ = [
     "CONFIG_SECTION",

@@ -31,13 +31,13 @@ from typing import Any, Self
 
 import grpc
 
-from ibex_context.client.credentials import ClientCredentials, bearer_metadata
-from ibex_context.client.target import Target, parse_target
-from ibex_context.tasks import cancel_and_wait
+from ibex_context_client.credentials import ClientCredentials, bearer_metadata
+from ibex_context_client.target import Target, parse_target
+from ibex_context_client.tasks import cancel_and_wait
 
 __all__ = ["TIMEOUTS_BEFORE_RECONNECT", "ChannelClient", "ManagedChannel", "channel_options"]
 
-log = logging.getLogger("ibex_context.client")
+log = logging.getLogger("ibex_context_client")
 
 # Consecutive timeouts after which the connection is presumed dead and replaced.
 TIMEOUTS_BEFORE_RECONNECT = 3

@@ -1,0 +1,3 @@
+"""The LiteLLM proxy hook (``hook.proxy_hook``): the ``litellm`` extra.
+
+LiteLLM itself comes with the proxy, at its own pins."""

@@ -1,0 +1,1 @@
+"""The memory API as MCP tools (``server``): the ``mcp`` extra."""
