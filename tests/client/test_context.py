@@ -70,7 +70,9 @@ async def test_the_deadline_reaches_the_server(server: RunningServer) -> None:
     server.service.assemble = spy  # type: ignore[method-assign]
     async with ContextClient(server.target, timeout=0.5) as client:
         await assemble(client)
-    assert len(seen) == 1 and 0 < seen[0] <= 0.5
+    # gRPC's core rounds the grpc-timeout header up (0.5006 s was seen on the server), so the
+    # bound allows a few ms: what matters is that the client's 0.5 s, not the default, arrived.
+    assert len(seen) == 1 and 0 < seen[0] <= 0.51
 
 
 # --- everything that can go wrong -----------------------------------------------------
