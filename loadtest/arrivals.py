@@ -10,8 +10,8 @@ starts, and its phase stays for the whole run (locust's ``constant_throughput``)
 gaps between calls are the same pattern in every period. That is gentler than independent
 calls: on 2026-12-05 at 50 RPS with MiniLM, three paced runs gave p99 20-21 ms and no
 fallback where Poisson runs of the same command gave 28-31 ms and 0.13-0.24 %
-(`session-15-2026-12-05.md`). It is kept to compare with the runs before that day;
-``min_circular_gap`` says how close its users came.
+(`benchmarks/results/rates-2026-12-05.md`, section 4). It is kept to compare with runs measured
+with it; ``min_circular_gap`` says how close its users came.
 
 Pure: the schedule is a function of the random stream and the clock readings it is
 given, so the tests drive it without locust.
