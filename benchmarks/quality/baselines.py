@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.formatting import format_context
+from ibex_context.pipeline.layout import format_context
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding
 

@@ -19,7 +19,7 @@ from ibex_context.pipeline.costing import (
     section_overhead,
     stored_token_counts,
 )
-from ibex_context.pipeline.formatting import lay_out, render_injection
+from ibex_context.pipeline.layout import lay_out, render_injection
 from ibex_context.profiles.model import Format
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ibex_context.models import ChatMessage
-from ibex_context.pipeline.formatting import format_context, lay_out, render_injection
+from ibex_context.pipeline.layout import format_context, lay_out, render_injection
 from ibex_context.profiles.model import Format
 
 from tests.pipeline.helpers import FORMATS, MESSAGES, NONCE, scored

@@ -48,7 +48,7 @@ from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
 from ibex_context.pipeline.costing import count_injection
 from ibex_context.pipeline.deadlines import CallDeadlines
-from ibex_context.pipeline.formatting import lay_out
+from ibex_context.pipeline.layout import lay_out
 from ibex_context.pipeline.outcome import (
     SOURCES,
     Reason,

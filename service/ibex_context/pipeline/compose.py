@@ -21,7 +21,7 @@ from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
 from ibex_context.pipeline.assembly import Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.costing import BlockCosts, count_injection, section_overhead
-from ibex_context.pipeline.formatting import Injection, lay_out
+from ibex_context.pipeline.layout import Injection, lay_out
 from ibex_context.pipeline.packing import pack_ranked
 from ibex_context.pipeline.scoring import rank
 from ibex_context.profiles.model import Profile

@@ -27,7 +27,7 @@ from functools import partial
 
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.formatting import (
+from ibex_context.pipeline.layout import (
     BLOCK_AS_IS,
     SECTION_SEPARATOR,
     Injection,

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from ibex_context.models import MemoryRecord, ScoredMemory
-from ibex_context.pipeline.formatting import format_context
+from ibex_context.pipeline.layout import format_context
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
