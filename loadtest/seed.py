@@ -13,7 +13,7 @@ What it does, in order:
    ``SLICE_MEMORIES`` of one agent (a 1M-memory agent keeps every core busy):
    plausible text of 50-400 tokens from ``loadtest.corpus`` with a fixed seed
    (category mix, confidence, usefulness, retrieval counts, ``created_at`` spread
-   over a year), the token counts the service stores (``costing.stored_token_counts``,
+   over a year), the token counts the service stores (``layout.stored_token_counts``,
    one tokenisation per encoding for a text already in range), sha256 content
    hashes (unique per org+agent), and embeddings from the configured embedder (the
    hashing embedder in one vectorised batch per slice) or random unit vectors; each
@@ -211,7 +211,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(embedder: str, dim: int, vectors: str) -> None:
-    from ibex_context.pipeline.costing import stored_token_counts
+    from ibex_context.pipeline.layout import stored_token_counts
     from ibex_context.tokens.encodings import EncodingRegistry
 
     registry = EncodingRegistry()

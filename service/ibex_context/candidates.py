@@ -67,7 +67,7 @@ class Candidates:
     occurred_at: Floats
     last_injected_at: Floats
     # Per-encoding (and per-format block) token counts written with the memory
-    # (``costing.stored_token_counts``), as the store decoded them: never copied here.
+    # (``layout.stored_token_counts``), as the store decoded them: never copied here.
     token_counts: Sequence[Mapping[str, int]]
     similarity: Floats
     lexical_score: Floats

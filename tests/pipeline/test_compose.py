@@ -13,7 +13,7 @@ from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, Source
 from ibex_context.pipeline.budget import compute_budget
 from ibex_context.pipeline.compose import ComposeInput, Composition, compose
-from ibex_context.pipeline.costing import stored_token_counts
+from ibex_context.pipeline.layout import stored_token_counts
 from ibex_context.profiles.model import BudgetLimits, Profile
 from ibex_context.tokens.catalogue import resolve_model
 from ibex_context.tokens.counting import MessageTokenCounter

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import MemoryRecord
-from ibex_context.pipeline.costing import memory_cost
+from ibex_context.pipeline.layout import memory_cost
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from ibex_context.embedding.base import Embedder
 from ibex_context.errors import EmbeddingError
 from ibex_context.models import FloatVector, NewMemory
-from ibex_context.pipeline.costing import stored_token_counts
+from ibex_context.pipeline.layout import stored_token_counts
 from ibex_context.stores.base import FeedbackUpdate, MemoryWriter, PreparedMemory, UpsertResult
 from ibex_context.tokens.encodings import Encoding, EncodingRegistry
 
@@ -82,7 +82,7 @@ class MemoryWrites:
 
     def memory_token_counts(self, contents: Sequence[str]) -> list[Mapping[str, int]]:
         """What a memory stores: its tokens and its formatted block bodies' tokens per
-        exact stored encoding (``costing.stored_token_counts``), so the request
+        exact stored encoding (``layout.stored_token_counts``), so the request
         path costs it without a tokenizer."""
         exact = self._exact_encodings()
         return [stored_token_counts(content, exact) for content in contents]

@@ -46,7 +46,6 @@ from ibex_context.models import AssemblyRequest, ChatMessage, Degradation
 from ibex_context.pipeline.assembly import Assembly, Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose
-from ibex_context.pipeline.costing import count_injection
 from ibex_context.pipeline.deadlines import CallDeadlines
 from ibex_context.pipeline.layout import lay_out
 from ibex_context.pipeline.outcome import (
@@ -241,7 +240,7 @@ class Assembler:
                     mode=call.profile.injection_mode,
                     nonce=self._nonce(call.request),
                 )
-                tokens = count_injection(injection, call.encoding, self._counter)
+                tokens = injection.tokens(call.encoding, self._counter)
                 if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
                     return self._pass_through(call, sources, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
                 directive_only = Composition(

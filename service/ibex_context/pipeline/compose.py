@@ -2,10 +2,10 @@
 
 Pure (no I/O, no clock): rank the candidates (``candidates.Candidates``,
 the stores' columns; ``scoring.rank``: no per-candidate objects), cost the ones the
-packer reaches (``costing.BlockCosts``: a lookup of the block counts stored at write
+packer reaches (``layout.BlockCosts``: a lookup of the block counts stored at write
 time), walk them in rank order into the budget (``packing.pack_ranked``), and only
 then build objects, for the chosen memories: lay the injection out once
-(``formatting.lay_out``), count it exactly from that layout and render the messages
+(``layout.lay_out``), count it exactly from that layout and render the messages
 from it. Its ``Composition`` (``pipeline.assembly``) is what the call injected: the
 assembler times the step and keeps the composition whole in the call's ``Assembly``.
 """
@@ -20,8 +20,7 @@ from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
 from ibex_context.pipeline.assembly import Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.costing import BlockCosts, count_injection, section_overhead
-from ibex_context.pipeline.layout import Injection, lay_out
+from ibex_context.pipeline.layout import BlockCosts, Injection, lay_out, section_overhead
 from ibex_context.pipeline.packing import pack_ranked
 from ibex_context.pipeline.scoring import rank
 from ibex_context.profiles.model import Profile
@@ -66,7 +65,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         )
 
     directive_only = injection_of(())
-    directive_tokens = count_injection(directive_only, encoding, counter)
+    directive_tokens = directive_only.tokens(encoding, counter)
     budget = compute_budget(
         given.budget.model,
         messages_tokens=given.messages_tokens,
@@ -115,7 +114,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
     was_truncated = packed.was_truncated
     while selected:
         injection = injection_of(selected)
-        injected_tokens = count_injection(injection, encoding, counter)
+        injected_tokens = injection.tokens(encoding, counter)
         # The packer works on per-memory costs; the exact count of the whole injected
         # text is the one that must fit. Drop the weakest until it does (each drop
         # moves handles, so the text is laid out again: a rare event).
