@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from ibex_context.pipeline.budget import IS_CONSTRAINED_BELOW, compute_budget
+from ibex_context.pipeline.budget import IS_CONSTRAINED_BELOW, compute_budget, with_directive
 from ibex_context.profiles.model import BudgetLimits
 from ibex_context.tokens.catalogue import resolve_model
 
@@ -139,3 +139,14 @@ def test_negative_counts_are_rejected() -> None:
         compute_budget(
             resolve_model("gpt-4o", {}), messages_tokens=-1, directive_tokens=0, limits=UNCAPPED, exact=True
         )
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_with_directive_reserves_the_directive_in_the_budget_computed_without_it(exact: bool) -> None:
+    model, limits = resolve_model("gpt-4o", {}), BudgetLimits(max_memory_tokens=4000)
+    before = compute_budget(model, messages_tokens=1000, directive_tokens=0, limits=limits, exact=exact)
+    after = with_directive(before, 300, limits)
+    assert after == compute_budget(
+        model, messages_tokens=1000, directive_tokens=300, limits=limits, exact=exact
+    )
+    assert after.window_remaining == before.window_remaining - 300

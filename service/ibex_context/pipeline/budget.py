@@ -114,3 +114,17 @@ def compute_budget(
         is_constrained=is_constrained,
         window_remaining=remaining,
     )
+
+
+def with_directive(budget: TokenBudget, directive_tokens: int, limits: BudgetLimits) -> TokenBudget:
+    """``budget`` (computed before the directive arrived, with none reserved) once the
+    directive's ``directive_tokens`` are known: the same model, messages and exactness,
+    the directive reserved in full."""
+    return compute_budget(
+        budget.model,
+        messages_tokens=budget.messages_tokens,
+        directive_tokens=directive_tokens,
+        limits=limits,
+        exact=budget.exact,
+        approximation_reason=budget.approximation_reason,
+    )
