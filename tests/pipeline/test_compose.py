@@ -12,7 +12,7 @@ import numpy as np
 from ibex_context.candidates import Candidates
 from ibex_context.models import ChatMessage, MemoryRecord, Source
 from ibex_context.pipeline.budget import compute_budget
-from ibex_context.pipeline.compose import ComposeInput, Composition, compose
+from ibex_context.pipeline.compose import ComposeInput, Composition, compose, directive_only
 from ibex_context.pipeline.layout import stored_token_counts
 from ibex_context.profiles.model import BudgetLimits, Profile
 from ibex_context.tokens.catalogue import resolve_model
@@ -60,7 +60,6 @@ def _run(
             lexical_searched=False,
             profile=profile,
             encoding=encoding,
-            messages_tokens=messages_tokens,
             budget=budget,
             nonce=NONCE,
             now=NOW,
@@ -140,3 +139,46 @@ def test_the_same_input_composes_the_same_result(registry: EncodingRegistry) -> 
     first, second = _run(registry, candidates), _run(registry, candidates)
     assert first.messages == second.messages
     assert [m.memory.id for m in first.memories] == [m.memory.id for m in second.memories]
+
+
+def test_the_directive_alone_is_laid_out_counted_and_reserved_in_the_budget(
+    registry: EncodingRegistry,
+) -> None:
+    profile, counter = Profile(), MessageTokenCounter(registry)
+    model = resolve_model("gpt-4o", profile.models)
+    encoding = registry.get(model.encoding)
+    before = compute_budget(
+        model,
+        messages_tokens=counter.count_messages(MESSAGES, encoding),
+        directive_tokens=0,
+        limits=profile.budget,
+        exact=True,
+    )
+    alone = directive_only(
+        MESSAGES, "Be exact.", profile=profile, nonce=NONCE, encoding=encoding, budget=before, counter=counter
+    )
+    messages = alone.injection.messages(MESSAGES)
+    assert "Be exact." in messages[0].content and alone.injection.handles == {}
+    recount = MessageTokenCounter(registry, cache_size=0)
+    assert alone.tokens == recount.count_messages(messages, encoding) - recount.count_messages(
+        MESSAGES, encoding
+    )
+    assert alone.budget.directive_tokens == alone.tokens
+    assert alone.budget.window_remaining == before.window_remaining - alone.tokens
+
+
+def test_no_directive_lays_out_nothing_and_reserves_nothing(registry: EncodingRegistry) -> None:
+    profile, counter = Profile(), MessageTokenCounter(registry)
+    model = resolve_model("gpt-4o", profile.models)
+    before = compute_budget(model, messages_tokens=50, directive_tokens=0, limits=profile.budget, exact=True)
+    alone = directive_only(
+        MESSAGES,
+        None,
+        profile=profile,
+        nonce=NONCE,
+        encoding=registry.get(model.encoding),
+        budget=before,
+        counter=counter,
+    )
+    assert alone.injection.messages(MESSAGES) == MESSAGES
+    assert alone.tokens == 0 and alone.budget == before

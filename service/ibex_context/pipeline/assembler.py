@@ -45,9 +45,8 @@ from dataclasses import dataclass, field
 from ibex_context.models import AssemblyRequest, ChatMessage, Degradation
 from ibex_context.pipeline.assembly import Assembly, Composition
 from ibex_context.pipeline.budget import TokenBudget, compute_budget
-from ibex_context.pipeline.compose import ComposeInput, compose
+from ibex_context.pipeline.compose import ComposeInput, compose, directive_only
 from ibex_context.pipeline.deadlines import CallDeadlines
-from ibex_context.pipeline.layout import lay_out
 from ibex_context.pipeline.outcome import (
     SOURCES,
     Reason,
@@ -192,7 +191,6 @@ class Assembler:
                 lexical_searched=lexical is not None and lexical.status is SourceStatus.OK,
                 profile=call.profile,
                 encoding=call.encoding,
-                messages_tokens=call.messages_tokens,
                 budget=call.budget,
                 nonce=self._nonce(request),
                 now=self._clock(),
@@ -229,28 +227,28 @@ class Assembler:
         sources = _closed(state.sources)
         reasons = [reason, *(r for r in _reasons(sources) if r != reason)]
         directive = state.directive.content if state.directive else None
-        if directive is not None and call.encoding is not None:
+        if directive is not None and call.encoding is not None and call.budget is not None:
             try:
-                # Laid out and counted as the compose step lays out and counts it.
-                injection = lay_out(
+                # The directive alone, laid out, counted and budgeted by the compose step's code.
+                alone = directive_only(
                     call.request.messages,
-                    directive=directive,
-                    memories=(),
-                    fmt=call.profile.format,
-                    mode=call.profile.injection_mode,
+                    directive,
+                    profile=call.profile,
                     nonce=self._nonce(call.request),
+                    encoding=call.encoding,
+                    budget=call.budget,
+                    counter=self._counter,
                 )
-                tokens = injection.tokens(call.encoding, self._counter)
-                if call.budget is not None and _exceeds_window(call.budget, call.messages_tokens + tokens):
+                if alone.budget.window_remaining < 0:
                     return self._pass_through(call, sources, [*reasons, Reason.DIRECTIVE_EXCEEDS_WINDOW])
-                directive_only = Composition(
-                    injection.messages(call.request.messages),
-                    directive_injected=bool(injection.chunks),
-                    tokens_injected=tokens,
+                injected = Composition(
+                    alone.injection.messages(call.request.messages),
+                    directive_injected=bool(alone.injection.chunks),
+                    tokens_injected=alone.tokens,
                     budget=call.budget,
                 )
                 return self._finish(
-                    call, sources, directive_only, degradation=Degradation.DIRECTIVE_ONLY, reasons=reasons
+                    call, sources, injected, degradation=Degradation.DIRECTIVE_ONLY, reasons=reasons
                 )
             except Exception:
                 log.exception("directive-only fallback failed", extra={"request_id": call.request.request_id})
@@ -368,12 +366,6 @@ def _search_limit(configured: int, profile: Profile) -> int:
     if configured <= 0:
         return 0
     return min(max(configured, profile.budget.max_memories), MAX_SEARCH_LIMIT)
-
-
-def _exceeds_window(budget: TokenBudget, prompt_tokens: int) -> bool:
-    """Whether a prompt of ``prompt_tokens`` leaves less than the response reserve and
-    the safety buffer of the model's window."""
-    return prompt_tokens + budget.response_reserve + budget.safety_buffer > budget.context_window
 
 
 def _query_text(messages: Sequence[ChatMessage], max_chars: int) -> str:

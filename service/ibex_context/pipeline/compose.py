@@ -1,13 +1,16 @@
 """The compose step: what arrived from the stores in, the injected messages out.
 
 Pure (no I/O, no clock): rank the candidates (``candidates.Candidates``,
-the stores' columns; ``scoring.rank``: no per-candidate objects), cost the ones the
-packer reaches (``layout.BlockCosts``: a lookup of the block counts stored at write
-time), walk them in rank order into the budget (``packing.pack_ranked``), and only
-then build objects, for the chosen memories: lay the injection out once
-(``layout.lay_out``), count it exactly from that layout and render the messages
-from it. Its ``Composition`` (``pipeline.assembly``) is what the call injected: the
-assembler times the step and keeps the composition whole in the call's ``Assembly``.
+the stores' columns; ``scoring.rank``: no per-candidate objects), lay the directive
+out alone and count it (``directive_only``: the budget left with it reserved), cost
+the candidates the packer reaches (``layout.BlockCosts``: a lookup of the block counts
+stored at write time), walk them in rank order into the budget
+(``packing.pack_ranked``), and only then build objects, for the chosen memories: lay
+the injection out once (``layout.lay_out``), count it exactly and render the messages
+from that one value. Its ``Composition`` (``pipeline.assembly``) is what the call
+injected: the assembler times the step and keeps the composition whole in the call's
+``Assembly``. The assembler's fallback injects ``directive_only`` as the compose step
+would.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ibex_context.candidates import Candidates
-from ibex_context.models import ChatMessage, FloatVector, ScoredMemory
+from ibex_context.models import ChatMessage, FloatVector
 from ibex_context.pipeline.assembly import Composition
-from ibex_context.pipeline.budget import TokenBudget, compute_budget
+from ibex_context.pipeline.budget import TokenBudget, with_directive
 from ibex_context.pipeline.layout import BlockCosts, Injection, lay_out, section_overhead
 from ibex_context.pipeline.packing import pack_ranked
 from ibex_context.pipeline.scoring import rank
@@ -39,11 +42,45 @@ class ComposeInput:
     lexical_searched: bool
     profile: Profile
     encoding: Encoding
-    messages_tokens: int
-    # The budget before the directive was known (its memory budget is recomputed).
+    # The budget before the directive was known (``directive_only`` reserves it).
     budget: TokenBudget
     nonce: str
     now: float
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveOnly:
+    """The directive laid out alone (no memory), its exact tokens, and the budget with
+    them reserved."""
+
+    injection: Injection
+    tokens: int
+    budget: TokenBudget
+
+
+def directive_only(
+    messages: Sequence[ChatMessage],
+    directive: str | None,
+    *,
+    profile: Profile,
+    nonce: str,
+    encoding: Encoding,
+    budget: TokenBudget,
+    counter: MessageTokenCounter,
+) -> DirectiveOnly:
+    """The injection of ``directive`` alone into ``messages`` (nothing without one) and
+    the budget it leaves: ``budget``, computed before the directive was known, with the
+    directive's exact tokens reserved."""
+    injection = lay_out(
+        messages,
+        directive=directive,
+        memories=(),
+        fmt=profile.format,
+        mode=profile.injection_mode,
+        nonce=nonce,
+    )
+    tokens = injection.tokens(encoding, counter)
+    return DirectiveOnly(injection, tokens, with_directive(budget, tokens, profile.budget))
 
 
 def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
@@ -59,21 +96,16 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
     )
     t1 = time.perf_counter_ns()
 
-    def injection_of(memories: Sequence[ScoredMemory]) -> Injection:
-        return lay_out(
-            given.messages, directive=given.directive, memories=memories, fmt=fmt, mode=mode, nonce=nonce
-        )
-
-    directive_only = injection_of(())
-    directive_tokens = directive_only.tokens(encoding, counter)
-    budget = compute_budget(
-        given.budget.model,
-        messages_tokens=given.messages_tokens,
-        directive_tokens=directive_tokens,
-        limits=profile.budget,
-        exact=given.budget.exact,
-        approximation_reason=given.budget.approximation_reason,
+    alone = directive_only(
+        given.messages,
+        given.directive,
+        profile=profile,
+        nonce=nonce,
+        encoding=encoding,
+        budget=given.budget,
+        counter=counter,
     )
+    directive_tokens, budget = alone.tokens, alone.budget
     if given.directive is not None and budget.window_remaining < 0:
         # The directive would push the prompt into the response reserve (or past the
         # window): inject nothing rather than a prompt the model cannot answer.
@@ -110,10 +142,12 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
     selected = ranking.scored_at(packed.chosen, packed.costs)
     t2 = time.perf_counter_ns()
 
-    injection, injected_tokens = directive_only, directive_tokens
+    injection, injected_tokens = alone.injection, directive_tokens
     was_truncated = packed.was_truncated
     while selected:
-        injection = injection_of(selected)
+        injection = lay_out(
+            given.messages, directive=given.directive, memories=selected, fmt=fmt, mode=mode, nonce=nonce
+        )
         injected_tokens = injection.tokens(encoding, counter)
         # The packer works on per-memory costs; the exact count of the whole injected
         # text is the one that must fit. Drop the weakest until it does (each drop
@@ -123,7 +157,7 @@ def compose(given: ComposeInput, counter: MessageTokenCounter) -> Composition:
         selected.pop()
         was_truncated = True
     if not selected:
-        injection, injected_tokens = directive_only, directive_tokens
+        injection, injected_tokens = alone.injection, directive_tokens
     messages = injection.messages(given.messages)
     t3 = time.perf_counter_ns()
     injected = bool(injection.chunks)
