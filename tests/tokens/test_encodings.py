@@ -110,7 +110,7 @@ def test_loading_never_touches_the_network_or_the_process_environment(tmp_path: 
     assert done.stdout.strip() == "ok"
 
 
-# -- the join rules count_injection relies on -------------------------------------------
+# -- the join rules Injection.tokens relies on ------------------------------------------
 
 # Characters chosen to stress the pre-tokenizer at a join: newlines and other
 # whitespace (incl. Unicode and \r), "/", quotes and contractions, tag and fence
