@@ -1,6 +1,6 @@
 """The embedding queue (``embedding.batching``): queued queries run together, a write's
-texts a few at a time with queries first, each turn all queries or all texts to store,
-abandoned jobs are not computed."""
+texts a few at a time with queries first, orgs' queries in turns, each turn all queries
+or all texts to store, abandoned jobs are not computed."""
 
 from __future__ import annotations
 
@@ -76,6 +76,47 @@ def test_queries_that_queue_behind_a_turn_run_together_in_the_next(
     assert [lengths(f) for f in waiting] == [[1], [2], [3], [4], [5]]
     # Four fit a turn; the fifth waits for the next one.
     assert recorder.turns == [["first"], ["x", "yy", "zzz", "wwww"], ["vvvvv"]]
+
+
+def test_a_flooding_orgs_queries_do_not_hold_another_orgs_query_back(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["a0"], query=True, tenant="org-a")
+    assert recorder.started.wait(WAIT)
+    flood = [queue.submit([f"a{i}"], query=True, tenant="org-a") for i in range(1, 10)]
+    quiet = queue.submit(["b0"], query=True, tenant="org-b")
+    recorder.release.set()
+    assert lengths(quiet) == [2] and lengths(first) == [2]
+    assert all(lengths(f) == [2] for f in flood)
+    # org-b arrived behind nine of org-a's queries and still runs in the next turn.
+    assert recorder.turns[1] == ["b0", "a1", "a2", "a3"]
+
+
+def test_orgs_waiting_together_alternate_within_a_turn(queue: EmbeddingQueue, recorder: Recorder) -> None:
+    recorder.hold()
+    first = queue.submit(["start"], query=True, tenant="org-c")
+    assert recorder.started.wait(WAIT)
+    a = [queue.submit([f"a{i}"], query=True, tenant="org-a") for i in range(3)]
+    b = [queue.submit([f"b{i}"], query=True, tenant="org-b") for i in range(3)]
+    recorder.release.set()
+    for future in (first, *a, *b):
+        future.result(WAIT)
+    assert recorder.turns[1:] == [["a0", "b0", "a1", "b1"], ["a2", "b2"]]
+
+
+def test_an_org_whose_queue_just_emptied_still_counts_as_just_served(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["a0"], query=True, tenant="org-a")  # org-a served, its queue empty
+    assert recorder.started.wait(WAIT)
+    again = queue.submit(["a1"], query=True, tenant="org-a")
+    other = queue.submit(["b0"], query=True, tenant="org-b")
+    recorder.release.set()
+    for future in (first, again, other):
+        future.result(WAIT)
+    assert recorder.turns[1] == ["b0", "a1"]
 
 
 def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(

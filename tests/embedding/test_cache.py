@@ -101,10 +101,12 @@ class ThreadedCountingEmbedder(CountingEmbedder):
     def __init__(self) -> None:
         super().__init__()
         self.submitted: list[list[str]] = []
+        self.tenants: list[str] = []
         self._executor = ThreadPoolExecutor(max_workers=1)
 
-    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+    def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
         self.submitted.append(list(texts))
+        self.tenants.append(tenant)
         return self._executor.submit(lambda: [self._inner.embed_one(t) for t in texts])
 
     async def aclose(self) -> None:
@@ -144,6 +146,18 @@ async def test_begin_hands_a_threaded_embedder_its_work_before_the_loop_turns() 
         vector = await asyncio.shield(pending)
         [again] = await cache.embed(["the query"])
         assert again is vector and cache.counts() == (1, 1, 1)
+    finally:
+        await cache.aclose()
+
+
+async def test_a_threaded_embedder_is_told_whose_queries_it_gets() -> None:
+    # The embedding queue takes orgs in turns (embedding.batching).
+    inner = ThreadedCountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=10)
+    try:
+        await asyncio.shield(cache.begin("a question", org_id="org-a"))
+        await cache.embed(["another question"], org_id="org-b")
+        assert inner.tenants == ["org-a", "org-b"]
     finally:
         await cache.aclose()
 

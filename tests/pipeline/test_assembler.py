@@ -213,7 +213,7 @@ class _Recording:
     name = "recording"
     dim = 384
 
-    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
+    def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
         self.events.append("embed")
         return self._executor.submit(lambda: [self._embedder.embed_one(t) for t in texts])
 

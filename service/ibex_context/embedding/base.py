@@ -38,9 +38,10 @@ class ThreadedEmbedder(Embedder, Protocol):
     over at once (the caller's event loop need not turn first) and never raises for the
     texts; the future's error is an ``EmbeddingError``. Queries may be embedded with a
     cheaper model than ``embed``'s (the texts it stores), whose vectors compare with
-    theirs: MiniLM's int8 query precision."""
+    theirs: MiniLM's int8 query precision. ``tenant`` (the caller's org) is whose queries
+    they are: queries queue per tenant and tenants take turns (``embedding.batching``)."""
 
-    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]: ...
+    def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]: ...
 
 
 @runtime_checkable

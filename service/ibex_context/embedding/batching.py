@@ -7,6 +7,10 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   texts, by default ``max_batch``) in one inference. A batch of 4 short queries costs
   ~7.5 ms of CPU a text against ~11 ms alone (fp32, on the EPYC), and nobody waits for a
   batch to fill: a query alone runs alone, at once.
+* **Orgs take turns.** Queued queries wait per org (``submit``'s ``tenant``), and a
+  turn takes them one at a time from the org served longest ago: an org that floods the
+  process queues behind itself, and another org's query goes into the next turn
+  however many of the flood's wait (a plain FIFO put it behind all of them).
 * **Bulk work never holds a query up for long.** A write (texts to store, however
   few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
   time, and queued queries go before its next chunk: a query waits for at most one
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +44,9 @@ from ibex_context.models import FloatVector
 EmbedBatch = Callable[[list[str], bool], list[FloatVector]]
 
 _log = logging.getLogger(__name__)
+
+# Orgs whose last pick is remembered after their queue emptied: more than call at once.
+_RECENT_TENANTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,14 @@ class _Job:
     next_offset: int = 0  # bulk: the first text no worker has taken yet
     pending: int = 0  # bulk: texts taken and not yet computed, plus those not taken
     failed: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _TenantQueries:
+    """One org's queued queries, and when a turn last took one of them."""
+
+    jobs: deque[_Job] = field(default_factory=deque)
+    served: int = -1  # the ``EmbeddingQueue._taken`` count at its last pick; -1: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +120,12 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
-        self._queries: deque[_Job] = deque()
+        # Queued queries by org; an org's entry goes when its last query is taken.
+        self._queries: dict[str, _TenantQueries] = {}
+        self._taken = 0  # queries taken so far: the round-robin's clock
+        # When the orgs whose queues emptied last were served, so one that queues again at
+        # once (a flood's next query) does not count as never served.
+        self._recently_served: OrderedDict[str, int] = OrderedDict()
         self._bulk: deque[_Job] = deque()
         self._closed = False
         self._ready = threading.Condition()
@@ -115,9 +135,9 @@ class EmbeddingQueue:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, texts: Sequence[str], *, query: bool) -> Future[list[FloatVector]]:
+    def submit(self, texts: Sequence[str], *, query: bool, tenant: str = "") -> Future[list[FloatVector]]:
         """The vectors of ``texts`` (queries, or texts to store), in order, once a worker
-        has computed them."""
+        has computed them. ``tenant``: whose queries they are (queued per tenant)."""
         future: Future[list[FloatVector]] = Future()
         job = _Job(list(texts), future, query)
         if not job.texts:
@@ -127,7 +147,11 @@ class EmbeddingQueue:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
             if query and len(job.texts) <= self._queries_per_turn:
-                self._queries.append(job)
+                queued = self._queries.get(tenant)
+                if queued is None:
+                    served = self._recently_served.pop(tenant, -1)
+                    queued = self._queries[tenant] = _TenantQueries(served=served)
+                queued.jobs.append(job)
             else:
                 job.results = [None] * len(job.texts)
                 job.pending = len(job.texts)
@@ -139,7 +163,7 @@ class EmbeddingQueue:
         """Stops the workers after their current turn; queued jobs are cancelled."""
         with self._ready:
             self._closed = True
-            for job in (*self._queries, *self._bulk):
+            for job in (*(j for q in self._queries.values() for j in q.jobs), *self._bulk):
                 job.future.cancel()
             self._queries.clear()
             self._bulk.clear()
@@ -180,13 +204,34 @@ class EmbeddingQueue:
     def _take_queries(self) -> _Turn | None:
         texts: list[str] = []
         parts: list[tuple[_Job, int, int]] = []
-        while self._queries and len(texts) + len(self._queries[0].texts) <= self._queries_per_turn:
-            job = self._queries.popleft()
+        room = self._queries_per_turn
+        while room and (job := self._next_query(room)) is not None:
             if not job.future.set_running_or_notify_cancel():
                 continue  # its caller has gone
             parts.append((job, 0, len(job.texts)))
             texts.extend(job.texts)
+            room -= len(job.texts)
         return _Turn(texts, parts, query=True) if parts else None
+
+    def _next_query(self, room: int) -> _Job | None:
+        """The first queued query of the org served longest ago whose first query fits
+        in ``room`` texts (taken off its queue), or None. Orgs waiting at once are few."""
+        chosen: tuple[str, _TenantQueries] | None = None
+        for tenant, queued in self._queries.items():
+            if len(queued.jobs[0].texts) <= room and (chosen is None or queued.served < chosen[1].served):
+                chosen = (tenant, queued)
+        if chosen is None:
+            return None
+        tenant, queued = chosen
+        self._taken += 1
+        queued.served = self._taken
+        job = queued.jobs.popleft()
+        if not queued.jobs:
+            del self._queries[tenant]
+            self._recently_served[tenant] = queued.served
+            if len(self._recently_served) > _RECENT_TENANTS:
+                self._recently_served.popitem(last=False)
+        return job
 
     def _take_bulk_chunk(self) -> _Turn | None:
         while self._bulk:

@@ -108,7 +108,7 @@ class CachedEmbedder:
             self.shared += 1
             return pending
         self.misses += 1
-        return self._start([key], [normalised])[0]
+        return self._start([key], [normalised], org_id)[0]
 
     async def embed(self, texts: Sequence[str], *, org_id: str = "") -> list[FloatVector]:
         """The embeddings of ``texts`` for ``org_id``'s call (cached per org)."""
@@ -131,7 +131,8 @@ class CachedEmbedder:
                 self.misses += 1
                 waits.append(None)
         if new_keys:
-            started = dict(zip(new_keys, self._start(list(new_keys), list(new_keys.values())), strict=True))
+            futures = self._start(list(new_keys), list(new_keys.values()), org_id)
+            started = dict(zip(new_keys, futures, strict=True))
             waits = [wait or started[key] for key, wait in zip(keys, waits, strict=True)]
         return [await asyncio.shield(wait) for wait in waits if wait is not None]
 
@@ -152,7 +153,7 @@ class CachedEmbedder:
         done.set_result(cached)
         return done
 
-    def _start(self, keys: list[_Key], texts: list[str]) -> list[asyncio.Future[FloatVector]]:
+    def _start(self, keys: list[_Key], texts: list[str], org_id: str) -> list[asyncio.Future[FloatVector]]:
         """One inner call for ``texts`` (distinct, none cached or in flight), started now."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[FloatVector]] = []
@@ -162,7 +163,7 @@ class CachedEmbedder:
             self._inflight[key] = future
             futures.append(future)
         # A threaded embedder gets the work now; any other starts in the task.
-        submitted = asyncio.wrap_future(self._submit(texts)) if self._submit else None
+        submitted = asyncio.wrap_future(self._submit(texts, tenant=org_id)) if self._submit else None
         task = asyncio.create_task(self._compute(keys, futures, texts, submitted), name="embed-miss")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -122,11 +122,9 @@ class MiniLMEmbedder:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
         self._session = session
         self._query_session = query_session if query_session is not None else session
-        # A quantised graph scales its activations per inference, over every text of the
-        # batch (padding included): batched, a query's vector would depend on the queries
-        # beside it (cosine 0.97-0.99 to itself alone). Run alone, it is its text's alone;
-        # and a turn of one query hands it over as soon as it is computed.
-        self._query_max_batch = 1 if query_session is not None else max_batch
+        # The int8 graph scales each token's activations on their own
+        # (``embedding.minilm_graph``), so queries batch as the fp32 graph's do: a query's
+        # vector is the one it gets alone, whatever runs beside it.
         self._tokenizer = tokenizer
         # The same vocabulary without truncation, for ``text_tail``'s offsets.
         self._whole = _untruncated(tokenizer)
@@ -135,7 +133,6 @@ class MiniLMEmbedder:
             self._embed_or_error,
             workers=workers,
             max_batch=turn_texts,
-            queries_per_turn=1 if query_session is not None else turn_texts,
             name="minilm",
             observe=observe,
         )
@@ -189,12 +186,10 @@ class MiniLMEmbedder:
     def embed_sync(self, texts: Sequence[str], *, query: bool = False) -> list[FloatVector]:
         """The blocking computation (of queries or of texts to store); ``embed`` and
         ``submit_queries`` run it in a worker thread."""
-        session, max_batch = (
-            (self._query_session, self._query_max_batch) if query else (self._session, self._max_batch)
-        )
+        session = self._query_session if query else self._session
         token_ids: list[list[int]] = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
         vectors: list[FloatVector | None] = [None] * len(texts)
-        for chunk in length_batches([len(ids) for ids in token_ids], max_batch):
+        for chunk in length_batches([len(ids) for ids in token_ids], self._max_batch):
             length = max(len(token_ids[i]) for i in chunk)
             ids = np.zeros((len(chunk), length), dtype=np.int64)
             mask = np.zeros((len(chunk), length), dtype=np.int64)
@@ -225,9 +220,9 @@ class MiniLMEmbedder:
             start += 1
         return text[offsets[start if start < len(offsets) else first][0] :]
 
-    def submit_queries(self, texts: Sequence[str]) -> Future[list[FloatVector]]:
-        """Hands queries to the worker threads now (``ThreadedEmbedder``)."""
-        return self._queue.submit(texts, query=True)
+    def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
+        """Hands ``tenant``'s queries to the worker threads now (``ThreadedEmbedder``)."""
+        return self._queue.submit(texts, query=True, tenant=tenant)
 
     def _embed_or_error(self, texts: list[str], query: bool) -> list[FloatVector]:
         try:

