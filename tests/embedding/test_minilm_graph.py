@@ -39,7 +39,7 @@ def test_every_precisions_graph_is_built_into_the_directory_and_runs(tmp_path: P
         assert vectors.shape == (1, 384)
         operators = {n.op_type for n in model.graph.node}
         # int8: the matrix products' weights are int8 (one scale per output channel).
-        assert ("MatMulInteger" in operators) == (precision == "int8"), precision
+        assert ("MatMulIntegerToFloat" in operators) == (precision == "int8"), precision
 
 
 def test_the_int8_graph_is_built_from_the_weights_alone_and_smaller(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_the_int8_graph_scales_each_tokens_activations_on_their_own(tmp_path: Pa
     operators = [n.op_type for n in model.graph.node]
     assert "DynamicQuantizeLinear" not in operators
     # 6 layers x (query/key/value, attention output, feed-forward in, feed-forward out).
-    assert operators.count("MatMulInteger") == 36 and operators.count("ReduceMax") == 24
+    assert operators.count("MatMulIntegerToFloat") == 36 and operators.count("ReduceMax") == 24
 
 
 def test_a_graph_already_there_is_used_not_rebuilt(tmp_path: Path) -> None:

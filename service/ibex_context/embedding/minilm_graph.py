@@ -122,13 +122,25 @@ def build_graph(weights: Mapping[str, _F32], precision: Precision = "fp32") -> b
         # Weights: int8, one scale per output channel. Activations: one scale per token,
         # so a token's product depends on that token alone, never on the batch it runs in
         # (onnxruntime's dynamic quantisation scales the whole tensor, padding included:
-        # a query's vector moved with its batch-mates by up to 0.03).
+        # a query's vector moved with its batch-mates by up to 0.03). The product is
+        # onnxruntime's MatMulIntegerToFloat (integer product, scaled per channel, one
+        # node: as fast alone as the dynamic graph's fused node, measured), then scaled
+        # per token.
         channel_scale = np.maximum(np.abs(matrix).max(axis=0), np.float32(1e-12)) / np.float32(127)
         weight_q = np.clip(np.rint(matrix / channel_scale), -127, 127).astype(np.int8)
         q, token_scale = quantise_tokens(x)
-        product = node("MatMulInteger", [q, const(f"{prefix}.wq", weight_q, np.int8), "u8_128"])
-        product = node("Cast", [product], to=TensorProto.FLOAT)
-        return node("Mul", [node("Mul", [product, token_scale]), const(f"{prefix}.ws", channel_scale)])
+        product = node(
+            "MatMulIntegerToFloat",
+            [
+                q,
+                const(f"{prefix}.wq", weight_q, np.int8),
+                "f_one",
+                const(f"{prefix}.ws", channel_scale),
+                "u8_128",
+            ],
+            domain="com.microsoft",
+        )
+        return node("Mul", [product, token_scale])
 
     def layer_norm(x: str, prefix: str) -> str:
         return node(
@@ -204,7 +216,9 @@ def build_graph(weights: Mapping[str, _F32], precision: Precision = "fp32") -> b
         initializers,
     )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ibex-context"
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="ibex-context",
     )
     model.ir_version = 8  # opset 18's IR: readable by every onnxruntime that runs opset 18
     serialized: bytes = model.SerializeToString()
