@@ -368,6 +368,15 @@ class Settings(BaseSettings):
         "A ContextProfile's admission.ratePerSecond sets it per org. 0: no limit.",
         ge=0,
     )
+    admission_cpu_busy: float = _f(
+        0.8,
+        "Above this fraction of the CPU the process may use (its cores, or its event loop's one), "
+        "an org holds at most its weighted share of the process's cores (one call at least) while "
+        "other orgs are active: a flood's calls then leave the core to a quiet org's (reason "
+        "org_over_share; docs/adr/0014). 1: only when fully busy.",
+        gt=0,
+        le=1,
+    )
     org_active_seconds: float = _f(
         2.0,
         "How long after its last AssembleContext call an org still shares the process: while "

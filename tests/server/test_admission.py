@@ -11,6 +11,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.pipeline.outcome import Reason
 from ibex_context.profiles.schema import Admission
 from ibex_context.server.admission import FairAdmission
+from ibex_context.server.cpu import CpuMeter
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
@@ -76,6 +77,87 @@ def test_for_a_moment_after_the_pool_was_full_an_org_over_its_share_leaves_the_l
     policy.release(B)
     clock.now += 1.0  # not full for a while: free slots are anyone's again
     assert policy.admit(A, PLAIN) is None
+
+
+class Cpu:
+    """The process's CPU clock on ``cpus`` cores, advanced by hand."""
+
+    def __init__(self, clock: Clock, cpus: float) -> None:
+        self.clock = clock
+        self.cpus = cpus
+        self.used = 0.0
+
+    def run(self, seconds: float, busy: float) -> None:
+        """``seconds`` pass with every core ``busy`` (a fraction) of the time."""
+        self.clock.now += seconds
+        self.used += seconds * busy * self.cpus
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter(
+            self.cpus, window=0.1, clock=self.clock, process_clock=lambda: self.used, thread_clock=lambda: 0.0
+        )
+
+
+def busy_admission(cpus: float = 1.0, limit: int = 4) -> tuple[FairAdmission, Cpu]:
+    clock = Clock()
+    cpu = Cpu(clock, cpus)
+    meter = cpu.meter()
+    meter.busy()  # its first reading
+    return FairAdmission(limit, clock=clock, cpu=meter, cpu_busy=0.8), cpu
+
+
+def test_while_the_cpu_is_busy_a_flood_holds_one_call_beside_a_quiet_org_not_its_slot_share() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)  # B calls now and then: active
+    cpu.run(0.2, busy=0.95)
+    assert fill(policy, A, 3) == [None, Reason.ORG_OVER_SHARE, Reason.ORG_OVER_SHARE]
+    assert policy.admit(B, PLAIN) is None  # the quiet org's call runs beside one of the flood's
+    assert policy.running == 2
+
+
+def test_below_the_busy_mark_slot_shares_alone_decide() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    cpu.run(0.2, busy=0.5)
+    assert fill(policy, A, 3) == [None, None, None]
+
+
+def test_an_org_alone_uses_the_whole_pool_however_busy_the_cpu() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    cpu.run(3.0, busy=1.0)
+    assert fill(policy, A, 5) == [None, None, None, None, Reason.OVERLOADED]
+
+
+def test_the_cores_are_shared_by_weight_and_each_org_keeps_one_call() -> None:
+    policy, cpu = busy_admission(cpus=4.0)
+    heavy = Admission(weight=3.0)
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    cpu.run(0.2, busy=0.9)
+    # 4 cores: A (weight 3 of 4) holds 3 calls, B (1 of 4) one.
+    assert fill(policy, A, 4, heavy) == [None, None, None, Reason.ORG_OVER_SHARE]
+    assert fill(policy, B, 2) == [None, Reason.ORG_OVER_SHARE]
+
+
+def test_the_meter_reads_the_process_cpu_over_its_cores_and_the_loops_own_thread() -> None:
+    clock = Clock()
+    process, thread = [0.0], [0.0]
+    meter = CpuMeter(
+        2.0, window=0.1, clock=clock, process_clock=lambda: process[0], thread_clock=lambda: thread[0]
+    )
+    assert meter.busy() == 0.0  # the first reading
+    clock.now += 0.1
+    process[0] += 0.1  # one of two cores
+    assert meter.busy() == pytest.approx(0.5)
+    clock.now += 0.1
+    process[0] += 0.1
+    thread[0] += 0.09  # the event loop's own thread, nearly all the time
+    assert meter.busy() == pytest.approx(0.9)
+    clock.now += 0.05
+    process[0] += 1.0
+    assert meter.busy() == pytest.approx(0.9)  # read again only once a window
 
 
 def test_an_org_within_its_share_is_shed_as_overloaded_when_nobody_is_over_theirs() -> None:

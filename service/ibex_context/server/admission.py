@@ -17,6 +17,11 @@ pass-through answers. Here the pool is shared by the orgs that called in the las
   **within its share** is assembled above the limit (never above twice it) if an org over
   its share holds part of the pool: a quiet org is not made to wait for a flood to finish,
   and the flood's next calls are shed until the process is back under the limit;
+* slots are not the core: while the process's CPU is **busy** (``IBEX_ADMISSION_CPU_BUSY``
+  of what it may use, ``server/cpu.py``) and other orgs are active, an org holds at most
+  its weighted share of the process's **cores** (at least one call), busy slots or not:
+  a flood then runs one call beside a quiet org's, not three, and the quiet org's calls
+  keep their deadline (a slot share alone left the quiet org 67.7 % FULL; ADR-0014);
 * an org may also have a **rate limit** (a token bucket: ``admission.ratePerSecond`` and
   ``burst``, default ``IBEX_ORG_RATE_LIMIT``): a call over it is shed with ``org_over_rate``,
   whether or not the process is busy.
@@ -36,6 +41,7 @@ from collections.abc import Callable
 
 from ibex_context.pipeline.outcome import Reason
 from ibex_context.profiles.schema import Admission
+from ibex_context.server.cpu import CpuMeter
 
 __all__ = ["FairAdmission"]
 
@@ -67,7 +73,8 @@ class FairAdmission:
     """Admits or sheds each AssembleContext call by its org; ``release`` when an admitted call ends.
 
     ``limit`` 0 means no concurrency limit (rate limits still hold). ``default_rate`` is the
-    rate limit of an org whose profile sets none (0: none).
+    rate limit of an org whose profile sets none (0: none). ``cpu``: the process's CPU meter,
+    and ``cpu_busy`` the fraction above which orgs share its cores (none: slots only).
     """
 
     def __init__(
@@ -76,6 +83,8 @@ class FairAdmission:
         *,
         active_seconds: float = 2.0,
         default_rate: float = 0.0,
+        cpu: CpuMeter | None = None,
+        cpu_busy: float = 0.8,
         on_shed: Callable[[Reason], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -85,10 +94,16 @@ class FairAdmission:
             raise ValueError("active_seconds must be > 0")
         if default_rate < 0:
             raise ValueError("default_rate must be >= 0")
+        if not 0 < cpu_busy <= 1:
+            raise ValueError("cpu_busy must be in (0, 1]")
         self._limit = limit
         self._active_seconds = active_seconds
         self._default_rate = default_rate
         self._on_shed = on_shed
+        self._cpu = cpu
+        self._cpu_busy = cpu_busy
+        # The calls that share the cores: one a core the process may use (at least one).
+        self._core_slots = max(1, min(limit or 1, math.floor(cpu.cpus))) if cpu is not None else 0
         self._clock = clock
         self._running = 0
         self._orgs: dict[str, _Org] = {}
@@ -156,6 +171,8 @@ class FairAdmission:
         running = self._running
         if not limit:
             return None
+        if self._over_core_share(org):
+            return Reason.ORG_OVER_SHARE
         if running < limit:
             if now - self._saturated_at > _SATURATED_FOR_SECONDS:
                 return None
@@ -174,6 +191,14 @@ class FairAdmission:
         if self._alone(org):  # its share is the pool
             return Reason.OVERLOADED
         return Reason.ORG_OVER_SHARE
+
+    def _over_core_share(self, org: _Org) -> bool:
+        """At or over its share of the cores while the CPU is busy and others are active
+        (the cheap tests first: the meter reads two clocks once a window)."""
+        if self._cpu is None or not org.inflight or self._alone(org):
+            return False
+        share = max(1, math.floor(self._core_slots * org.weight / self._active_weight + _EPSILON))
+        return org.inflight >= share and self._cpu.busy() >= self._cpu_busy
 
     def _alone(self, org: _Org) -> bool:
         return self._active_weight - org.weight <= _EPSILON

@@ -40,6 +40,7 @@ from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.admission import FairAdmission
+from ibex_context.server.cpu import CpuMeter, available_cpus
 from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.guard import CallGuard, CredentialsFile
 from ibex_context.server.handlers import ContextAssemblyHandler
@@ -249,6 +250,8 @@ class ContextService:
             s.max_concurrent_assemblies,
             active_seconds=s.org_active_seconds,
             default_rate=s.org_rate_limit,
+            cpu=CpuMeter(available_cpus()),
+            cpu_busy=s.admission_cpu_busy,
             on_shed=self.metrics.record_admission_shed,
         )
         self.metrics.track_admission(lambda: admission.active_orgs)
