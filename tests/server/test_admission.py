@@ -141,6 +141,35 @@ def test_the_cores_are_shared_by_weight_and_each_org_keeps_one_call() -> None:
     assert fill(policy, B, 2) == [None, Reason.ORG_OVER_SHARE]
 
 
+def test_an_org_that_used_the_core_lately_starts_no_call_beside_another_orgs() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    assert policy.admit(A, PLAIN) is None
+    cpu.run(2.0, busy=0.95)  # A's calls have held the core for two seconds
+    policy.release(A)
+    assert policy.admit(B, PLAIN) is None  # B, a light user, starts beside nothing or anyone
+    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE  # A, a heavy one, not beside B's call
+    policy.release(B)
+    assert policy.admit(A, PLAIN) is None  # onto the free core
+
+
+def test_the_cores_stay_shared_for_a_second_after_the_cpu_was_last_busy() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    cpu.run(0.2, busy=0.95)
+    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]
+    cpu.run(0.5, busy=0.6)  # under the mark, half a second after it was over
+    assert policy.admit(B, PLAIN) is None  # keeps B active
+    policy.release(B)
+    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE
+    cpu.run(0.6, busy=0.6)  # over a second under the mark: the slots alone decide again
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    assert policy.admit(A, PLAIN) is None
+
+
 def test_the_meter_reads_the_process_cpu_over_its_cores_and_the_loops_own_thread() -> None:
     clock = Clock()
     process, thread = [0.0], [0.0]

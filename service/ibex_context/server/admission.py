@@ -17,11 +17,14 @@ pass-through answers. Here the pool is shared by the orgs that called in the las
   **within its share** is assembled above the limit (never above twice it) if an org over
   its share holds part of the pool: a quiet org is not made to wait for a flood to finish,
   and the flood's next calls are shed until the process is back under the limit;
-* slots are not the core: while the process's CPU is **busy** (``IBEX_ADMISSION_CPU_BUSY``
-  of what it may use, ``server/cpu.py``) and other orgs are active, an org holds at most
-  its weighted share of the process's **cores** (at least one call), busy slots or not:
-  a flood then runs one call beside a quiet org's, not three, and the quiet org's calls
-  keep their deadline (a slot share alone left the quiet org 67.7 % FULL; ADR-0014);
+* slots are not the core. While the process's CPU is **busy** (``IBEX_ADMISSION_CPU_BUSY``
+  of what it may use, ``server/cpu.py``; and for a second after) and other orgs are
+  active, the cores are shared: an org holds at most its weighted share of the process's
+  cores (one call at least), and an org that has **used** more than that share lately
+  (its calls in flight, averaged over about a second) starts a call only onto a free
+  core, never beside another org's call. A flood then runs one call at a time, between
+  a quiet org's calls, and the quiet org's calls keep their deadline (a slot share alone
+  left a quiet org 67.7 % FULL beside a flood; ADR-0014);
 * an org may also have a **rate limit** (a token bucket: ``admission.ratePerSecond`` and
   ``burst``, default ``IBEX_ORG_RATE_LIMIT``): a call over it is shed with ``org_over_rate``,
   whether or not the process is busy.
@@ -52,13 +55,32 @@ _EPSILON = 1e-9
 # calls of an org over its share then costs calls the single pool assembled (57 against 12
 # a minute at 50 RPS from four orgs, with the last slot always kept free).
 _SATURATED_FOR_SECONDS = 0.5
+# How long a process found CPU-busy shares its cores: a flood held to one call at a time
+# leaves the CPU a little under the mark, and would flood again at once without it.
+_CPU_BUSY_FOR_SECONDS = 1.0
+# The time constant of an org's usage (its calls in flight, exponentially averaged).
+_USAGE_SECONDS = 1.0
 
 
 class _Org:
-    __slots__ = ("burst", "counted", "inflight", "last_seen", "rate", "refilled_at", "tokens", "weight")
+    __slots__ = (
+        "burst",
+        "counted",
+        "inflight",
+        "last_seen",
+        "rate",
+        "refilled_at",
+        "tokens",
+        "usage",
+        "usage_at",
+        "weight",
+    )
 
     def __init__(self, now: float) -> None:
         self.inflight = 0
+        # Its calls in flight averaged over ~``_USAGE_SECONDS`` (as of ``usage_at``).
+        self.usage = 0.0
+        self.usage_at = now
         self.last_seen = now
         self.weight = 0.0
         # Whether ``weight`` is in ``FairAdmission._active_weight``.
@@ -67,6 +89,13 @@ class _Org:
         self.burst = 1.0
         self.tokens = 0.0
         self.refilled_at = now
+
+
+def _settle_usage(org: _Org, now: float) -> None:
+    """``org.usage`` brought to ``now`` (``inflight`` unchanged since ``usage_at``)."""
+    decay = math.exp(-(now - org.usage_at) / _USAGE_SECONDS)
+    org.usage = org.inflight + (org.usage - org.inflight) * decay
+    org.usage_at = now
 
 
 class FairAdmission:
@@ -106,6 +135,7 @@ class FairAdmission:
         self._core_slots = max(1, min(limit or 1, math.floor(cpu.cpus))) if cpu is not None else 0
         self._clock = clock
         self._running = 0
+        self._cpu_busy_at = -math.inf
         self._orgs: dict[str, _Org] = {}
         # The orgs with calls in flight: at most ``running`` of them.
         self._busy: dict[str, _Org] = {}
@@ -149,6 +179,7 @@ class FairAdmission:
             return reason
         if org.rate:
             org.tokens -= 1.0
+        _settle_usage(org, now)
         org.inflight += 1
         if org.inflight == 1:
             self._busy[org_id] = org
@@ -160,6 +191,7 @@ class FairAdmission:
         org = self._busy.get(org_id)
         if org is None:
             return
+        _settle_usage(org, self._clock())
         org.inflight -= 1
         if org.inflight == 0:
             del self._busy[org_id]
@@ -171,7 +203,7 @@ class FairAdmission:
         running = self._running
         if not limit:
             return None
-        if self._over_core_share(org):
+        if self._over_core_share(org, now):
             return Reason.ORG_OVER_SHARE
         if running < limit:
             if now - self._saturated_at > _SATURATED_FOR_SECONDS:
@@ -192,13 +224,23 @@ class FairAdmission:
             return Reason.OVERLOADED
         return Reason.ORG_OVER_SHARE
 
-    def _over_core_share(self, org: _Org) -> bool:
-        """At or over its share of the cores while the CPU is busy and others are active
-        (the cheap tests first: the meter reads two clocks once a window)."""
-        if self._cpu is None or not org.inflight or self._alone(org):
+    def _over_core_share(self, org: _Org, now: float) -> bool:
+        """While the CPU is busy and others are active: at its share of the cores, or a
+        heavy user of them wanting a core another call holds (the cheap tests first: the
+        meter reads two clocks once a window)."""
+        if self._cpu is None or self._alone(org):
             return False
-        share = max(1, math.floor(self._core_slots * org.weight / self._active_weight + _EPSILON))
-        return org.inflight >= share and self._cpu.busy() >= self._cpu_busy
+        fair = self._core_slots * org.weight / self._active_weight
+        share = max(1, math.floor(fair + _EPSILON))
+        if org.inflight < share:
+            _settle_usage(org, now)
+            if org.usage < fair:
+                return False  # a light user within its share: the slots decide
+        if self._cpu.busy() >= self._cpu_busy:
+            self._cpu_busy_at = now
+        elif now - self._cpu_busy_at > _CPU_BUSY_FOR_SECONDS:
+            return False
+        return org.inflight >= share or self._running >= self._core_slots
 
     def _alone(self, org: _Org) -> bool:
         return self._active_weight - org.weight <= _EPSILON
