@@ -369,7 +369,7 @@ class Settings(BaseSettings):
         ge=0,
     )
     admission_cpu_busy: float = _f(
-        0.8,
+        0.6,
         "Above this fraction of the CPU the process may use (its cores, or its event loop's one), "
         "an org holds at most its weighted share of the process's cores (one call at least) while "
         "other orgs are active: a flood's calls then leave the core to a quiet org's (reason "

@@ -106,21 +106,44 @@ def busy_admission(cpus: float = 1.0, limit: int = 4) -> tuple[FairAdmission, Cp
     return FairAdmission(limit, clock=clock, cpu=meter, cpu_busy=0.8), cpu
 
 
-def test_while_the_cpu_is_busy_a_flood_holds_one_call_beside_a_quiet_org_not_its_slot_share() -> None:
+def flood(policy: FairAdmission, cpu: Cpu, profile: Admission = PLAIN, *, pool: int = 4) -> None:
+    """B calls now and then; A fills the pool, is shed past it, and holds the CPU busy for
+    two seconds; then A's calls end."""
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    assert fill(policy, A, pool, profile)[-1] is None
+    cpu.run(2.0, busy=0.95)
+    assert policy.admit(A, profile) is Reason.ORG_OVER_SHARE  # asks for more than it gets
+    for _ in range(policy.running):
+        policy.release(A)
+
+
+def test_while_the_cpu_is_busy_a_flood_runs_one_call_at_a_time_and_never_beside_a_quiet_orgs() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    flood(policy, cpu)
+    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]  # one call: its share of one core
+    assert policy.admit(B, PLAIN) is None  # the quiet org is not held back
+    policy.release(A)
+    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE  # not beside B's call
+    policy.release(B)
+    assert policy.admit(A, PLAIN) is None  # onto the free core
+
+
+def test_orgs_that_get_what_they_ask_for_are_not_held_back_however_busy_the_cpu() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     assert policy.admit(B, PLAIN) is None
-    policy.release(B)  # B calls now and then: active
-    cpu.run(0.2, busy=0.95)
-    assert fill(policy, A, 3) == [None, Reason.ORG_OVER_SHARE, Reason.ORG_OVER_SHARE]
-    assert policy.admit(B, PLAIN) is None  # the quiet org's call runs beside one of the flood's
-    assert policy.running == 2
+    assert fill(policy, A, 3) == [None, None, None]  # the slots alone decide
+    cpu.run(1.0, busy=0.95)
+    policy.release(A)
+    assert policy.admit(A, PLAIN) is None
 
 
 def test_below_the_busy_mark_slot_shares_alone_decide() -> None:
     policy, cpu = busy_admission(cpus=1.0)
-    assert policy.admit(B, PLAIN) is None
+    flood(policy, cpu)
+    cpu.run(1.2, busy=0.5)
+    assert policy.admit(B, PLAIN) is None  # B still active
     policy.release(B)
-    cpu.run(0.2, busy=0.5)
     assert fill(policy, A, 3) == [None, None, None]
 
 
@@ -128,46 +151,40 @@ def test_an_org_alone_uses_the_whole_pool_however_busy_the_cpu() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     cpu.run(3.0, busy=1.0)
     assert fill(policy, A, 5) == [None, None, None, None, Reason.OVERLOADED]
+    cpu.run(1.0, busy=1.0)
+    policy.release(A)
+    assert policy.admit(A, PLAIN) is None
 
 
-def test_the_cores_are_shared_by_weight_and_each_org_keeps_one_call() -> None:
+def test_the_cores_are_shared_by_weight() -> None:
     policy, cpu = busy_admission(cpus=4.0)
     heavy = Admission(weight=3.0)
-    assert policy.admit(B, PLAIN) is None
-    policy.release(B)
-    cpu.run(0.2, busy=0.9)
-    # 4 cores: A (weight 3 of 4) holds 3 calls, B (1 of 4) one.
+    flood(policy, cpu, heavy)
+    # 4 cores: A (weight 3 of 4) holds 3 calls.
     assert fill(policy, A, 4, heavy) == [None, None, None, Reason.ORG_OVER_SHARE]
-    assert fill(policy, B, 2) == [None, Reason.ORG_OVER_SHARE]
-
-
-def test_an_org_that_used_the_core_lately_starts_no_call_beside_another_orgs() -> None:
-    policy, cpu = busy_admission(cpus=1.0)
-    assert policy.admit(B, PLAIN) is None
-    policy.release(B)
-    assert policy.admit(A, PLAIN) is None
-    cpu.run(2.0, busy=0.95)  # A's calls have held the core for two seconds
-    policy.release(A)
-    assert policy.admit(B, PLAIN) is None  # B, a light user, starts beside nothing or anyone
-    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE  # A, a heavy one, not beside B's call
-    policy.release(B)
-    assert policy.admit(A, PLAIN) is None  # onto the free core
 
 
 def test_the_cores_stay_shared_for_a_second_after_the_cpu_was_last_busy() -> None:
     policy, cpu = busy_admission(cpus=1.0)
-    assert policy.admit(B, PLAIN) is None
-    policy.release(B)
-    cpu.run(0.2, busy=0.95)
-    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]
-    cpu.run(0.5, busy=0.6)  # under the mark, half a second after it was over
+    flood(policy, cpu)
+    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]  # busy: read now
+    cpu.run(0.5, busy=0.5)  # under the mark, half a second after it was over
     assert policy.admit(B, PLAIN) is None  # keeps B active
     policy.release(B)
     assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE
-    cpu.run(0.6, busy=0.6)  # over a second under the mark: the slots alone decide again
-    assert policy.admit(B, PLAIN) is None
+    cpu.run(0.6, busy=0.5)  # over a second under the mark: the slots alone decide again
+    assert policy.admit(B, PLAIN) is None  # keeps B active
     policy.release(B)
     assert policy.admit(A, PLAIN) is None
+
+
+def test_an_org_no_longer_shed_for_a_second_is_no_longer_held_back() -> None:
+    policy, cpu = busy_admission(cpus=1.0)
+    flood(policy, cpu)
+    cpu.run(1.1, busy=0.95)  # A not shed since the flood
+    assert policy.admit(B, PLAIN) is None
+    policy.release(B)
+    assert fill(policy, A, 2) == [None, None]
 
 
 def test_the_meter_reads_the_process_cpu_over_its_cores_and_the_loops_own_thread() -> None:

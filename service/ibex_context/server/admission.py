@@ -19,12 +19,14 @@ pass-through answers. Here the pool is shared by the orgs that called in the las
   and the flood's next calls are shed until the process is back under the limit;
 * slots are not the core. While the process's CPU is **busy** (``IBEX_ADMISSION_CPU_BUSY``
   of what it may use, ``server/cpu.py``; and for a second after) and other orgs are
-  active, the cores are shared: an org holds at most its weighted share of the process's
-  cores (one call at least), and an org that has **used** more than that share lately
-  (its calls in flight, averaged over about a second) starts a call only onto a free
-  core, never beside another org's call. A flood then runs one call at a time, between
-  a quiet org's calls, and the quiet org's calls keep their deadline (a slot share alone
-  left a quiet org 67.7 % FULL beside a flood; ADR-0014);
+  active, the cores are shared: an org that asks for more than it gets (a call of it was
+  shed in the last second) and has **used** more than its weighted share of the
+  process's cores lately (its calls in flight, averaged over about a second) holds at
+  most that share (one call at least), and starts a call only onto a free core, never
+  beside another org's call. A flood then runs one call at a time, between a quiet org's
+  calls, and the quiet org's calls keep their deadline (a slot share alone left a quiet
+  org 67.7 % FULL beside a flood; ADR-0014). Orgs that get all they ask for are not
+  held back, so an even load is admitted as before;
 * an org may also have a **rate limit** (a token bucket: ``admission.ratePerSecond`` and
   ``burst``, default ``IBEX_ORG_RATE_LIMIT``): a call over it is shed with ``org_over_rate``,
   whether or not the process is busy.
@@ -58,6 +60,8 @@ _SATURATED_FOR_SECONDS = 0.5
 # How long a process found CPU-busy shares its cores: a flood held to one call at a time
 # leaves the CPU a little under the mark, and would flood again at once without it.
 _CPU_BUSY_FOR_SECONDS = 1.0
+# How long an org whose call was shed counts as asking for more than it gets.
+_PRESSED_FOR_SECONDS = 1.0
 # The time constant of an org's usage (its calls in flight, exponentially averaged).
 _USAGE_SECONDS = 1.0
 
@@ -70,6 +74,7 @@ class _Org:
         "last_seen",
         "rate",
         "refilled_at",
+        "shed_at",
         "tokens",
         "usage",
         "usage_at",
@@ -81,6 +86,7 @@ class _Org:
         # Its calls in flight averaged over ~``_USAGE_SECONDS`` (as of ``usage_at``).
         self.usage = 0.0
         self.usage_at = now
+        self.shed_at = -math.inf  # when a call of it was last shed
         self.last_seen = now
         self.weight = 0.0
         # Whether ``weight`` is in ``FairAdmission._active_weight``.
@@ -113,7 +119,7 @@ class FairAdmission:
         active_seconds: float = 2.0,
         default_rate: float = 0.0,
         cpu: CpuMeter | None = None,
-        cpu_busy: float = 0.8,
+        cpu_busy: float = 0.6,
         on_shed: Callable[[Reason], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -174,6 +180,7 @@ class FairAdmission:
             org.weight = weight
         reason = self._refused(org, admission, now)
         if reason is not None:
+            org.shed_at = now
             if self._on_shed is not None:
                 self._on_shed(reason)
             return reason
@@ -225,21 +232,22 @@ class FairAdmission:
         return Reason.ORG_OVER_SHARE
 
     def _over_core_share(self, org: _Org, now: float) -> bool:
-        """While the CPU is busy and others are active: at its share of the cores, or a
-        heavy user of them wanting a core another call holds (the cheap tests first: the
-        meter reads two clocks once a window)."""
-        if self._cpu is None or self._alone(org):
+        """While the CPU is busy and others are active: an org asking for more than it gets
+        (shed in the last second) that has used more than its share of the cores lately is
+        at its share, or wants a core another call holds. Orgs that get what they ask for
+        are never held back here: at an even load nothing changes (the cheap tests first:
+        the meter reads two clocks once a window)."""
+        if self._cpu is None or now - org.shed_at > _PRESSED_FOR_SECONDS or self._alone(org):
             return False
         fair = self._core_slots * org.weight / self._active_weight
-        share = max(1, math.floor(fair + _EPSILON))
-        if org.inflight < share:
-            _settle_usage(org, now)
-            if org.usage < fair:
-                return False  # a light user within its share: the slots decide
+        _settle_usage(org, now)
+        if org.usage < fair:
+            return False
         if self._cpu.busy() >= self._cpu_busy:
             self._cpu_busy_at = now
         elif now - self._cpu_busy_at > _CPU_BUSY_FOR_SECONDS:
             return False
+        share = max(1, math.floor(fair + _EPSILON))
         return org.inflight >= share or self._running >= self._core_slots
 
     def _alone(self, org: _Org) -> bool:
