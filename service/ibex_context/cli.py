@@ -181,7 +181,7 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     """Apply the SQL migrations to IBEX_POSTGRES_DSN (idempotent)."""
     import asyncpg
 
-    from ibex_context.stores.migrate import migrate as run_migrations
+    from ibex_context.stores.postgres.migrate import migrate as run_migrations
 
     settings = _settings()
     try:

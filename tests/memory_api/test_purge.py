@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 from ibex_context.errors import StoreUnavailable
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
+from ibex_context.stores.redis.cache import CACHE_ERRORS, RedisContextCache
 
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock

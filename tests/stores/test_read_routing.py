@@ -27,8 +27,8 @@ from ibex_context.stores.read_routing import (
     parse_lsn,
     write_mark_key,
 )
-from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
+from ibex_context.stores.redis.wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant

@@ -37,7 +37,7 @@ class AgentRowsPurged(Protocol):
 
 
 class TenantRows(Protocol):
-    """The truth's side of a purge (``stores.tenant_data.TenantData``)."""
+    """The truth's side of a purge (``stores.postgres.tenant_data.TenantData``)."""
 
     def agents_of_org(self, org_id: str) -> Awaitable[list[str]]: ...
     def purge_agent(

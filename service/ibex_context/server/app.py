@@ -53,13 +53,13 @@ from ibex_context.server.rpc import service_names
 from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls, unverified_tls_warning
+from ibex_context.stores.postgres.migrate import check_schema
+from ibex_context.stores.postgres.tenant_data import TenantData
 from ibex_context.stores.read_routing import build_read_routing
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
-from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.redis.cache import CACHE_ERRORS, RedisContextCache
+from ibex_context.stores.redis.topology import RedisTopology
 from ibex_context.stores.repository import ContextRepository
-from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 

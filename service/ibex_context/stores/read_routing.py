@@ -40,8 +40,8 @@ from redis.exceptions import RedisError
 
 from ibex_context.errors import StoreError
 from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.redis_topology import RedisClient, RedisTopology
-from ibex_context.stores.redis_wire import RedisReads
+from ibex_context.stores.redis.topology import RedisClient, RedisTopology
+from ibex_context.stores.redis.wire import RedisReads
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings

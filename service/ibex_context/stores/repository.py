@@ -38,11 +38,19 @@ import asyncpg
 from ibex_context.candidates import Candidates
 from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
-from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.base import (
+    DirectiveState,
+    FeedbackUpdate,
+    Injection,
+    MemoryCounters,
+    PreparedMemory,
+    StoreHealth,
+    UpsertResult,
+)
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
+from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.read_routing import ReadRouting
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
+from ibex_context.stores.redis.cache import CACHE_ERRORS, RedisContextCache
 
 _log = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 10.0

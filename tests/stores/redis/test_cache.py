@@ -9,16 +9,16 @@ import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
 from ibex_context.stores import redis as redis_module
+from ibex_context.stores.base import DirectiveState, MemoryCounters
 from ibex_context.stores.hot_score import frequency_weight
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis import (
+from ibex_context.stores.redis.cache import (
     RedisContextCache,
     create_redis_client,
     directive_key,
     hot_data_key,
     hot_set_key,
 )
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.wire import PipelinedRedis
 
 from tests.conftest import Tenant
 from tests.stores.helpers import records, unit_vector

@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
-from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
-from ibex_context.stores.redis_sentinel import SentinelLocator
-from ibex_context.stores.redis_topology import RedisTopology
-from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint
+from ibex_context.stores.base import DirectiveState
+from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.redis.cache import RedisContextCache, directive_key, hot_data_key
+from ibex_context.stores.redis.sentinel import SentinelLocator
+from ibex_context.stores.redis.topology import RedisTopology
+from ibex_context.stores.redis.wire import PipelinedRedis, RedisEndpoint
 from ibex_context.stores.repository import ContextRepository
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError

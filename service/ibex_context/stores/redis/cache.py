@@ -10,7 +10,7 @@ cluster slot and the Lua scripts below may touch them together:
   a slow reader filling the cache cannot overwrite a newer write.
 * ``{org}:hot_memories:{agent}``     ZSET memory id -> write-time score (top N).
 * ``{org}:hot_memory_data:{agent}``  HASH memory id -> encoded record
-  (``stores.hot_record``), plus the field ``~`` marking the hot set as built. A
+  (``stores.redis.hot_record``), plus the field ``~`` marking the hot set as built. A
   rebuild that finds no memories writes no key: a caller cycling random agent
   ids would otherwise fill Redis with markers. An agent whose last memory was
   deleted keeps the marker and no ZSET ("empty", told apart from "missing").
@@ -34,18 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
-
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+from ibex_context.stores.base import DirectiveState, MemoryCounters, StoreHealth
 from ibex_context.stores.hot_score import frequency_lua, frequency_weight
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis_topology import RedisClient, RedisTopology
-from ibex_context.stores.redis_wire import LuaScript, RedisReads
+from ibex_context.stores.redis.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+from ibex_context.stores.redis.topology import RedisClient, RedisTopology
+from ibex_context.stores.redis.wire import LuaScript, RedisReads
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
 
 # What the cache's calls raise when Redis fails (the callers degrade, retry or answer UNAVAILABLE).
 CACHE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
@@ -58,7 +56,7 @@ CLUSTER_CONCURRENCY = 16
 GENERATION_TTL_SECONDS = 86_400
 
 # Answers false when the hot set is missing, else the best ``limit`` records in rank
-# order, as stored (``stores.hot_record.decode_records`` reads them). A record of an
+# order, as stored (``stores.redis.hot_record.decode_records`` reads them). A record of an
 # older format makes the whole set read as missing, so the repository rebuilds it in
 # this one.
 _READ_HOT = f"""
@@ -125,7 +123,7 @@ return removed
 
 # Records injections in the hot set without PostgreSQL: for each member that is in
 # the hot set (as a record of the current format), set its counters to the values
-# PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.hot_record``)
+# PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.redis.hot_record``)
 # and move its score by the change of the frequency term, the only term the counters
 # feed: score += weight * (frequency(new) - frequency(old)), ``ranking.frequency``
 # generated as Lua (``hot_score.frequency_lua``). Members that are not
@@ -261,7 +259,7 @@ class RedisContextCache:
     the repository decides what a failure means (miss, or best-effort invalidation).
 
     Two clients of the same Redis (one server, Sentinel or Cluster:
-    ``stores.redis_topology``): ``reads`` (``stores.redis_wire``) serves the two
+    ``stores.redis.topology``): ``reads`` (``stores.redis.wire``) serves the two
     reads every AssembleContext call makes (directive, hot set), at 30-60 % of
     redis-py's CPU and safe to cancel; ``client`` (redis-py) does everything else.
     It owns both: ``aclose()`` closes them."""

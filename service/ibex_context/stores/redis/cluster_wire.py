@@ -19,11 +19,7 @@ import dataclasses
 import logging
 import math
 
-from redis.exceptions import AskError, ClusterError, MovedError, RedisError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ibex_context.stores.redis_wire import (
+from ibex_context.stores.redis.wire import (
     Argument,
     PipelinedRedis,
     RedisEndpoint,
@@ -32,6 +28,9 @@ from ibex_context.stores.redis_wire import (
     open_connection,
     pack_command,
 )
+from redis.exceptions import AskError, ClusterError, MovedError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _log = logging.getLogger(__name__)
 

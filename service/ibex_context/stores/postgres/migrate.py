@@ -1,4 +1,4 @@
-"""Versioned SQL migrations: ``stores/migrations/NNNN_name.sql``, applied in order.
+"""Versioned SQL migrations: ``stores/postgres/migrations/NNNN_name.sql``, applied in order.
 
 Each migration runs in its own transaction, holding a transaction-scoped advisory
 lock, and is recorded in ``schema_migrations``; a migrator that finds it already

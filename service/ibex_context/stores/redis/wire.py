@@ -8,8 +8,8 @@ And redis-py's connection release is not cancellation-safe, so a read cancelled 
 its deadline had to be shielded (an extra task per call).
 
 Design: ONE persistent connection per process and server (behind Sentinel: the
-primary the sentinels name, ``stores.redis_sentinel``; in a Cluster: one per primary,
-``stores.redis_cluster_wire``), requests pipelined on it and replies
+primary the sentinels name, ``stores.redis.sentinel``; in a Cluster: one per primary,
+``stores.redis.cluster_wire``), requests pipelined on it and replies
 matched to requests in order (a FIFO of futures); hiredis encodes the commands
 (``pack_command``) and parses the replies (``Reader``). Redis executes commands one
 at a time anyway, so one pipelined socket loses nothing to a pool and needs no
@@ -43,6 +43,7 @@ from typing import Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
 import hiredis
+from ibex_context.errors import ConfigurationError
 from redis.asyncio.connection import parse_url
 from redis.exceptions import (
     AskError,
@@ -54,8 +55,6 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ibex_context.errors import ConfigurationError
 
 Argument = str | bytes | int | float
 # What parse_url may return that this client implements; anything else in the URL is
