@@ -220,5 +220,19 @@ class InjectionRecorder(Protocol):
     async def record_injections(self, injections: Sequence[Injection]) -> None: ...
 
 
+class WriteMarkStore(Protocol):
+    """Each agent's last write's WAL position, seen by every process
+    (``stores.redis.write_marks``): the read routing sends an agent's searches to a
+    replica only once it has replayed the mark. ``put`` and ``get`` raise CacheError."""
+
+    def put(self, org_id: str, agent_id: str, lsn: int) -> Awaitable[None]: ...
+
+    def get(self, org_id: str, agent_id: str) -> Awaitable[int]: ...
+
+    def forget_expired(self) -> None: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
+
 class HealthProbe(Protocol):
     async def check_health(self) -> StoreHealth: ...

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
-from ibex_context.stores import redis as redis_module
+from ibex_context.stores.redis import cache as redis_module
 from ibex_context.stores.base import DirectiveState, MemoryCounters
 from ibex_context.stores.hot_score import frequency_weight
 from ibex_context.stores.redis.cache import (
@@ -141,7 +141,7 @@ async def test_warm_up_loads_every_script(redis_cache: RedisContextCache, redis_
     try:
         await client.script_flush()
         await redis_cache.warm_up(connections=2)
-        from ibex_context.stores import redis as module
+        from ibex_context.stores.redis import cache as module
 
         scripts = [
             module._READ_HOT,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
+from ibex_context.errors import CacheError
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
 from ibex_context.stores.base import DirectiveState
@@ -142,8 +143,8 @@ async def calls_until(
 ) -> int:
     """Until ``done``: the repository's directive read (what every AssembleContext call
     makes) answers the directive each time, from Redis or PostgreSQL; and the cache's own
-    writes and reads (of another agent) answer or raise a RedisError (what the
-    repository turns into a degraded call), never anything else, never past a bound.
+    writes and reads (of another agent) answer or raise a CacheError of a RedisError (what
+    the repository turns into a degraded call), never anything else, never past a bound.
     Returns how many cache calls raised."""
     scratch = str(uuid.uuid4())
     failed, version = 0, 10
@@ -157,7 +158,8 @@ async def calls_until(
         ):
             try:
                 await asyncio.wait_for(call, PATIENCE_SECONDS)
-            except RedisError:
+            except CacheError as exc:
+                assert isinstance(exc.__cause__, RedisError)
                 failed += 1
         await asyncio.sleep(0.05)
     return failed
@@ -169,7 +171,7 @@ async def eventually(check: object, what: str) -> None:
         try:
             if await check():  # type: ignore[operator]
                 return
-        except RedisError:
+        except CacheError:
             pass
         await asyncio.sleep(0.1)
     pytest.fail(f"{what} within {PATIENCE_SECONDS} s")

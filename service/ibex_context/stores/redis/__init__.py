@@ -8,5 +8,6 @@ as ``errors.CacheError``. The names most callers need are re-exported here.
 
 from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
 from ibex_context.stores.redis.topology import RedisTopology
+from ibex_context.stores.redis.write_marks import WriteMarks
 
-__all__ = ["RedisContextCache", "RedisTopology", "create_redis_client"]
+__all__ = ["RedisContextCache", "RedisTopology", "WriteMarks", "create_redis_client"]

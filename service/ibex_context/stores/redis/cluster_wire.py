@@ -19,6 +19,10 @@ import dataclasses
 import logging
 import math
 
+from redis.exceptions import AskError, ClusterError, MovedError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from ibex_context.stores.redis.wire import (
     Argument,
     PipelinedRedis,
@@ -28,9 +32,6 @@ from ibex_context.stores.redis.wire import (
     open_connection,
     pack_command,
 )
-from redis.exceptions import AskError, ClusterError, MovedError, RedisError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _log = logging.getLogger(__name__)
 

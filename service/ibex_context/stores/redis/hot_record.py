@@ -38,6 +38,7 @@ from itertools import accumulate, chain, repeat
 from operator import itemgetter
 
 import numpy as np
+
 from ibex_context.candidates import Candidates, Rows, VectorMatrix
 from ibex_context.models import FloatVector, MemoryRecord, Source
 

@@ -12,9 +12,10 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
-from ibex_context.stores.redis.wire import RedisEndpoint, open_connection, pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+
+from ibex_context.stores.redis.wire import RedisEndpoint, open_connection, pack_command
 
 
 class SentinelLocator:

@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
 from ibex_context.errors import ConfigurationError
 from ibex_context.settings import Settings
 from ibex_context.stores.redis.cluster_wire import PipelinedRedisCluster
 from ibex_context.stores.redis.sentinel import SentinelLocator
 from ibex_context.stores.redis.wire import PipelinedRedis, RedisEndpoint, RedisReads
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import NoBackoff
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 Mode = Literal["standalone", "sentinel", "cluster"]

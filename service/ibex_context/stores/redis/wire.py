@@ -43,7 +43,6 @@ from typing import Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
 import hiredis
-from ibex_context.errors import ConfigurationError
 from redis.asyncio.connection import parse_url
 from redis.exceptions import (
     AskError,
@@ -55,6 +54,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ibex_context.errors import ConfigurationError
 
 Argument = str | bytes | int | float
 # What parse_url may return that this client implements; anything else in the URL is
