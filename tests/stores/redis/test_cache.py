@@ -8,9 +8,9 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
-from ibex_context.stores.redis import cache as redis_module
 from ibex_context.stores.base import DirectiveState, MemoryCounters
 from ibex_context.stores.hot_score import frequency_weight
+from ibex_context.stores.redis import cache as redis_module
 from ibex_context.stores.redis.cache import (
     RedisContextCache,
     create_redis_client,
