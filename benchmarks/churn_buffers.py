@@ -37,8 +37,8 @@ from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.stores.base import Injection, PreparedMemory
 from ibex_context.stores.cold_plan import ColdPlan
-from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres.migrate import migrate
 from ibex_context.stores.postgres.reads import HOT_SET_SQL
 from ibex_context.stores.postgres.searches import LEXICAL_ARRAYS_SQL, SEARCH_ARRAYS_SQL
 

@@ -27,7 +27,7 @@ from ibex_context.models import FloatVector
 from ibex_context.profiles.model import Scoring
 from ibex_context.stores.base import ListOrder, MemoryFilter
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock

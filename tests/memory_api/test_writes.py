@@ -16,8 +16,8 @@ from ibex_context.errors import EmbeddingError
 from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites, content_hash
 from ibex_context.models import FloatVector, NewMemory
 from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres.tenant_data import TenantData
 from ibex_context.stores.repository import ContextRepository
-from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.conftest import Tenant

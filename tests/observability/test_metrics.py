@@ -13,7 +13,7 @@ from ibex_context.observability.metrics import (
     normalise_reason,
 )
 from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, SourceStatus, StageSpan, plan_detail
-from ibex_context.stores.read_routing import ReplicaStatus
+from ibex_context.stores.postgres.read_routing import ReplicaStatus
 from ibex_context_client import ContextClient
 from prometheus_client import CollectorRegistry
 

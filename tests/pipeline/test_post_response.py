@@ -12,7 +12,7 @@ import pytest
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
 from ibex_context.stores.base import Injection
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory

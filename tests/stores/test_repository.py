@@ -13,16 +13,16 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
 from ibex_context.stores.base import Injection
-from ibex_context.stores.hot_record import FORMAT_VERSION
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import (
+from ibex_context.stores.redis.cache import (
     RedisContextCache,
     create_redis_client,
     directive_key,
     hot_data_key,
     hot_set_key,
 )
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.hot_record import FORMAT_VERSION
+from ibex_context.stores.redis.wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant

@@ -7,21 +7,20 @@ dependencies through its constructor.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
-import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import asyncpg
 from prometheus_client import CollectorRegistry
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
-from ibex_context.errors import ConfigurationError
+from ibex_context.errors import ConfigurationError, failure_name
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.memory_api.reads import MemoryReads, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
@@ -53,13 +52,12 @@ from ibex_context.server.rpc import service_names
 from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls, unverified_tls_warning
-from ibex_context.stores.read_routing import build_read_routing
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
-from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.postgres.migrate import check_database
+from ibex_context.stores.postgres.read_routing import build_read_routing
+from ibex_context.stores.postgres.tenant_data import TenantData
+from ibex_context.stores.redis import RedisContextCache, RedisTopology, WriteMarks
 from ibex_context.stores.repository import ContextRepository
-from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -160,7 +158,7 @@ class ContextService:
                 f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
         self._closers.append(embedder.aclose)
-        await _check_database(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
+        await check_database(s.postgres_dsn, s.embedding_dim, tls=postgres_tls(s.postgres_ca_file))
         query_embedder = CachedEmbedder(
             embedder, max_entries=s.embedding_cache_size, query_max_tokens=s.embedding_query_max_tokens
         )
@@ -170,7 +168,9 @@ class ContextService:
         self._closers.append(postgres.aclose)
         redis = RedisContextCache.from_settings(s)
         self._closers.append(redis.aclose)
-        read_routing = build_read_routing(s, postgres, self.metrics.record_postgres_read)
+        read_routing = build_read_routing(
+            s, postgres, functools.partial(WriteMarks.from_settings, s), self.metrics.record_postgres_read
+        )
         if read_routing is not None:
             read_routing.start()
             self._closers.append(read_routing.aclose)
@@ -182,7 +182,7 @@ class ContextService:
         try:
             await redis.warm_up()
         except Exception as exc:
-            log.warning("warming up %s failed: %s", type(redis).__name__, type(exc).__name__)
+            log.warning("warming up %s failed: %s", type(redis).__name__, failure_name(exc))
 
         self.profiles = ProfileStore()
         if s.profiles_path is not None:
@@ -276,7 +276,6 @@ class ContextService:
                 data=tenant_data,
                 cache=redis,
                 call_seconds=s.purge_call_seconds,
-                cache_errors=CACHE_ERRORS,
                 purged=read_routing.note_write if read_routing is not None else None,
             ),
             limits=limits,
@@ -481,11 +480,3 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         await assembler.assemble(request, DEFAULT_PROFILE, deadlines.within(2.0, DEFAULT_PROFILE.deadlines))
     except Exception:
         log.warning("warm-up assembly failed", exc_info=True)
-
-
-async def _check_database(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
-    conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
-    try:
-        await check_schema(conn, dim)
-    finally:
-        await conn.close()

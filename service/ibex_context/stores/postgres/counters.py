@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import asyncpg
 
-from ibex_context.stores.base import Injection
+from ibex_context.stores.base import Injection, MemoryCounters
 from ibex_context.stores.postgres.codecs import CANONICAL_UUID, as_uuid, epoch
 from ibex_context.stores.postgres.pool import store_errors
 
@@ -39,19 +38,6 @@ RECORD_INJECTIONS_SQL = """
     RETURNING u.org_id::text, u.agent_id::text, u.memory_id::text, u.retrieval_count,
               extract(epoch FROM u.last_injected_at)::float8 AS last_injected_at
 """
-
-
-# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
-# field) and one is built per injected memory; treat instances as values all the same.
-@dataclass(slots=True)
-class MemoryCounters:
-    """A memory's injection counters after a recorded batch (``memory_usage``)."""
-
-    org_id: str
-    agent_id: str
-    memory_id: str
-    retrieval_count: int
-    last_injected_at: float | None
 
 
 class InjectionCounters:
