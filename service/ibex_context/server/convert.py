@@ -5,12 +5,12 @@ from __future__ import annotations
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.pipeline.assembly import Assembly
-from ibex_context.pipeline.outcome import STAGES
+from ibex_context.pipeline.outcome import Stage
 
-# Each stage's field in the wire's StageTimings: every stage of ``STAGES`` but the send,
-# which is timed after the response is built (observability reads it, the wire does not).
-WIRE_STAGE_FIELDS: tuple[tuple[str, str], ...] = tuple(
-    (stage, f"{stage}_us") for stage in STAGES if stage != "serialize"
+# Each stage's field in the wire's StageTimings: every ``Stage`` but the send, which is
+# timed after the response is built (observability reads it, the wire does not).
+WIRE_STAGE_FIELDS: tuple[tuple[Stage, str], ...] = tuple(
+    (stage, f"{stage.value}_us") for stage in Stage if stage is not Stage.SERIALIZE
 )
 
 

@@ -20,7 +20,7 @@ from ibex_context.memory_api.writes import MemoryWrites
 from ibex_context.pipeline.assembler import Assembler
 from ibex_context.pipeline.assembly import AssemblyObserver, Rejection
 from ibex_context.pipeline.deadlines import DeadlinePolicy
-from ibex_context.pipeline.outcome import StageSpan
+from ibex_context.pipeline.outcome import Stage, StageSpan
 from ibex_context.pipeline.post_response import InjectionQueue
 from ibex_context.profiles.model import DEFAULT_PROFILE, Admission, Profile
 from ibex_context.server import convert, validation
@@ -99,7 +99,7 @@ class ContextAssemblyHandler:
             response = convert.assemble_response(assembly)
             start = time.perf_counter_ns()
             payload = response.SerializeToString()
-            serialize = StageSpan("serialize", start, time.perf_counter_ns())
+            serialize = StageSpan(Stage.SERIALIZE, start, time.perf_counter_ns())
             # After the last thing it times; what runs after the response (metrics,
             # spans, the access log) only reads the assembly.
             self._observer.answered(assembly, serialize)
