@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool", "developer"})
 
+# A memory's confidence and usefulness when written without them (the proto's
+# ``MemoryInput`` leaves them unset); ranking takes the same for a memory it has none of.
+DEFAULT_CONFIDENCE = 0.8
+DEFAULT_USEFULNESS = 0.5
+
 
 class Category(enum.StrEnum):
     """Memory categories, in the order the formatter injects them."""
@@ -35,8 +40,8 @@ class NewMemory:
 
     content: str
     category: str
-    confidence: float = 0.8
-    usefulness: float = 0.5
+    confidence: float = DEFAULT_CONFIDENCE
+    usefulness: float = DEFAULT_USEFULNESS
     id: str | None = None
     metadata: Mapping[str, object] = field(default_factory=dict)
     # The caller's own vector; None: the service embeds the content.

@@ -18,7 +18,15 @@ from google.protobuf import json_format
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.errors import InvalidRequest, LimitExceeded
-from ibex_context.models import ROLES, AssemblyRequest, Category, ChatMessage, NewMemory
+from ibex_context.models import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_USEFULNESS,
+    ROLES,
+    AssemblyRequest,
+    Category,
+    ChatMessage,
+    NewMemory,
+)
 
 _MAX_MODEL_CHARS = 200
 _MAX_REQUEST_ID_CHARS = 128
@@ -118,8 +126,16 @@ def new_memories(inputs: Sequence[pb.MemoryInput], limits: Limits) -> list[NewMe
                 f"{path}.category",
                 f"unknown category {_preview(item.category)}; expected one of {[c.value for c in Category]}",
             )
-        confidence = _unit(item.confidence, f"{path}.confidence") if item.HasField("confidence") else 0.8
-        usefulness = _unit(item.usefulness, f"{path}.usefulness") if item.HasField("usefulness") else 0.5
+        confidence = (
+            _unit(item.confidence, f"{path}.confidence")
+            if item.HasField("confidence")
+            else DEFAULT_CONFIDENCE
+        )
+        usefulness = (
+            _unit(item.usefulness, f"{path}.usefulness")
+            if item.HasField("usefulness")
+            else DEFAULT_USEFULNESS
+        )
         memory_id = uuid_field(item.id, f"{path}.id", required=False) or None
         metadata = _metadata(item, f"{path}.metadata")
         occurred_at = _occurred_at(item, f"{path}.occurred_at") if item.HasField("occurred_at") else None
