@@ -47,7 +47,7 @@ class Degradation(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class AssemblyRequest:
-    """A validated AssembleContext request (``server.validation``): what the pipeline
+    """A validated AssembleContext request (``server.assembly_service``): what the pipeline
     assembles for."""
 
     org_id: str

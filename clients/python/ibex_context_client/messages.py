@@ -1,7 +1,8 @@
 """The values a caller hands the clients: chat messages and memories to write.
 
-The service validates both again (``ibex_context.server.validation``); these are the
-shapes, the roles and the categories it accepts, from one place for both sides.
+The service validates both again (``ibex_context.server.assembly_service`` and
+``memory_service``); these are the shapes, the roles and the categories it accepts,
+from one place for both sides.
 """
 
 from __future__ import annotations

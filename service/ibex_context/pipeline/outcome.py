@@ -2,10 +2,10 @@
 reasons an assembly did less than everything, and the outcome label.
 
 One definition each: the assembler records in these terms, the call's ``Assembly``
-(``pipeline.assembly``) carries them, the wire (``server.convert``) reads them, and
-observability labels its series with them. The wire's ``StageTimings`` has one
+(``pipeline.assembly``) carries them, the wire (``server.assembly_service``) reads them,
+and observability labels its series with them. The wire's ``StageTimings`` has one
 ``<stage>_us`` field per ``Stage`` but ``SERIALIZE`` (the send, timed after the
-response is built; tests/server/test_convert.py keeps the two in step).
+response is built; tests/server/test_assembly_service.py keeps the two in step).
 
 The values made for every call (stages, the sources' outcomes) are ``NamedTuple``s:
 immutable like a frozen dataclass, but built about four times faster (a frozen

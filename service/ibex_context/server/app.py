@@ -22,9 +22,9 @@ from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
 from ibex_context.errors import ConfigurationError, failure_name
 from ibex_context.memory_api.purge import TenantPurge
-from ibex_context.memory_api.reads import MemoryReads, hybrid_search
+from ibex_context.memory_api.reads import MemoryReadApi, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
-from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
+from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWriteApi
 from ibex_context.models import AssemblyRequest, ChatMessage
 from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
@@ -39,9 +39,9 @@ from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.admission import FairAdmission
+from ibex_context.server.assembly_service import ContextAssemblyHandler
 from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.guard import CallGuard, CredentialsFile
-from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import InflightCalls, stop_signal
@@ -265,8 +265,8 @@ class ContextService:
         )
         tenant_data = TenantData(postgres.pool)
         memory = MemoryServiceHandler(
-            writes=MemoryWrites(writer=repository, embedder=embedder, encodings=encodings),
-            reads=MemoryReads(
+            writes=MemoryWriteApi(writer=repository, embedder=embedder, encodings=encodings),
+            reads=MemoryReadApi(
                 data=tenant_data,
                 search=hybrid_search(repository),
                 embedder=query_embedder,
