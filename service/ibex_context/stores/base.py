@@ -38,7 +38,7 @@ class PreparedMemory:
 # Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
 # field) and one is built per injected memory; treat instances as values all the same.
 @dataclass(slots=True)
-class Injection:
+class InjectionRecord:
     """One memory injected into one response (recorded after the response)."""
 
     org_id: str
@@ -217,7 +217,7 @@ class MemoryWriter(Protocol):
 
 
 class InjectionRecorder(Protocol):
-    async def record_injections(self, injections: Sequence[Injection]) -> None: ...
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None: ...
 
 
 class WriteMarkStore(Protocol):

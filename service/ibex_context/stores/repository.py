@@ -39,7 +39,7 @@ from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.stores.base import (
     DirectiveState,
     FeedbackUpdate,
-    Injection,
+    InjectionRecord,
     MemoryCounters,
     PreparedMemory,
     StoreHealth,
@@ -247,7 +247,7 @@ class ContextRepository:
         await self._refresh_hot_members(org_id, agent_id, list(dict.fromkeys(u.memory_id for u in updates)))
         return updates
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         """Counts the injections in PostgreSQL (``memory_usage``), then patches the
         counters and scores of the members already in each agent's hot set, in Redis
         alone (no PostgreSQL read, no vector traffic; see ``RedisContextCache.patch_hot_counters``)."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ibex_context.stores.base import Injection, MemoryCounters
+from ibex_context.stores.base import InjectionRecord, MemoryCounters
 from ibex_context.stores.postgres.codecs import CANONICAL_UUID, as_uuid, epoch
 from ibex_context.stores.postgres.pool import store_errors
 
@@ -47,7 +47,7 @@ class InjectionCounters:
         self._pool = pool
 
     @store_errors
-    async def record(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+    async def record(self, injections: Sequence[InjectionRecord]) -> list[MemoryCounters]:
         """Counts injections in one statement; returns the memories' new counters.
 
         One ``INSERT … ON CONFLICT DO UPDATE`` into the narrow ``memory_usage`` table:

@@ -25,7 +25,7 @@ from ibex_context.settings import Settings
 from ibex_context.stores.base import (
     DirectiveState,
     FeedbackUpdate,
-    Injection,
+    InjectionRecord,
     MemoryCounters,
     PreparedMemory,
     StoreHealth,
@@ -285,10 +285,10 @@ class PostgresMemoryStore:
     ) -> list[FeedbackUpdate]:
         return await self.feedback.record_feedback(org_id, agent_id, session_id, feedback)
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         await self.counters.record(injections)
 
-    async def record_injection_counters(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+    async def record_injection_counters(self, injections: Sequence[InjectionRecord]) -> list[MemoryCounters]:
         return await self.counters.record(injections)
 
     # ---------------------------------------------------------------- health
