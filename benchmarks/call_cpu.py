@@ -259,7 +259,7 @@ def main() -> int:
     args = p.parse_args()
     data_dir = args.data_dir or sorted((ROOT / "loadtest" / "out" / "data").glob("100x1000-*"))[0]
     with stores(data_dir) as (dsn, redis_url, _redis, _pg):
-        from ibex_context.stores.migrate import migrate
+        from ibex_context.stores.postgres.migrate import migrate
 
         asyncio.run(migrate(dsn, 384))  # a data dir seeded by an older build
         main_coroutine = _run(args, dsn, redis_url, data_dir / "agents.json")

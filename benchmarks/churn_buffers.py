@@ -35,10 +35,10 @@ from typing import Any
 
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.stores.base import Injection, PreparedMemory
+from ibex_context.stores.base import InjectionRecord, PreparedMemory
 from ibex_context.stores.cold_plan import ColdPlan
-from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
+from ibex_context.stores.postgres.migrate import migrate
 from ibex_context.stores.postgres.reads import HOT_SET_SQL
 from ibex_context.stores.postgres.searches import LEXICAL_ARRAYS_SQL, SEARCH_ARRAYS_SQL
 
@@ -100,8 +100,8 @@ async def _measure(args: argparse.Namespace, dsn: str) -> list[dict[str, Any]]:
         rows.append(row)
         print(row, flush=True)
 
-    def injections() -> list[Injection]:
-        return [Injection(org, agent, m.id, time.time()) for m in memories]
+    def injections() -> list[InjectionRecord]:
+        return [InjectionRecord(org, agent, m.id, time.time()) for m in memories]
 
     async def settle() -> None:
         await asyncio.sleep(0.7)  # statistics reach the views within PGSTAT_MIN_INTERVAL

@@ -9,7 +9,7 @@ once from memory, so the same benchmark measures any version of the assembly cor
 test's calls get from the stores: 20 hot memories (stored embeddings), 50 vector
 matches (similarities), 50 lexical matches (BM25 scores, half of them also vector
 matches, with embeddings), 50-400-token contents counted at write time like the
-write path counts them (``MemoryWrites.token_counts``), the default profile (xml,
+write path counts them (``MemoryWriteApi.token_counts``), the default profile (xml,
 4,000 tokens, at most 20 memories), gpt-4o.
 
 Two cache states: ``new session`` (another nonce every call, memories seen before)
@@ -48,14 +48,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ibex_context.candidates import Candidates  # noqa: E402
-from ibex_context.memory_api.writes import MemoryWrites  # noqa: E402
+from ibex_context.memory_api.writes import MemoryWriteApi  # noqa: E402
 from ibex_context.models import AssemblyRequest, ChatMessage, Directive, MemoryRecord, Source  # noqa: E402
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig  # noqa: E402
 from ibex_context.pipeline.deadlines import DeadlinePolicy  # noqa: E402
 from ibex_context.pipeline.outcome import Reason, SourceResult, SourceStatus  # noqa: E402
 from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, SourceTask  # noqa: E402
 from ibex_context.profiles.model import BudgetLimits, Profile  # noqa: E402
-from ibex_context.server.convert import assemble_response  # noqa: E402
+from ibex_context.server.assembly_service import assemble_response  # noqa: E402
 from ibex_context.tokens.counting import MessageTokenCounter  # noqa: E402
 from ibex_context.tokens.encodings import EncodingRegistry  # noqa: E402
 
@@ -88,7 +88,7 @@ class _Sources:
         return []
 
 
-def _store_answers(w: Workload, writes: MemoryWrites, seed: int) -> _Sources:
+def _store_answers(w: Workload, writes: MemoryWriteApi, seed: int) -> _Sources:
     rng = random.Random(seed)
     # What the write path stores (older versions stored the content's counts only, so
     # the same benchmark measures them too).
@@ -186,7 +186,7 @@ _HOSTILE_CONTENTS = (
 _HOSTILE_CATEGORIES = ("custom", 'x"<y>&z', "factual", "zeta")
 
 
-def _hostile(a: _Sources, writes: MemoryWrites) -> _Sources:
+def _hostile(a: _Sources, writes: MemoryWriteApi) -> _Sources:
     """``a`` with a third of its candidates' contents and categories made hostile, some
     without confidence, usefulness or age, some dated in the future."""
 
@@ -229,7 +229,7 @@ class _FailingSources(_Sources):
 
 
 async def _identity(
-    registry: EncodingRegistry, answers: list[_Sources], writes: MemoryWrites
+    registry: EncodingRegistry, answers: list[_Sources], writes: MemoryWriteApi
 ) -> tuple[str, collections.Counter[str]]:
     """The digest, and how many calls ended at each degradation level (and injected
     memories): what the configurations covered."""
@@ -343,7 +343,7 @@ def main(argv: list[str]) -> int:
     o200k = registry.get("o200k_base")._tokenizer
     cl100k = registry.get("cl100k_base")._tokenizer
     assert o200k is not None and cl100k is not None
-    writes = MemoryWrites(writer=None, embedder=None, encodings=registry)  # type: ignore[arg-type]
+    writes = MemoryWriteApi(writer=None, embedder=None, encodings=registry)  # type: ignore[arg-type]
     answers = [
         _store_answers(make_workload(seed, o200k, cl100k), writes, seed) for seed in range(args.workloads)
     ]

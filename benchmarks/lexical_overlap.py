@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 from ibex_context.devtools.embedded import embedded_stores  # noqa: E402
 from ibex_context.embedding.hashing import HashingEmbedder  # noqa: E402
 from ibex_context.stores.base import PreparedMemory  # noqa: E402
-from ibex_context.stores.migrate import migrate  # noqa: E402
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool  # noqa: E402
+from ibex_context.stores.postgres.migrate import migrate  # noqa: E402
 
 from benchmarks.quality.__main__ import default_data_path  # noqa: E402
 from benchmarks.quality.locomo import Conversation, load_conversations  # noqa: E402

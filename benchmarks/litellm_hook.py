@@ -57,7 +57,7 @@ def _percentile(values: list[float], q: float) -> float:
 async def _service(work: Path) -> AsyncIterator[str]:
     """``ibex-context serve`` as its own process on embedded stores; its target."""
     from ibex_context.devtools.embedded import embedded_stores
-    from ibex_context.stores.migrate import migrate
+    from ibex_context.stores.postgres.migrate import migrate
     from ibex_context_client import ContextClient
 
     with embedded_stores(work / "stores") as stores:

@@ -343,7 +343,7 @@ def _report(runs: list[Run], args: argparse.Namespace, trees: dict[str, Path], s
 
 async def _main(args: argparse.Namespace, tree_paths: dict[str, Path]) -> str:
     from ibex_context.devtools.embedded import embedded_stores
-    from ibex_context.stores.migrate import migrate
+    from ibex_context.stores.postgres.migrate import migrate
 
     started = datetime.now(UTC)
     rng = random.Random(11)

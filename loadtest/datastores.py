@@ -189,7 +189,7 @@ def warm_postgres(dsn: str, agents_file: Path, log: Any) -> None:
 def _migrate(dsn: str, dim: int) -> list[str]:
     import asyncio
 
-    from ibex_context.stores.migrate import migrate
+    from ibex_context.stores.postgres.migrate import migrate
 
     return asyncio.run(migrate(dsn, dim))
 

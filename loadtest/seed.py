@@ -5,7 +5,7 @@
 
 What it does, in order:
 
-1. applies the migrations (``ibex_context.stores.migrate``) and, with ``--reset``
+1. applies the migrations (``ibex_context.stores.postgres.migrate``) and, with ``--reset``
    (the default), empties ``memories``, ``directives``, ``memory_feedback``,
    ``memory_usage`` and the postings and stats, and turns this session's triggers
    off (``loadtest.bulkload``);
@@ -549,7 +549,7 @@ async def seed(
 ) -> SeedReport:
     """Seeds the plan. ``sequential``: the postings and the graphs are built one after
     the other instead of side by side (slower; each phase's CPU figures are its own)."""
-    from ibex_context.stores.migrate import migrate
+    from ibex_context.stores.postgres.migrate import migrate
 
     started = time.perf_counter()
     await migrate(dsn, plan.dim)

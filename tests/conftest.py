@@ -31,7 +31,7 @@ from ibex_context.devtools.redis_ha import (
 from ibex_context.devtools.replica import PostgresReplica, start_replica
 from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.server.heap import freeze_startup_heap
-from ibex_context.stores.migrate import migrate
+from ibex_context.stores.postgres.migrate import migrate
 from ibex_context.tokens.encodings import EncodingRegistry
 
 TEST_EMBEDDING_DIM = 384

@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpc_health.v1.health_pb2_grpc import HealthStub
 from ibex_context.devtools.embedded import embedded_stores
-from ibex_context.stores.migrate import migrate
+from ibex_context.stores.postgres.migrate import migrate
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
 START_TIMEOUT_SECONDS = 120.0

@@ -2,7 +2,7 @@
 
 Every source answers with one ``Candidates``: the vector and lexical searches build
 it straight from their rows (``stores.postgres``), the hot set's read from its
-records (``stores.hot_record``). ``merge`` joins the three by id with index arrays,
+records (``stores.redis.hot_record``). ``merge`` joins the three by id with index arrays,
 ``pipeline.scoring.rank`` scores the columns, the packer costs candidates by index,
 and only the memories injected become objects (``records_at``, into ``ScoredMemory``).
 Per-candidate objects built and rebuilt between the stores and the response were a

@@ -179,9 +179,8 @@ async def _serve(settings: Settings) -> None:
 @click.pass_context
 def migrate(ctx: click.Context, as_json: bool) -> None:
     """Apply the SQL migrations to IBEX_POSTGRES_DSN (idempotent)."""
-    import asyncpg
-
-    from ibex_context.stores.migrate import migrate as run_migrations
+    from ibex_context.errors import StoreError
+    from ibex_context.stores.postgres.migrate import migrate as run_migrations
 
     settings = _settings()
     try:
@@ -190,12 +189,13 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
                 settings.postgres_dsn, settings.embedding_dim, ca_file=settings.postgres_ca_file
             )
         )
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except StoreError as exc:
         if ctx.meta.get("ibex.debug"):
             raise
         where = describe_dsn(settings.postgres_dsn)
+        # The driver's own words: they say what is wrong (refused, password, TLS).
         raise click.ClickException(
-            f"cannot migrate the database at IBEX_POSTGRES_DSN ({where}): {one_line(exc)}"
+            f"cannot migrate the database at IBEX_POSTGRES_DSN ({where}): {one_line(exc.__cause__ or exc)}"
         ) from None
     if as_json:
         echo_json({"applied": applied})

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from ibex_context_client import AssembleResult
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
-from ibex_context.pipeline.outcome import STAGES
+from ibex_context.pipeline.outcome import Stage
 
 
 def result_metadata(result: AssembleResult) -> pb.InjectionMetadata:
@@ -67,6 +67,8 @@ def render_result(result: AssembleResult) -> str:
         )
     tm = md.timings
     # Every stage on the wire, in the pipeline's order (the send is timed after the response).
-    stages = " ".join(f"{stage}={getattr(tm, f'{stage}_us')}" for stage in STAGES if stage != "serialize")
+    stages = " ".join(
+        f"{stage.value}={getattr(tm, f'{stage.value}_us')}" for stage in Stage if stage is not Stage.SERIALIZE
+    )
     lines.append(f"timings µs: total={tm.total_us} {stages}")
     return "\n".join(lines)

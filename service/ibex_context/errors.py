@@ -5,7 +5,8 @@ IbexError
 ├── LimitExceeded             a tenant limit reached; becomes RESOURCE_EXHAUSTED naming the limit
 ├── ConfigurationError        bad settings or profiles, found at start-up or reload
 ├── StoreError                Redis or PostgreSQL failed
-│   └── StoreUnavailable      the store cannot be reached at all
+│   ├── StoreUnavailable      the store cannot be reached at all
+│   └── CacheError            Redis failed (the callers degrade around it: it is no truth)
 └── EmbeddingError            the embedder failed
 
 An oversized request never becomes an exception here: gRPC's core refuses it from its
@@ -48,6 +49,20 @@ class StoreError(IbexError):
 
 class StoreUnavailable(StoreError):
     """A store could not be reached."""
+
+
+class CacheError(StoreError):
+    """Redis failed. ``driver_error`` names the driver's exception class: what logs and
+    status messages say (``failure_name``), as they did before the adapter mapped it."""
+
+    def __init__(self, driver_error: str) -> None:
+        super().__init__(f"redis: {driver_error}")
+        self.driver_error = driver_error
+
+
+def failure_name(exc: BaseException) -> str:
+    """The failure's name for a log line: the driver's error class for a cache error."""
+    return exc.driver_error if isinstance(exc, CacheError) else type(exc).__name__
 
 
 class EmbeddingError(IbexError):

@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 # The wire's values, one source for the client and the service (re-exported here).
+from ibex_context_client.messages import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE
+from ibex_context_client.messages import DEFAULT_USEFULNESS as DEFAULT_USEFULNESS
 from ibex_context_client.messages import ROLES as ROLES
 from ibex_context_client.messages import Category as Category
 from ibex_context_client.messages import ChatMessage as ChatMessage
@@ -45,7 +47,7 @@ class Degradation(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class AssemblyRequest:
-    """A validated AssembleContext request (``server.validation``): what the pipeline
+    """A validated AssembleContext request (``server.assembly_service``): what the pipeline
     assembles for."""
 
     org_id: str
@@ -120,8 +122,8 @@ class NewMemory:
 
     content: str
     category: str
-    confidence: float = 0.8
-    usefulness: float = 0.5
+    confidence: float = DEFAULT_CONFIDENCE
+    usefulness: float = DEFAULT_USEFULNESS
     id: str | None = None
     metadata: Mapping[str, object] = field(default_factory=dict)
     embedding: FloatVector | None = None

@@ -45,11 +45,11 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from ibex_context.models import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE
+from ibex_context.models import DEFAULT_USEFULNESS as DEFAULT_USEFULNESS
 from ibex_context.profiles.model import ScoringWeights
 
 UNKNOWN_RECENCY = 0.5
-DEFAULT_USEFULNESS = 0.5
-DEFAULT_CONFIDENCE = 0.8
 FREQUENCY_CAP = 50
 SECONDS_PER_DAY = 86_400.0
 _LN2 = math.log(2.0)

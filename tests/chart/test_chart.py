@@ -21,7 +21,7 @@ from ibex_context.cli import main as cli_main
 from ibex_context.observability.tracing import SDK_READ_VARIABLES
 from ibex_context.profiles.loader import parse_profiles
 from ibex_context.settings import Settings
-from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.redis.topology import RedisTopology
 from ibex_operator.config import OperatorConfig
 from ibex_operator.reconcile import ProfileView, configmap_name, plan_namespace
 

@@ -2,7 +2,7 @@
 
 The seeder COPYs memories with the triggers off and builds the postings and stats
 set-wise afterwards (``loadtest.bulkload``); the service writes through
-``MemoryWrites`` and the triggers. Same memories, same database: the rows' hashes,
+``MemoryWriteApi`` and the triggers. Same memories, same database: the rows' hashes,
 token counts, vectors and lexemes, the postings and the per-agent stats must be equal.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import asyncpg
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.memory_api.writes import MemoryWrites
+from ibex_context.memory_api.writes import MemoryWriteApi
 from ibex_context.models import NewMemory
 from ibex_context.stores.base import MemoryWriter
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
@@ -67,7 +67,7 @@ async def _postings_scan(conn: asyncpg.Connection, org_id: Any, agent_id: Any) -
 async def _write_through_the_service(dsn: str, rows: list[asyncpg.Record]) -> None:
     pool = await create_pool(dsn, min_size=1, max_size=2, ef_search=40)
     try:
-        writes = MemoryWrites(
+        writes = MemoryWriteApi(
             # _store_errors types the store's methods as Awaitable, not Coroutine.
             writer=cast(MemoryWriter, PostgresMemoryStore(pool, ef_search=40)),
             embedder=HashingEmbedder(PLAN.dim),

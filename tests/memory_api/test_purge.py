@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import pytest
 import redis.asyncio as aioredis
-from ibex_context.errors import StoreUnavailable
+from ibex_context.errors import CacheError, StoreUnavailable
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
+from ibex_context.stores.redis import RedisContextCache
 
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock
@@ -39,9 +39,7 @@ async def test_a_purge_out_of_time_says_incomplete_and_the_next_call_resumes(
     )
     await pg_store.set_directive(tenant.org_id, tenant.agent_id, "be kind", {})
     data = TenantData(pg_store.pool, purge_batch=3)
-    purge = TenantPurge(
-        data=data, cache=redis_cache, call_seconds=0.5, cache_errors=CACHE_ERRORS, clock=SteppingClock()
-    )
+    purge = TenantPurge(data=data, cache=redis_cache, call_seconds=0.5, clock=SteppingClock())
 
     reports = []
     for _ in range(10):
@@ -67,9 +65,7 @@ async def test_tombstones_refuse_cache_fills_that_read_before_the_purge(
     # A rebuild and a directive fill read PostgreSQL before the purge ...
     generation = await redis_cache.hot_set_generation(tenant.org_id, tenant.agent_id)
     stale = await pg_store.top_memories_for_hot_set(tenant.org_id, tenant.agent_id, 5)
-    purge = TenantPurge(
-        data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0, cache_errors=CACHE_ERRORS
-    )
+    purge = TenantPurge(data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0)
 
     report = await purge.purge_agent(tenant.org_id, tenant.agent_id)
 
@@ -88,9 +84,7 @@ async def test_a_directive_set_after_a_purge_is_cached_and_served_at_once(
     pg_store: PostgresMemoryStore, redis_cache: RedisContextCache, tenant: Tenant
 ) -> None:
     before = await pg_store.set_directive_state(tenant.org_id, tenant.agent_id, "the purged one", {})
-    purge = TenantPurge(
-        data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0, cache_errors=CACHE_ERRORS
-    )
+    purge = TenantPurge(data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0)
     assert (await purge.purge_agent(tenant.org_id, tenant.agent_id)).complete
 
     after = await pg_store.set_directive_state(tenant.org_id, tenant.agent_id, "the new one", {})
@@ -123,7 +117,6 @@ async def test_purge_org_stops_between_agents_when_out_of_time_and_the_next_call
         data=TenantData(pg_store.pool),
         cache=redis_cache,
         call_seconds=5.0,
-        cache_errors=CACHE_ERRORS,
         clock=clock,
         purged=purged,
     )
@@ -159,9 +152,7 @@ async def test_an_agent_known_only_to_the_cache_is_purged_with_its_org(
     raw = aioredis.Redis.from_url(redis_url)
     try:
         await raw.set(f"{{{tenant.org_id}}}:directive:{tenant.agent_id}", b"left by an older version")
-        purge = TenantPurge(
-            data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0, cache_errors=CACHE_ERRORS
-        )
+        purge = TenantPurge(data=TenantData(pg_store.pool), cache=redis_cache, call_seconds=5.0)
 
         report = await purge.purge_org(tenant.org_id)
 
@@ -186,7 +177,7 @@ class _NoRows:
 
 class _DownCache:
     async def agents_with_keys(self, org_id: str) -> set[str]:
-        raise ConnectionRefusedError
+        raise CacheError("ConnectionRefusedError")
 
     async def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> int:
         raise AssertionError("not reached")
@@ -195,7 +186,7 @@ class _DownCache:
         raise AssertionError("not reached")
 
 
-async def test_a_cache_error_it_was_given_fails_the_purge_as_unavailable() -> None:
-    purge = TenantPurge(data=_NoRows(), cache=_DownCache(), call_seconds=5.0, cache_errors=(OSError,))  # type: ignore[arg-type]
+async def test_a_cache_error_fails_the_purge_as_unavailable() -> None:
+    purge = TenantPurge(data=_NoRows(), cache=_DownCache(), call_seconds=5.0)  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable, match="redis: ConnectionRefusedError"):
         await purge.purge_org("0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01")

@@ -1,4 +1,4 @@
-"""MemoryReads and the retrieval searches against the real PostgreSQL: search shows
+"""MemoryReadApi and the retrieval searches against the real PostgreSQL: search shows
 what retrieval ranks, with its components; export waits for the process's row rate;
 page tokens and their positions are checked before any row is read."""
 
@@ -15,7 +15,7 @@ from ibex_context.errors import InvalidRequest
 from ibex_context.memory_api import page_tokens
 from ibex_context.memory_api.reads import (
     ListQuery,
-    MemoryReads,
+    MemoryReadApi,
     RetrievalHit,
     RetrievalSearch,
     hybrid_search,
@@ -27,7 +27,7 @@ from ibex_context.models import FloatVector
 from ibex_context.profiles.model import Scoring
 from ibex_context.stores.base import ListOrder, MemoryFilter
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.memory_api.clock import FakeClock
@@ -36,8 +36,8 @@ from tests.stores.helpers import DIM, MakeMemory, at_similarity, unit_vector
 
 def _reads(
     pg_store: PostgresMemoryStore, search: RetrievalSearch, limit: RowRateLimit | None = None
-) -> MemoryReads:
-    return MemoryReads(
+) -> MemoryReadApi:
+    return MemoryReadApi(
         data=TenantData(pg_store.pool),
         search=search,
         embedder=HashingEmbedder(DIM),

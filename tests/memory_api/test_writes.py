@@ -1,4 +1,4 @@
-"""MemoryWrites against the real stores: each memory is embedded (unless it brings its
+"""MemoryWriteApi against the real stores: each memory is embedded (unless it brings its
 vector), hashed and token-counted once, then stored; the directive stores its counts."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.errors import EmbeddingError
-from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites, content_hash
+from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWriteApi, content_hash
 from ibex_context.models import FloatVector, NewMemory
 from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres.tenant_data import TenantData
 from ibex_context.stores.repository import ContextRepository
-from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.encodings import EncodingRegistry
 
 from tests.conftest import Tenant
@@ -65,7 +65,7 @@ async def test_only_memories_without_a_vector_are_embedded_in_batches_of_64(
     repository: ContextRepository, pg_store: PostgresMemoryStore, encodings: EncodingRegistry, tenant: Tenant
 ) -> None:
     embedder = BatchRecordingEmbedder()
-    writes = MemoryWrites(writer=repository, embedder=embedder, encodings=encodings)
+    writes = MemoryWriteApi(writer=repository, embedder=embedder, encodings=encodings)
     brought = unit_vector(7)
     memories = [NewMemory(content="the user's own vector", category="factual", embedding=brought)]
     memories += [NewMemory(content=f"fact number {i} about harbours", category="factual") for i in range(70)]
@@ -87,7 +87,7 @@ async def test_only_memories_without_a_vector_are_embedded_in_batches_of_64(
 async def test_a_memory_keeps_the_id_it_brings_and_gets_a_new_one_otherwise(
     repository: ContextRepository, encodings: EncodingRegistry, tenant: Tenant
 ) -> None:
-    writes = MemoryWrites(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
+    writes = MemoryWriteApi(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
     own = str(uuid.uuid4())
 
     first = await writes.upsert(
@@ -110,7 +110,7 @@ async def test_a_memory_keeps_the_id_it_brings_and_gets_a_new_one_otherwise(
 async def test_an_embedder_that_loses_a_vector_fails_the_write_and_stores_nothing(
     repository: ContextRepository, pg_store: PostgresMemoryStore, encodings: EncodingRegistry, tenant: Tenant
 ) -> None:
-    writes = MemoryWrites(writer=repository, embedder=OneShortEmbedder(DIM), encodings=encodings)
+    writes = MemoryWriteApi(writer=repository, embedder=OneShortEmbedder(DIM), encodings=encodings)
     memory_id = str(uuid.uuid4())
 
     with pytest.raises(EmbeddingError, match="returned 1 vectors for 2 texts"):
@@ -132,7 +132,7 @@ async def test_a_memory_stores_its_tokens_per_exact_encoding_and_its_block_bodie
     pg: asyncpg.Connection,
     tenant: Tenant,
 ) -> None:
-    writes = MemoryWrites(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
+    writes = MemoryWriteApi(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
     content = "The user prefers window seats on long flights."
 
     (result,) = await writes.upsert(
@@ -161,7 +161,7 @@ async def test_a_directive_stores_its_counts_and_clearing_it_removes_it(
     pg: asyncpg.Connection,
     tenant: Tenant,
 ) -> None:
-    writes = MemoryWrites(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
+    writes = MemoryWriteApi(writer=repository, embedder=HashingEmbedder(DIM), encodings=encodings)
     data = TenantData(pg_store.pool)
 
     first = await writes.set_directive(tenant.org_id, tenant.agent_id, "Answer in French.")

@@ -12,8 +12,16 @@ from ibex_context.observability.metrics import (
     Metrics,
     normalise_reason,
 )
-from ibex_context.pipeline.outcome import Outcome, Reason, SourceResult, SourceStatus, StageSpan, plan_detail
-from ibex_context.stores.read_routing import ReplicaStatus
+from ibex_context.pipeline.outcome import (
+    STAGES,
+    Outcome,
+    Reason,
+    SourceResult,
+    SourceStatus,
+    StageSpan,
+    plan_detail,
+)
+from ibex_context.stores.postgres.read_routing import ReplicaStatus
 from ibex_context_client import ContextClient
 from prometheus_client import CollectorRegistry
 
@@ -284,8 +292,8 @@ async def test_real_calls_move_the_counts_and_buckets_seen_by_a_scrape(
     assert sample(after, "ibex_context_memories_injected_sum") == 6
     assert sample(after, "ibex_context_candidates_evaluated_sum") == 21
     # Every stage the handler timed, serialize included (added after the report was attached).
-    for stage in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format", "serialize"):
-        assert sample(after, "ibex_context_stage_duration_seconds_count", stage=stage) == 3, stage
+    for stage in STAGES:
+        assert sample(after, "ibex_context_stage_duration_seconds_count", stage=stage.value) == 3, stage
     assert sample(after, "ibex_context_inflight_calls") == 0
 
 

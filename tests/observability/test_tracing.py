@@ -12,6 +12,7 @@ from ibex_context.devtools import scripted_service as scripted
 from ibex_context.models import ChatMessage
 from ibex_context.observability.state import CallState
 from ibex_context.observability.tracing import Tracing, ratio_keeps, sampling_decision
+from ibex_context.pipeline.outcome import STAGES
 from ibex_context.settings import Settings
 from ibex_context_client import ContextClient
 from opentelemetry import trace
@@ -96,10 +97,7 @@ async def test_one_server_span_with_a_child_per_stage_inside_it(observed_factory
     assert root.attributes["ibex.request_id"] == "req-1"
     assert root.attributes["ibex.outcome"] == "full"
     assert root.attributes["ibex.memories_injected"] == 2
-    assert [c.name for c in children] == [
-        f"ibex.context.{s}"
-        for s in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format", "serialize")
-    ]
+    assert [c.name for c in children] == [f"ibex.context.{s}" for s in STAGES]
     assert root.start_time is not None and root.end_time is not None
     for child in children:
         assert child.parent is not None and child.parent.span_id == root.context.span_id

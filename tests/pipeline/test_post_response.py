@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
-from ibex_context.stores.base import Injection
+from ibex_context.stores.base import InjectionRecord
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory
@@ -25,7 +25,7 @@ class BatchesSeen(PostgresMemoryStore):
         super().__init__(store.pool, ef_search=EF_SEARCH)
         self.batches: list[int] = []
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         self.batches.append(len(injections))
         await super().record_injections(injections)
 
@@ -134,7 +134,7 @@ class SlowRecorder(BatchesSeen):
         self.writing = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         self.writing.set()
         await asyncio.wait_for(self.release.wait(), 5.0)
         await super().record_injections(injections)

@@ -98,7 +98,7 @@ def test_selector_ids_are_lower_cased_so_an_upper_case_uuid_matches_requests() -
     ).bindings
     assert binding.selector.agent_ids == (upper.lower(),)
     assert binding.selector.org_ids == (ACME,)
-    # Requests are lower-cased by validation (server/validation.py): they now match.
+    # Requests are lower-cased by validation (server/assembly_service.py): they now match.
     registry = ProfileRegistry([binding])
     assert registry.resolve("00000000-0000-4000-8000-000000000000", upper.lower()).name == "shouting"
     assert registry.resolve(ACME, "00000000-0000-4000-8000-000000000000").name == "shouting"

@@ -16,10 +16,11 @@ import grpc
 import httpx
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2
 from ibex_context.devtools.certs import SERVER_NAME, Authority, Issued
 from ibex_context.observability.logging import JsonFormatter
 from ibex_context.server.app import ContextService
-from ibex_context.server.auth import METHOD_ROLES, Role, token_digest
+from ibex_context.server.auth import METHOD_ROLES, Role, method_roles, token_digest
 from ibex_context.tokens.encodings import EncodingRegistry
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
@@ -165,6 +166,29 @@ def test_every_method_of_the_proto_needs_exactly_one_role() -> None:
         for method in service.methods
     }
     assert set(METHOD_ROLES) == served
+
+
+def test_each_method_requires_the_role_its_proto_option_names() -> None:
+    by_role: dict[Role, set[str]] = {}
+    for path, role in METHOD_ROLES.items():
+        by_role.setdefault(role, set()).add(path.rsplit("/", 1)[1])
+    assert by_role == {
+        Role.ASSEMBLE: {"AssembleContext"},
+        Role.WRITE: {"UpsertMemories", "DeleteMemories", "SetDirective", "ClearDirective", "RecordFeedback"},
+        Role.READ: {"GetMemories", "ListMemories", "SearchMemories", "GetDirective", "ExportMemories"},
+        Role.ADMIN: {"PurgeAgent", "PurgeOrg"},
+    }
+
+
+def test_every_role_of_the_proto_is_a_role_of_the_credentials_file() -> None:
+    names = [value.name for value in pb.Role.DESCRIPTOR.values if value.number != pb.ROLE_UNSPECIFIED]
+    named = {name.removeprefix("ROLE_").lower() for name in names}
+    assert named == {role.value for role in Role}
+
+
+def test_a_method_without_the_option_has_no_role_and_so_is_refused() -> None:
+    health = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    assert method_roles([health]) == {}
 
 
 async def test_the_matrix_every_method_every_role_own_and_other_org(tls_channel: grpc.aio.Channel) -> None:

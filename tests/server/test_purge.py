@@ -14,7 +14,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess
-from ibex_context.stores.redis import PURGE_TOMBSTONE_SECONDS
+from ibex_context.stores.redis.cache import PURGE_TOMBSTONE_SECONDS
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 

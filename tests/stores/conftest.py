@@ -11,8 +11,8 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.models import FloatVector
 from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
-from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
+from ibex_context.stores.redis.wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.stores.helpers import DIM, EF_SEARCH, MakeMemory

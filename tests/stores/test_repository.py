@@ -12,17 +12,17 @@ import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.errors import StoreUnavailable
-from ibex_context.stores.base import Injection
-from ibex_context.stores.hot_record import FORMAT_VERSION
+from ibex_context.stores.base import InjectionRecord
 from ibex_context.stores.postgres import PostgresMemoryStore
-from ibex_context.stores.redis import (
+from ibex_context.stores.redis.cache import (
     RedisContextCache,
     create_redis_client,
     directive_key,
     hot_data_key,
     hot_set_key,
 )
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.hot_record import FORMAT_VERSION
+from ibex_context.stores.redis.wire import PipelinedRedis
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant
@@ -216,7 +216,9 @@ async def test_injections_are_counted_but_do_not_raise_the_hot_set_scores(
     client = aioredis.Redis.from_url(redis_url)
     try:
         before = await client.zscore(hot_set_key(org, agent), memory.id)
-        await repository.record_injections([Injection(org, agent, memory.id, 1e9 + i) for i in range(10)])
+        await repository.record_injections(
+            [InjectionRecord(org, agent, memory.id, 1e9 + i) for i in range(10)]
+        )
         after = await client.zscore(hot_set_key(org, agent), memory.id)
     finally:
         await client.aclose()
@@ -258,7 +260,7 @@ async def test_redis_down_writes_still_land_in_postgres_and_the_cache_is_invalid
         assert repository.pending_invalidations == 2
         # Injections are counted in PostgreSQL; the hot set they would patch is
         # marked for invalidation (the directive's and this agent's are pending already).
-        await repository.record_injections([Injection(org, agent, memory.id, 1e9)])
+        await repository.record_injections([InjectionRecord(org, agent, memory.id, 1e9)])
         [counted] = await pg_store.fetch_memories(org, agent, [memory.id])
         assert counted.retrieval_count == 1
         assert repository.pending_invalidations == 2

@@ -14,10 +14,10 @@ import pytest
 import redis.exceptions
 from ibex_context.devtools.certs import Authority
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import migrate
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls
-from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.postgres.migrate import migrate
+from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
+from ibex_context.stores.redis.wire import PipelinedRedis
 
 from tests.stores.tls_terminator import server_context, terminator
 

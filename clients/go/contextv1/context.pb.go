@@ -15,6 +15,7 @@ package contextv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	descriptorpb "google.golang.org/protobuf/types/descriptorpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -28,6 +29,68 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// Role is what a caller's credential must hold to call a method: every method of
+// the services below names its one role (required_role); a principal holds any set
+// of roles, and no role implies another.
+type Role int32
+
+const (
+	Role_ROLE_UNSPECIFIED Role = 0
+	// The LLM proxy's: AssembleContext.
+	Role_ROLE_ASSEMBLE Role = 1
+	// Changing memories, directives and usefulness.
+	Role_ROLE_WRITE Role = 2
+	// Reading them back, searching, exporting.
+	Role_ROLE_READ Role = 3
+	// Tenant offboarding (the purges).
+	Role_ROLE_ADMIN Role = 4
+)
+
+// Enum value maps for Role.
+var (
+	Role_name = map[int32]string{
+		0: "ROLE_UNSPECIFIED",
+		1: "ROLE_ASSEMBLE",
+		2: "ROLE_WRITE",
+		3: "ROLE_READ",
+		4: "ROLE_ADMIN",
+	}
+	Role_value = map[string]int32{
+		"ROLE_UNSPECIFIED": 0,
+		"ROLE_ASSEMBLE":    1,
+		"ROLE_WRITE":       2,
+		"ROLE_READ":        3,
+		"ROLE_ADMIN":       4,
+	}
+)
+
+func (x Role) Enum() *Role {
+	p := new(Role)
+	*p = x
+	return p
+}
+
+func (x Role) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Role) Descriptor() protoreflect.EnumDescriptor {
+	return file_ibex_context_v1_context_proto_enumTypes[0].Descriptor()
+}
+
+func (Role) Type() protoreflect.EnumType {
+	return &file_ibex_context_v1_context_proto_enumTypes[0]
+}
+
+func (x Role) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Role.Descriptor instead.
+func (Role) EnumDescriptor() ([]byte, []int) {
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{0}
+}
 
 // DegradationLevel says how much of the assembly ran.
 type DegradationLevel int32
@@ -86,11 +149,11 @@ func (x DegradationLevel) String() string {
 }
 
 func (DegradationLevel) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[0].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[1].Descriptor()
 }
 
 func (DegradationLevel) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[0]
+	return &file_ibex_context_v1_context_proto_enumTypes[1]
 }
 
 func (x DegradationLevel) Number() protoreflect.EnumNumber {
@@ -99,7 +162,7 @@ func (x DegradationLevel) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DegradationLevel.Descriptor instead.
 func (DegradationLevel) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{0}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{1}
 }
 
 // MemorySource says where a candidate memory came from.
@@ -139,11 +202,11 @@ func (x MemorySource) String() string {
 }
 
 func (MemorySource) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[1].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[2].Descriptor()
 }
 
 func (MemorySource) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[1]
+	return &file_ibex_context_v1_context_proto_enumTypes[2]
 }
 
 func (x MemorySource) Number() protoreflect.EnumNumber {
@@ -152,7 +215,7 @@ func (x MemorySource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MemorySource.Descriptor instead.
 func (MemorySource) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{1}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{2}
 }
 
 // SourceStatus is the outcome of one retrieval source.
@@ -195,11 +258,11 @@ func (x SourceStatus) String() string {
 }
 
 func (SourceStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[2].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[3].Descriptor()
 }
 
 func (SourceStatus) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[2]
+	return &file_ibex_context_v1_context_proto_enumTypes[3]
 }
 
 func (x SourceStatus) Number() protoreflect.EnumNumber {
@@ -208,7 +271,7 @@ func (x SourceStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SourceStatus.Descriptor instead.
 func (SourceStatus) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{2}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{3}
 }
 
 // UpsertOutcome says what an upsert did to one memory.
@@ -248,11 +311,11 @@ func (x UpsertOutcome) String() string {
 }
 
 func (UpsertOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[3].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[4].Descriptor()
 }
 
 func (UpsertOutcome) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[3]
+	return &file_ibex_context_v1_context_proto_enumTypes[4]
 }
 
 func (x UpsertOutcome) Number() protoreflect.EnumNumber {
@@ -261,7 +324,7 @@ func (x UpsertOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use UpsertOutcome.Descriptor instead.
 func (UpsertOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{3}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{4}
 }
 
 // Feedback is the signal about one injected memory.
@@ -301,11 +364,11 @@ func (x Feedback) String() string {
 }
 
 func (Feedback) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[4].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[5].Descriptor()
 }
 
 func (Feedback) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[4]
+	return &file_ibex_context_v1_context_proto_enumTypes[5]
 }
 
 func (x Feedback) Number() protoreflect.EnumNumber {
@@ -314,7 +377,7 @@ func (x Feedback) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Feedback.Descriptor instead.
 func (Feedback) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{4}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{5}
 }
 
 // MemoryOrder is the order of ListMemories; ties are broken by id.
@@ -358,11 +421,11 @@ func (x MemoryOrder) String() string {
 }
 
 func (MemoryOrder) Descriptor() protoreflect.EnumDescriptor {
-	return file_ibex_context_v1_context_proto_enumTypes[5].Descriptor()
+	return file_ibex_context_v1_context_proto_enumTypes[6].Descriptor()
 }
 
 func (MemoryOrder) Type() protoreflect.EnumType {
-	return &file_ibex_context_v1_context_proto_enumTypes[5]
+	return &file_ibex_context_v1_context_proto_enumTypes[6]
 }
 
 func (x MemoryOrder) Number() protoreflect.EnumNumber {
@@ -371,7 +434,7 @@ func (x MemoryOrder) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MemoryOrder.Descriptor instead.
 func (MemoryOrder) EnumDescriptor() ([]byte, []int) {
-	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{5}
+	return file_ibex_context_v1_context_proto_rawDescGZIP(), []int{6}
 }
 
 type AssembleContextRequest struct {
@@ -3175,11 +3238,30 @@ func (x *PurgeOrgResponse) GetComplete() bool {
 	return false
 }
 
+var file_ibex_context_v1_context_proto_extTypes = []protoimpl.ExtensionInfo{
+	{
+		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
+		ExtensionType: (*Role)(nil),
+		Field:         50001,
+		Name:          "ibex.context.v1.required_role",
+		Tag:           "varint,50001,opt,name=required_role,enum=ibex.context.v1.Role",
+		Filename:      "ibex/context/v1/context.proto",
+	},
+}
+
+// Extension fields to descriptorpb.MethodOptions.
+var (
+	// The role a method requires. A method without one is refused to every caller.
+	//
+	// optional ibex.context.v1.Role required_role = 50001;
+	E_RequiredRole = &file_ibex_context_v1_context_proto_extTypes[0]
+)
+
 var File_ibex_context_v1_context_proto protoreflect.FileDescriptor
 
 const file_ibex_context_v1_context_proto_rawDesc = "" +
 	"\n" +
-	"\x1dibex/context/v1/context.proto\x12\x0fibex.context.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd4\x01\n" +
+	"\x1dibex/context/v1/context.proto\x12\x0fibex.context.v1\x1a google/protobuf/descriptor.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd4\x01\n" +
 	"\x16AssembleContextRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x1d\n" +
@@ -3423,7 +3505,15 @@ const file_ibex_context_v1_context_proto_rawDesc = "" +
 	"\x12directives_deleted\x18\x02 \x01(\x03R\x11directivesDeleted\x12#\n" +
 	"\ragents_purged\x18\x03 \x01(\x05R\fagentsPurged\x12,\n" +
 	"\x12cache_keys_deleted\x18\x04 \x01(\x05R\x10cacheKeysDeleted\x12\x1a\n" +
-	"\bcomplete\x18\x05 \x01(\bR\bcomplete*\xfb\x01\n" +
+	"\bcomplete\x18\x05 \x01(\bR\bcomplete*^\n" +
+	"\x04Role\x12\x14\n" +
+	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rROLE_ASSEMBLE\x10\x01\x12\x0e\n" +
+	"\n" +
+	"ROLE_WRITE\x10\x02\x12\r\n" +
+	"\tROLE_READ\x10\x03\x12\x0e\n" +
+	"\n" +
+	"ROLE_ADMIN\x10\x04*\xfb\x01\n" +
 	"\x10DegradationLevel\x12!\n" +
 	"\x1dDEGRADATION_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16DEGRADATION_LEVEL_FULL\x10\x01\x12\x1e\n" +
@@ -3458,23 +3548,24 @@ const file_ibex_context_v1_context_proto_rawDesc = "" +
 	"\x19MEMORY_ORDER_CREATED_DESC\x10\x01\x12\x1c\n" +
 	"\x18MEMORY_ORDER_CREATED_ASC\x10\x02\x12\x1e\n" +
 	"\x1aMEMORY_ORDER_OCCURRED_DESC\x10\x03\x12\x1d\n" +
-	"\x19MEMORY_ORDER_OCCURRED_ASC\x10\x042~\n" +
-	"\x16ContextAssemblyService\x12d\n" +
-	"\x0fAssembleContext\x12'.ibex.context.v1.AssembleContextRequest\x1a(.ibex.context.v1.AssembleContextResponse2\xfa\b\n" +
-	"\rMemoryService\x12a\n" +
-	"\x0eUpsertMemories\x12&.ibex.context.v1.UpsertMemoriesRequest\x1a'.ibex.context.v1.UpsertMemoriesResponse\x12a\n" +
-	"\x0eDeleteMemories\x12&.ibex.context.v1.DeleteMemoriesRequest\x1a'.ibex.context.v1.DeleteMemoriesResponse\x12[\n" +
-	"\fSetDirective\x12$.ibex.context.v1.SetDirectiveRequest\x1a%.ibex.context.v1.SetDirectiveResponse\x12a\n" +
-	"\x0eClearDirective\x12&.ibex.context.v1.ClearDirectiveRequest\x1a'.ibex.context.v1.ClearDirectiveResponse\x12a\n" +
-	"\x0eRecordFeedback\x12&.ibex.context.v1.RecordFeedbackRequest\x1a'.ibex.context.v1.RecordFeedbackResponse\x12X\n" +
-	"\vGetMemories\x12#.ibex.context.v1.GetMemoriesRequest\x1a$.ibex.context.v1.GetMemoriesResponse\x12[\n" +
-	"\fListMemories\x12$.ibex.context.v1.ListMemoriesRequest\x1a%.ibex.context.v1.ListMemoriesResponse\x12a\n" +
-	"\x0eSearchMemories\x12&.ibex.context.v1.SearchMemoriesRequest\x1a'.ibex.context.v1.SearchMemoriesResponse\x12[\n" +
-	"\fGetDirective\x12$.ibex.context.v1.GetDirectiveRequest\x1a%.ibex.context.v1.GetDirectiveResponse\x12a\n" +
-	"\x0eExportMemories\x12&.ibex.context.v1.ExportMemoriesRequest\x1a'.ibex.context.v1.ExportMemoriesResponse\x12U\n" +
+	"\x19MEMORY_ORDER_OCCURRED_ASC\x10\x042\x84\x01\n" +
+	"\x16ContextAssemblyService\x12j\n" +
+	"\x0fAssembleContext\x12'.ibex.context.v1.AssembleContextRequest\x1a(.ibex.context.v1.AssembleContextResponse\"\x04\x88\xb5\x18\x012\xc2\t\n" +
+	"\rMemoryService\x12g\n" +
+	"\x0eUpsertMemories\x12&.ibex.context.v1.UpsertMemoriesRequest\x1a'.ibex.context.v1.UpsertMemoriesResponse\"\x04\x88\xb5\x18\x02\x12g\n" +
+	"\x0eDeleteMemories\x12&.ibex.context.v1.DeleteMemoriesRequest\x1a'.ibex.context.v1.DeleteMemoriesResponse\"\x04\x88\xb5\x18\x02\x12a\n" +
+	"\fSetDirective\x12$.ibex.context.v1.SetDirectiveRequest\x1a%.ibex.context.v1.SetDirectiveResponse\"\x04\x88\xb5\x18\x02\x12g\n" +
+	"\x0eClearDirective\x12&.ibex.context.v1.ClearDirectiveRequest\x1a'.ibex.context.v1.ClearDirectiveResponse\"\x04\x88\xb5\x18\x02\x12g\n" +
+	"\x0eRecordFeedback\x12&.ibex.context.v1.RecordFeedbackRequest\x1a'.ibex.context.v1.RecordFeedbackResponse\"\x04\x88\xb5\x18\x02\x12^\n" +
+	"\vGetMemories\x12#.ibex.context.v1.GetMemoriesRequest\x1a$.ibex.context.v1.GetMemoriesResponse\"\x04\x88\xb5\x18\x03\x12a\n" +
+	"\fListMemories\x12$.ibex.context.v1.ListMemoriesRequest\x1a%.ibex.context.v1.ListMemoriesResponse\"\x04\x88\xb5\x18\x03\x12g\n" +
+	"\x0eSearchMemories\x12&.ibex.context.v1.SearchMemoriesRequest\x1a'.ibex.context.v1.SearchMemoriesResponse\"\x04\x88\xb5\x18\x03\x12a\n" +
+	"\fGetDirective\x12$.ibex.context.v1.GetDirectiveRequest\x1a%.ibex.context.v1.GetDirectiveResponse\"\x04\x88\xb5\x18\x03\x12g\n" +
+	"\x0eExportMemories\x12&.ibex.context.v1.ExportMemoriesRequest\x1a'.ibex.context.v1.ExportMemoriesResponse\"\x04\x88\xb5\x18\x03\x12[\n" +
 	"\n" +
-	"PurgeAgent\x12\".ibex.context.v1.PurgeAgentRequest\x1a#.ibex.context.v1.PurgeAgentResponse\x12O\n" +
-	"\bPurgeOrg\x12 .ibex.context.v1.PurgeOrgRequest\x1a!.ibex.context.v1.PurgeOrgResponseBGZEgithub.com/ibex-context/ibex-context/gen/go/ibex/context/v1;contextv1b\x06proto3"
+	"PurgeAgent\x12\".ibex.context.v1.PurgeAgentRequest\x1a#.ibex.context.v1.PurgeAgentResponse\"\x04\x88\xb5\x18\x04\x12U\n" +
+	"\bPurgeOrg\x12 .ibex.context.v1.PurgeOrgRequest\x1a!.ibex.context.v1.PurgeOrgResponse\"\x04\x88\xb5\x18\x04:\\\n" +
+	"\rrequired_role\x12\x1e.google.protobuf.MethodOptions\x18ц\x03 \x01(\x0e2\x15.ibex.context.v1.RoleR\frequiredRoleBGZEgithub.com/ibex-context/ibex-context/gen/go/ibex/context/v1;contextv1b\x06proto3"
 
 var (
 	file_ibex_context_v1_context_proto_rawDescOnce sync.Once
@@ -3488,121 +3579,125 @@ func file_ibex_context_v1_context_proto_rawDescGZIP() []byte {
 	return file_ibex_context_v1_context_proto_rawDescData
 }
 
-var file_ibex_context_v1_context_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_ibex_context_v1_context_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
 var file_ibex_context_v1_context_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_ibex_context_v1_context_proto_goTypes = []any{
-	(DegradationLevel)(0),           // 0: ibex.context.v1.DegradationLevel
-	(MemorySource)(0),               // 1: ibex.context.v1.MemorySource
-	(SourceStatus)(0),               // 2: ibex.context.v1.SourceStatus
-	(UpsertOutcome)(0),              // 3: ibex.context.v1.UpsertOutcome
-	(Feedback)(0),                   // 4: ibex.context.v1.Feedback
-	(MemoryOrder)(0),                // 5: ibex.context.v1.MemoryOrder
-	(*AssembleContextRequest)(nil),  // 6: ibex.context.v1.AssembleContextRequest
-	(*AssembleContextResponse)(nil), // 7: ibex.context.v1.AssembleContextResponse
-	(*Message)(nil),                 // 8: ibex.context.v1.Message
-	(*InjectionMetadata)(nil),       // 9: ibex.context.v1.InjectionMetadata
-	(*StageTimings)(nil),            // 10: ibex.context.v1.StageTimings
-	(*InjectedMemory)(nil),          // 11: ibex.context.v1.InjectedMemory
-	(*TokenAccounting)(nil),         // 12: ibex.context.v1.TokenAccounting
-	(*SourceOutcome)(nil),           // 13: ibex.context.v1.SourceOutcome
-	(*MemoryInput)(nil),             // 14: ibex.context.v1.MemoryInput
-	(*UpsertMemoriesRequest)(nil),   // 15: ibex.context.v1.UpsertMemoriesRequest
-	(*UpsertResult)(nil),            // 16: ibex.context.v1.UpsertResult
-	(*UpsertMemoriesResponse)(nil),  // 17: ibex.context.v1.UpsertMemoriesResponse
-	(*DeleteMemoriesRequest)(nil),   // 18: ibex.context.v1.DeleteMemoriesRequest
-	(*DeleteMemoriesResponse)(nil),  // 19: ibex.context.v1.DeleteMemoriesResponse
-	(*SetDirectiveRequest)(nil),     // 20: ibex.context.v1.SetDirectiveRequest
-	(*SetDirectiveResponse)(nil),    // 21: ibex.context.v1.SetDirectiveResponse
-	(*ClearDirectiveRequest)(nil),   // 22: ibex.context.v1.ClearDirectiveRequest
-	(*ClearDirectiveResponse)(nil),  // 23: ibex.context.v1.ClearDirectiveResponse
-	(*MemoryFeedback)(nil),          // 24: ibex.context.v1.MemoryFeedback
-	(*RecordFeedbackRequest)(nil),   // 25: ibex.context.v1.RecordFeedbackRequest
-	(*MemoryScoreUpdate)(nil),       // 26: ibex.context.v1.MemoryScoreUpdate
-	(*RecordFeedbackResponse)(nil),  // 27: ibex.context.v1.RecordFeedbackResponse
-	(*StoredMemory)(nil),            // 28: ibex.context.v1.StoredMemory
-	(*GetMemoriesRequest)(nil),      // 29: ibex.context.v1.GetMemoriesRequest
-	(*GetMemoriesResponse)(nil),     // 30: ibex.context.v1.GetMemoriesResponse
-	(*ListMemoriesRequest)(nil),     // 31: ibex.context.v1.ListMemoriesRequest
-	(*ListMemoriesResponse)(nil),    // 32: ibex.context.v1.ListMemoriesResponse
-	(*SearchMemoriesRequest)(nil),   // 33: ibex.context.v1.SearchMemoriesRequest
-	(*SearchHit)(nil),               // 34: ibex.context.v1.SearchHit
-	(*SearchMemoriesResponse)(nil),  // 35: ibex.context.v1.SearchMemoriesResponse
-	(*GetDirectiveRequest)(nil),     // 36: ibex.context.v1.GetDirectiveRequest
-	(*GetDirectiveResponse)(nil),    // 37: ibex.context.v1.GetDirectiveResponse
-	(*ExportMemoriesRequest)(nil),   // 38: ibex.context.v1.ExportMemoriesRequest
-	(*ExportMemoriesResponse)(nil),  // 39: ibex.context.v1.ExportMemoriesResponse
-	(*PurgeAgentRequest)(nil),       // 40: ibex.context.v1.PurgeAgentRequest
-	(*PurgeOrgRequest)(nil),         // 41: ibex.context.v1.PurgeOrgRequest
-	(*PurgeAgentResponse)(nil),      // 42: ibex.context.v1.PurgeAgentResponse
-	(*PurgeOrgResponse)(nil),        // 43: ibex.context.v1.PurgeOrgResponse
-	(*structpb.Struct)(nil),         // 44: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
+	(Role)(0),                          // 0: ibex.context.v1.Role
+	(DegradationLevel)(0),              // 1: ibex.context.v1.DegradationLevel
+	(MemorySource)(0),                  // 2: ibex.context.v1.MemorySource
+	(SourceStatus)(0),                  // 3: ibex.context.v1.SourceStatus
+	(UpsertOutcome)(0),                 // 4: ibex.context.v1.UpsertOutcome
+	(Feedback)(0),                      // 5: ibex.context.v1.Feedback
+	(MemoryOrder)(0),                   // 6: ibex.context.v1.MemoryOrder
+	(*AssembleContextRequest)(nil),     // 7: ibex.context.v1.AssembleContextRequest
+	(*AssembleContextResponse)(nil),    // 8: ibex.context.v1.AssembleContextResponse
+	(*Message)(nil),                    // 9: ibex.context.v1.Message
+	(*InjectionMetadata)(nil),          // 10: ibex.context.v1.InjectionMetadata
+	(*StageTimings)(nil),               // 11: ibex.context.v1.StageTimings
+	(*InjectedMemory)(nil),             // 12: ibex.context.v1.InjectedMemory
+	(*TokenAccounting)(nil),            // 13: ibex.context.v1.TokenAccounting
+	(*SourceOutcome)(nil),              // 14: ibex.context.v1.SourceOutcome
+	(*MemoryInput)(nil),                // 15: ibex.context.v1.MemoryInput
+	(*UpsertMemoriesRequest)(nil),      // 16: ibex.context.v1.UpsertMemoriesRequest
+	(*UpsertResult)(nil),               // 17: ibex.context.v1.UpsertResult
+	(*UpsertMemoriesResponse)(nil),     // 18: ibex.context.v1.UpsertMemoriesResponse
+	(*DeleteMemoriesRequest)(nil),      // 19: ibex.context.v1.DeleteMemoriesRequest
+	(*DeleteMemoriesResponse)(nil),     // 20: ibex.context.v1.DeleteMemoriesResponse
+	(*SetDirectiveRequest)(nil),        // 21: ibex.context.v1.SetDirectiveRequest
+	(*SetDirectiveResponse)(nil),       // 22: ibex.context.v1.SetDirectiveResponse
+	(*ClearDirectiveRequest)(nil),      // 23: ibex.context.v1.ClearDirectiveRequest
+	(*ClearDirectiveResponse)(nil),     // 24: ibex.context.v1.ClearDirectiveResponse
+	(*MemoryFeedback)(nil),             // 25: ibex.context.v1.MemoryFeedback
+	(*RecordFeedbackRequest)(nil),      // 26: ibex.context.v1.RecordFeedbackRequest
+	(*MemoryScoreUpdate)(nil),          // 27: ibex.context.v1.MemoryScoreUpdate
+	(*RecordFeedbackResponse)(nil),     // 28: ibex.context.v1.RecordFeedbackResponse
+	(*StoredMemory)(nil),               // 29: ibex.context.v1.StoredMemory
+	(*GetMemoriesRequest)(nil),         // 30: ibex.context.v1.GetMemoriesRequest
+	(*GetMemoriesResponse)(nil),        // 31: ibex.context.v1.GetMemoriesResponse
+	(*ListMemoriesRequest)(nil),        // 32: ibex.context.v1.ListMemoriesRequest
+	(*ListMemoriesResponse)(nil),       // 33: ibex.context.v1.ListMemoriesResponse
+	(*SearchMemoriesRequest)(nil),      // 34: ibex.context.v1.SearchMemoriesRequest
+	(*SearchHit)(nil),                  // 35: ibex.context.v1.SearchHit
+	(*SearchMemoriesResponse)(nil),     // 36: ibex.context.v1.SearchMemoriesResponse
+	(*GetDirectiveRequest)(nil),        // 37: ibex.context.v1.GetDirectiveRequest
+	(*GetDirectiveResponse)(nil),       // 38: ibex.context.v1.GetDirectiveResponse
+	(*ExportMemoriesRequest)(nil),      // 39: ibex.context.v1.ExportMemoriesRequest
+	(*ExportMemoriesResponse)(nil),     // 40: ibex.context.v1.ExportMemoriesResponse
+	(*PurgeAgentRequest)(nil),          // 41: ibex.context.v1.PurgeAgentRequest
+	(*PurgeOrgRequest)(nil),            // 42: ibex.context.v1.PurgeOrgRequest
+	(*PurgeAgentResponse)(nil),         // 43: ibex.context.v1.PurgeAgentResponse
+	(*PurgeOrgResponse)(nil),           // 44: ibex.context.v1.PurgeOrgResponse
+	(*structpb.Struct)(nil),            // 45: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),      // 46: google.protobuf.Timestamp
+	(*descriptorpb.MethodOptions)(nil), // 47: google.protobuf.MethodOptions
 }
 var file_ibex_context_v1_context_proto_depIdxs = []int32{
-	8,  // 0: ibex.context.v1.AssembleContextRequest.messages:type_name -> ibex.context.v1.Message
-	8,  // 1: ibex.context.v1.AssembleContextResponse.messages:type_name -> ibex.context.v1.Message
-	9,  // 2: ibex.context.v1.AssembleContextResponse.metadata:type_name -> ibex.context.v1.InjectionMetadata
-	0,  // 3: ibex.context.v1.InjectionMetadata.degradation_level:type_name -> ibex.context.v1.DegradationLevel
-	10, // 4: ibex.context.v1.InjectionMetadata.timings:type_name -> ibex.context.v1.StageTimings
-	11, // 5: ibex.context.v1.InjectionMetadata.memories:type_name -> ibex.context.v1.InjectedMemory
-	12, // 6: ibex.context.v1.InjectionMetadata.tokens:type_name -> ibex.context.v1.TokenAccounting
-	13, // 7: ibex.context.v1.InjectionMetadata.sources:type_name -> ibex.context.v1.SourceOutcome
-	1,  // 8: ibex.context.v1.InjectedMemory.source:type_name -> ibex.context.v1.MemorySource
-	2,  // 9: ibex.context.v1.SourceOutcome.status:type_name -> ibex.context.v1.SourceStatus
-	44, // 10: ibex.context.v1.MemoryInput.metadata:type_name -> google.protobuf.Struct
-	45, // 11: ibex.context.v1.MemoryInput.occurred_at:type_name -> google.protobuf.Timestamp
-	14, // 12: ibex.context.v1.UpsertMemoriesRequest.memories:type_name -> ibex.context.v1.MemoryInput
-	3,  // 13: ibex.context.v1.UpsertResult.outcome:type_name -> ibex.context.v1.UpsertOutcome
-	16, // 14: ibex.context.v1.UpsertMemoriesResponse.results:type_name -> ibex.context.v1.UpsertResult
-	4,  // 15: ibex.context.v1.MemoryFeedback.feedback:type_name -> ibex.context.v1.Feedback
-	24, // 16: ibex.context.v1.RecordFeedbackRequest.feedback:type_name -> ibex.context.v1.MemoryFeedback
-	26, // 17: ibex.context.v1.RecordFeedbackResponse.updates:type_name -> ibex.context.v1.MemoryScoreUpdate
-	44, // 18: ibex.context.v1.StoredMemory.metadata:type_name -> google.protobuf.Struct
-	45, // 19: ibex.context.v1.StoredMemory.occurred_at:type_name -> google.protobuf.Timestamp
-	45, // 20: ibex.context.v1.StoredMemory.created_at:type_name -> google.protobuf.Timestamp
-	45, // 21: ibex.context.v1.StoredMemory.updated_at:type_name -> google.protobuf.Timestamp
-	45, // 22: ibex.context.v1.StoredMemory.last_injected_at:type_name -> google.protobuf.Timestamp
-	28, // 23: ibex.context.v1.GetMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
-	45, // 24: ibex.context.v1.ListMemoriesRequest.created_after:type_name -> google.protobuf.Timestamp
-	45, // 25: ibex.context.v1.ListMemoriesRequest.created_before:type_name -> google.protobuf.Timestamp
-	45, // 26: ibex.context.v1.ListMemoriesRequest.occurred_after:type_name -> google.protobuf.Timestamp
-	45, // 27: ibex.context.v1.ListMemoriesRequest.occurred_before:type_name -> google.protobuf.Timestamp
-	5,  // 28: ibex.context.v1.ListMemoriesRequest.order:type_name -> ibex.context.v1.MemoryOrder
-	28, // 29: ibex.context.v1.ListMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
-	28, // 30: ibex.context.v1.SearchHit.memory:type_name -> ibex.context.v1.StoredMemory
-	34, // 31: ibex.context.v1.SearchMemoriesResponse.hits:type_name -> ibex.context.v1.SearchHit
-	45, // 32: ibex.context.v1.GetDirectiveResponse.updated_at:type_name -> google.protobuf.Timestamp
-	28, // 33: ibex.context.v1.ExportMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
-	6,  // 34: ibex.context.v1.ContextAssemblyService.AssembleContext:input_type -> ibex.context.v1.AssembleContextRequest
-	15, // 35: ibex.context.v1.MemoryService.UpsertMemories:input_type -> ibex.context.v1.UpsertMemoriesRequest
-	18, // 36: ibex.context.v1.MemoryService.DeleteMemories:input_type -> ibex.context.v1.DeleteMemoriesRequest
-	20, // 37: ibex.context.v1.MemoryService.SetDirective:input_type -> ibex.context.v1.SetDirectiveRequest
-	22, // 38: ibex.context.v1.MemoryService.ClearDirective:input_type -> ibex.context.v1.ClearDirectiveRequest
-	25, // 39: ibex.context.v1.MemoryService.RecordFeedback:input_type -> ibex.context.v1.RecordFeedbackRequest
-	29, // 40: ibex.context.v1.MemoryService.GetMemories:input_type -> ibex.context.v1.GetMemoriesRequest
-	31, // 41: ibex.context.v1.MemoryService.ListMemories:input_type -> ibex.context.v1.ListMemoriesRequest
-	33, // 42: ibex.context.v1.MemoryService.SearchMemories:input_type -> ibex.context.v1.SearchMemoriesRequest
-	36, // 43: ibex.context.v1.MemoryService.GetDirective:input_type -> ibex.context.v1.GetDirectiveRequest
-	38, // 44: ibex.context.v1.MemoryService.ExportMemories:input_type -> ibex.context.v1.ExportMemoriesRequest
-	40, // 45: ibex.context.v1.MemoryService.PurgeAgent:input_type -> ibex.context.v1.PurgeAgentRequest
-	41, // 46: ibex.context.v1.MemoryService.PurgeOrg:input_type -> ibex.context.v1.PurgeOrgRequest
-	7,  // 47: ibex.context.v1.ContextAssemblyService.AssembleContext:output_type -> ibex.context.v1.AssembleContextResponse
-	17, // 48: ibex.context.v1.MemoryService.UpsertMemories:output_type -> ibex.context.v1.UpsertMemoriesResponse
-	19, // 49: ibex.context.v1.MemoryService.DeleteMemories:output_type -> ibex.context.v1.DeleteMemoriesResponse
-	21, // 50: ibex.context.v1.MemoryService.SetDirective:output_type -> ibex.context.v1.SetDirectiveResponse
-	23, // 51: ibex.context.v1.MemoryService.ClearDirective:output_type -> ibex.context.v1.ClearDirectiveResponse
-	27, // 52: ibex.context.v1.MemoryService.RecordFeedback:output_type -> ibex.context.v1.RecordFeedbackResponse
-	30, // 53: ibex.context.v1.MemoryService.GetMemories:output_type -> ibex.context.v1.GetMemoriesResponse
-	32, // 54: ibex.context.v1.MemoryService.ListMemories:output_type -> ibex.context.v1.ListMemoriesResponse
-	35, // 55: ibex.context.v1.MemoryService.SearchMemories:output_type -> ibex.context.v1.SearchMemoriesResponse
-	37, // 56: ibex.context.v1.MemoryService.GetDirective:output_type -> ibex.context.v1.GetDirectiveResponse
-	39, // 57: ibex.context.v1.MemoryService.ExportMemories:output_type -> ibex.context.v1.ExportMemoriesResponse
-	42, // 58: ibex.context.v1.MemoryService.PurgeAgent:output_type -> ibex.context.v1.PurgeAgentResponse
-	43, // 59: ibex.context.v1.MemoryService.PurgeOrg:output_type -> ibex.context.v1.PurgeOrgResponse
-	47, // [47:60] is the sub-list for method output_type
-	34, // [34:47] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
+	9,  // 0: ibex.context.v1.AssembleContextRequest.messages:type_name -> ibex.context.v1.Message
+	9,  // 1: ibex.context.v1.AssembleContextResponse.messages:type_name -> ibex.context.v1.Message
+	10, // 2: ibex.context.v1.AssembleContextResponse.metadata:type_name -> ibex.context.v1.InjectionMetadata
+	1,  // 3: ibex.context.v1.InjectionMetadata.degradation_level:type_name -> ibex.context.v1.DegradationLevel
+	11, // 4: ibex.context.v1.InjectionMetadata.timings:type_name -> ibex.context.v1.StageTimings
+	12, // 5: ibex.context.v1.InjectionMetadata.memories:type_name -> ibex.context.v1.InjectedMemory
+	13, // 6: ibex.context.v1.InjectionMetadata.tokens:type_name -> ibex.context.v1.TokenAccounting
+	14, // 7: ibex.context.v1.InjectionMetadata.sources:type_name -> ibex.context.v1.SourceOutcome
+	2,  // 8: ibex.context.v1.InjectedMemory.source:type_name -> ibex.context.v1.MemorySource
+	3,  // 9: ibex.context.v1.SourceOutcome.status:type_name -> ibex.context.v1.SourceStatus
+	45, // 10: ibex.context.v1.MemoryInput.metadata:type_name -> google.protobuf.Struct
+	46, // 11: ibex.context.v1.MemoryInput.occurred_at:type_name -> google.protobuf.Timestamp
+	15, // 12: ibex.context.v1.UpsertMemoriesRequest.memories:type_name -> ibex.context.v1.MemoryInput
+	4,  // 13: ibex.context.v1.UpsertResult.outcome:type_name -> ibex.context.v1.UpsertOutcome
+	17, // 14: ibex.context.v1.UpsertMemoriesResponse.results:type_name -> ibex.context.v1.UpsertResult
+	5,  // 15: ibex.context.v1.MemoryFeedback.feedback:type_name -> ibex.context.v1.Feedback
+	25, // 16: ibex.context.v1.RecordFeedbackRequest.feedback:type_name -> ibex.context.v1.MemoryFeedback
+	27, // 17: ibex.context.v1.RecordFeedbackResponse.updates:type_name -> ibex.context.v1.MemoryScoreUpdate
+	45, // 18: ibex.context.v1.StoredMemory.metadata:type_name -> google.protobuf.Struct
+	46, // 19: ibex.context.v1.StoredMemory.occurred_at:type_name -> google.protobuf.Timestamp
+	46, // 20: ibex.context.v1.StoredMemory.created_at:type_name -> google.protobuf.Timestamp
+	46, // 21: ibex.context.v1.StoredMemory.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 22: ibex.context.v1.StoredMemory.last_injected_at:type_name -> google.protobuf.Timestamp
+	29, // 23: ibex.context.v1.GetMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
+	46, // 24: ibex.context.v1.ListMemoriesRequest.created_after:type_name -> google.protobuf.Timestamp
+	46, // 25: ibex.context.v1.ListMemoriesRequest.created_before:type_name -> google.protobuf.Timestamp
+	46, // 26: ibex.context.v1.ListMemoriesRequest.occurred_after:type_name -> google.protobuf.Timestamp
+	46, // 27: ibex.context.v1.ListMemoriesRequest.occurred_before:type_name -> google.protobuf.Timestamp
+	6,  // 28: ibex.context.v1.ListMemoriesRequest.order:type_name -> ibex.context.v1.MemoryOrder
+	29, // 29: ibex.context.v1.ListMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
+	29, // 30: ibex.context.v1.SearchHit.memory:type_name -> ibex.context.v1.StoredMemory
+	35, // 31: ibex.context.v1.SearchMemoriesResponse.hits:type_name -> ibex.context.v1.SearchHit
+	46, // 32: ibex.context.v1.GetDirectiveResponse.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 33: ibex.context.v1.ExportMemoriesResponse.memories:type_name -> ibex.context.v1.StoredMemory
+	47, // 34: ibex.context.v1.required_role:extendee -> google.protobuf.MethodOptions
+	0,  // 35: ibex.context.v1.required_role:type_name -> ibex.context.v1.Role
+	7,  // 36: ibex.context.v1.ContextAssemblyService.AssembleContext:input_type -> ibex.context.v1.AssembleContextRequest
+	16, // 37: ibex.context.v1.MemoryService.UpsertMemories:input_type -> ibex.context.v1.UpsertMemoriesRequest
+	19, // 38: ibex.context.v1.MemoryService.DeleteMemories:input_type -> ibex.context.v1.DeleteMemoriesRequest
+	21, // 39: ibex.context.v1.MemoryService.SetDirective:input_type -> ibex.context.v1.SetDirectiveRequest
+	23, // 40: ibex.context.v1.MemoryService.ClearDirective:input_type -> ibex.context.v1.ClearDirectiveRequest
+	26, // 41: ibex.context.v1.MemoryService.RecordFeedback:input_type -> ibex.context.v1.RecordFeedbackRequest
+	30, // 42: ibex.context.v1.MemoryService.GetMemories:input_type -> ibex.context.v1.GetMemoriesRequest
+	32, // 43: ibex.context.v1.MemoryService.ListMemories:input_type -> ibex.context.v1.ListMemoriesRequest
+	34, // 44: ibex.context.v1.MemoryService.SearchMemories:input_type -> ibex.context.v1.SearchMemoriesRequest
+	37, // 45: ibex.context.v1.MemoryService.GetDirective:input_type -> ibex.context.v1.GetDirectiveRequest
+	39, // 46: ibex.context.v1.MemoryService.ExportMemories:input_type -> ibex.context.v1.ExportMemoriesRequest
+	41, // 47: ibex.context.v1.MemoryService.PurgeAgent:input_type -> ibex.context.v1.PurgeAgentRequest
+	42, // 48: ibex.context.v1.MemoryService.PurgeOrg:input_type -> ibex.context.v1.PurgeOrgRequest
+	8,  // 49: ibex.context.v1.ContextAssemblyService.AssembleContext:output_type -> ibex.context.v1.AssembleContextResponse
+	18, // 50: ibex.context.v1.MemoryService.UpsertMemories:output_type -> ibex.context.v1.UpsertMemoriesResponse
+	20, // 51: ibex.context.v1.MemoryService.DeleteMemories:output_type -> ibex.context.v1.DeleteMemoriesResponse
+	22, // 52: ibex.context.v1.MemoryService.SetDirective:output_type -> ibex.context.v1.SetDirectiveResponse
+	24, // 53: ibex.context.v1.MemoryService.ClearDirective:output_type -> ibex.context.v1.ClearDirectiveResponse
+	28, // 54: ibex.context.v1.MemoryService.RecordFeedback:output_type -> ibex.context.v1.RecordFeedbackResponse
+	31, // 55: ibex.context.v1.MemoryService.GetMemories:output_type -> ibex.context.v1.GetMemoriesResponse
+	33, // 56: ibex.context.v1.MemoryService.ListMemories:output_type -> ibex.context.v1.ListMemoriesResponse
+	36, // 57: ibex.context.v1.MemoryService.SearchMemories:output_type -> ibex.context.v1.SearchMemoriesResponse
+	38, // 58: ibex.context.v1.MemoryService.GetDirective:output_type -> ibex.context.v1.GetDirectiveResponse
+	40, // 59: ibex.context.v1.MemoryService.ExportMemories:output_type -> ibex.context.v1.ExportMemoriesResponse
+	43, // 60: ibex.context.v1.MemoryService.PurgeAgent:output_type -> ibex.context.v1.PurgeAgentResponse
+	44, // 61: ibex.context.v1.MemoryService.PurgeOrg:output_type -> ibex.context.v1.PurgeOrgResponse
+	49, // [49:62] is the sub-list for method output_type
+	36, // [36:49] is the sub-list for method input_type
+	35, // [35:36] is the sub-list for extension type_name
+	34, // [34:35] is the sub-list for extension extendee
 	0,  // [0:34] is the sub-list for field type_name
 }
 
@@ -3617,15 +3712,16 @@ func file_ibex_context_v1_context_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ibex_context_v1_context_proto_rawDesc), len(file_ibex_context_v1_context_proto_rawDesc)),
-			NumEnums:      6,
+			NumEnums:      7,
 			NumMessages:   38,
-			NumExtensions: 0,
+			NumExtensions: 1,
 			NumServices:   2,
 		},
 		GoTypes:           file_ibex_context_v1_context_proto_goTypes,
 		DependencyIndexes: file_ibex_context_v1_context_proto_depIdxs,
 		EnumInfos:         file_ibex_context_v1_context_proto_enumTypes,
 		MessageInfos:      file_ibex_context_v1_context_proto_msgTypes,
+		ExtensionInfos:    file_ibex_context_v1_context_proto_extTypes,
 	}.Build()
 	File_ibex_context_v1_context_proto = out.File
 	file_ibex_context_v1_context_proto_goTypes = nil

@@ -26,7 +26,7 @@ from ibex_context.devtools.demo import ACME_SUPPORT, AGENTS, DEMO_QUESTION
 from ibex_context.devtools.embedded import embedded_stores
 from ibex_context.server.lifecycle import stop_signal
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import migrate
+from ibex_context.stores.postgres.migrate import migrate
 
 log = logging.getLogger(__name__)
 # Calls the demo makes at most before it shows a degraded one.

@@ -36,6 +36,7 @@ from ibex_context.pipeline.outcome import (
     SourceName,
     SourceResult,
     SourceStatus,
+    Stage,
     StageSpan,
     Timings,
 )
@@ -58,6 +59,8 @@ EMPTY = "scenario-empty-response"
 SLOW_SECONDS = 1.0
 
 
+# The stages it times like the pipeline's: every one but the send, timed after.
+_PIPELINE_STAGES = tuple(stage for stage in Stage if stage is not Stage.SERIALIZE)
 _OBSERVER = CurrentCallObserver()
 _MEMORIES = tuple(
     ScoredMemory(
@@ -122,7 +125,7 @@ class ScriptedAssembly:
             await asyncio.sleep(SLOW_SECONDS)
 
         stages: list[StageSpan] = []
-        for stage in ("budget", "directive", "hot", "embed", "cold", "score", "pack", "format"):
+        for stage in _PIPELINE_STAGES:
             start = time.perf_counter_ns()
             await asyncio.sleep(0)
             stages.append(StageSpan(stage, start, time.perf_counter_ns()))
@@ -160,7 +163,7 @@ class ScriptedAssembly:
         )
         start = time.perf_counter_ns()
         payload = pb.AssembleContextResponse(messages=messages, metadata=metadata).SerializeToString()
-        send = StageSpan("serialize", start, time.perf_counter_ns())
+        send = StageSpan(Stage.SERIALIZE, start, time.perf_counter_ns())
         # Like the real handler: the observer is told once, after the send.
         _OBSERVER.answered(
             Assembly(

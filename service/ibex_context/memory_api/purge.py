@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from ibex_context.errors import StoreUnavailable
+from ibex_context.errors import CacheError, StoreUnavailable
 
 _T = TypeVar("_T")
 
@@ -37,7 +37,7 @@ class AgentRowsPurged(Protocol):
 
 
 class TenantRows(Protocol):
-    """The truth's side of a purge (``stores.tenant_data.TenantData``)."""
+    """The truth's side of a purge (``stores.postgres.tenant_data.TenantData``)."""
 
     def agents_of_org(self, org_id: str) -> Awaitable[list[str]]: ...
     def purge_agent(
@@ -48,7 +48,7 @@ class TenantRows(Protocol):
 
 class TenantCache(Protocol):
     """The cache's side of a purge (``stores.redis.RedisContextCache``); when Redis fails it
-    raises one of the errors ``TenantPurge`` is given (``stores.redis.CACHE_ERRORS``)."""
+    raises ``errors.CacheError``."""
 
     def agents_with_keys(self, org_id: str) -> Awaitable[set[str]]: ...
     def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> Awaitable[int]: ...
@@ -71,15 +71,12 @@ class TenantPurge:
         data: TenantRows,
         cache: TenantCache,
         call_seconds: float,
-        cache_errors: tuple[type[Exception], ...],
         clock: Callable[[], float] = time.monotonic,
         purged: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._data = data
         self._cache = cache
         self._call_seconds = call_seconds
-        # What the cache raises when Redis fails: the call fails UNAVAILABLE.
-        self._cache_errors = cache_errors
         self._clock = clock
         # Told of each agent purged: read replicas must not serve what the primary
         # deleted (``ReadRouting.note_write``).
@@ -128,5 +125,5 @@ class TenantPurge:
     async def _redis(self, call: Awaitable[_T]) -> _T:
         try:
             return await call
-        except self._cache_errors as exc:
-            raise StoreUnavailable(f"redis: {type(exc).__name__}") from None
+        except CacheError as exc:  # the call fails UNAVAILABLE
+            raise StoreUnavailable(str(exc)) from None

@@ -134,7 +134,7 @@ def _checked_uuid(text: str) -> str:
         raise InvalidRequest(page_tokens.FIELD, "is not a token this service issued") from None
 
 
-class MemoryReads:
+class MemoryReadApi:
     def __init__(
         self,
         *,

@@ -25,7 +25,7 @@ def content_hash(content: str) -> bytes:
     return hashlib.sha256(content.encode("utf-8")).digest()
 
 
-class MemoryWrites:
+class MemoryWriteApi:
     def __init__(
         self,
         *,

@@ -48,7 +48,7 @@ from ibex_context.pipeline.outcome import (
     plan_of,
 )
 from ibex_context.stores.cold_plan import ColdPlan
-from ibex_context.stores.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
+from ibex_context.stores.postgres.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
 
 __all__ = [
     "ASSEMBLY_BUCKETS",

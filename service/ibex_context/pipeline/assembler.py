@@ -48,11 +48,13 @@ from ibex_context.pipeline.budget import TokenBudget, compute_budget
 from ibex_context.pipeline.compose import ComposeInput, compose, directive_only
 from ibex_context.pipeline.deadlines import CallDeadlines
 from ibex_context.pipeline.outcome import (
+    SOURCE_STAGES,
     SOURCES,
     Reason,
     SourceName,
     SourceResult,
     SourceStatus,
+    Stage,
     StageSpan,
     Timings,
     outcome_of,
@@ -152,7 +154,7 @@ class Assembler:
             approximation_reason=approximation,
         )
         call.encoding, call.messages_tokens, call.budget = encoding, messages_tokens, preliminary
-        call.stages.append(StageSpan("budget", t0, time.perf_counter_ns()))
+        call.stages.append(StageSpan(Stage.BUDGET, t0, time.perf_counter_ns()))
         if preliminary.window_remaining < 0:
             # Not even the response reserve fits beside the client's messages: anything
             # injected would eat the model's answer. No store is asked.
@@ -173,7 +175,7 @@ class Assembler:
         await wait_for_sources(sources, plan.deadlines.ends_at)
         self._cancel(tasks)
         for source, (start, end) in state.intervals.items():
-            call.stages.append(StageSpan(source, start, end))
+            call.stages.append(StageSpan(SOURCE_STAGES[source], start, end))
         outcomes = _closed(state.sources)
         return self._compose(call, outcomes, _reasons(outcomes))
 
@@ -199,7 +201,7 @@ class Assembler:
         )
         t0, t1, t2, t3 = composition.marks
         call.stages.extend(
-            (StageSpan("score", t0, t1), StageSpan("pack", t1, t2), StageSpan("format", t2, t3))
+            (StageSpan(Stage.SCORE, t0, t1), StageSpan(Stage.PACK, t1, t2), StageSpan(Stage.FORMAT, t2, t3))
         )
         call.budget = composition.budget
         if composition.directive_exceeds_window:

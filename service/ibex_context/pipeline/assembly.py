@@ -3,7 +3,7 @@
 and the ``AssemblyObserver`` they are handed to.
 
 One record, made once at the end of every path (``Assembler._finish``): the wire's
-response is built from it (``server.convert``), and observability reads the same
+response is built from it (``server.assembly_service``), and observability reads the same
 value after the send (metrics, spans, the access log) through the observer the
 handler is given. Nothing changes it. ``NamedTuple``s, like the outcome's vocabulary
 (``pipeline.outcome``): immutable and cheap to build once per call.

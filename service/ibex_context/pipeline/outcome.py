@@ -2,10 +2,10 @@
 reasons an assembly did less than everything, and the outcome label.
 
 One definition each: the assembler records in these terms, the call's ``Assembly``
-(``pipeline.assembly``) carries them, the wire (``server.convert``) reads them, and
-observability labels its series with them. The wire's ``StageTimings`` has one
-``<stage>_us`` field per stage of ``STAGES`` but ``serialize`` (the send, timed after the
-response is built; tests/server/test_convert.py keeps the two in step).
+(``pipeline.assembly``) carries them, the wire (``server.assembly_service``) reads them,
+and observability labels its series with them. The wire's ``StageTimings`` has one
+``<stage>_us`` field per ``Stage`` but ``SERIALIZE`` (the send, timed after the
+response is built; tests/server/test_assembly_service.py keeps the two in step).
 
 The values made for every call (stages, the sources' outcomes) are ``NamedTuple``s:
 immutable like a frozen dataclass, but built about four times faster (a frozen
@@ -19,31 +19,40 @@ from typing import NamedTuple
 
 from ibex_context.models import Degradation
 
-STAGES: tuple[str, ...] = (
-    "budget",
-    "directive",
-    "hot",
-    "embed",
-    "cold",
-    "lexical",
-    "score",
-    "pack",
-    "format",
-    "serialize",
-)
 
+class Stage(enum.StrEnum):
+    """A call's stages, in the order they run. The values are the metrics' ``stage`` label
+    and name the wire's ``<stage>_us`` fields; the retrieval sources' stages share their
+    ``SourceName``'s value."""
 
-class SourceName(enum.StrEnum):
-    """The retrieval sources, in the order the metadata lists them."""
-
+    BUDGET = "budget"
     DIRECTIVE = "directive"
     HOT = "hot"
     EMBED = "embed"
     COLD = "cold"
     LEXICAL = "lexical"
+    SCORE = "score"
+    PACK = "pack"
+    FORMAT = "format"
+    SERIALIZE = "serialize"
+
+
+STAGES: tuple[Stage, ...] = tuple(Stage)
+
+
+class SourceName(enum.StrEnum):
+    """The retrieval sources, in the order the metadata lists them; each is a stage."""
+
+    DIRECTIVE = Stage.DIRECTIVE.value
+    HOT = Stage.HOT.value
+    EMBED = Stage.EMBED.value
+    COLD = Stage.COLD.value
+    LEXICAL = Stage.LEXICAL.value
 
 
 SOURCES: tuple[SourceName, ...] = tuple(SourceName)
+# The stage each source's interval is timed as.
+SOURCE_STAGES: dict[SourceName, Stage] = {source: Stage(source.value) for source in SourceName}
 
 
 class Reason(enum.StrEnum):
@@ -109,7 +118,7 @@ class SourceStatus(enum.IntEnum):
 class StageSpan(NamedTuple):
     """A stage's wall-clock interval, ``time.perf_counter_ns()`` based."""
 
-    stage: str
+    stage: Stage
     start_ns: int
     end_ns: int
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ibex_context.stores.base import Injection, InjectionRecorder
+from ibex_context.stores.base import InjectionRecord, InjectionRecorder
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class InjectionQueue:
         hooks: QueueHooks | None = None,
     ) -> None:
         self._recorder = recorder
-        self._queue: asyncio.Queue[Injection] = asyncio.Queue(max_size)
+        self._queue: asyncio.Queue[InjectionRecord] = asyncio.Queue(max_size)
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self._hooks = hooks or QueueHooks()
@@ -59,7 +59,7 @@ class InjectionQueue:
         dropped = 0
         for memory_id in memory_ids:
             try:
-                self._queue.put_nowait(Injection(org_id, agent_id, memory_id, now))
+                self._queue.put_nowait(InjectionRecord(org_id, agent_id, memory_id, now))
             except asyncio.QueueFull:
                 dropped += 1
         if dropped:
@@ -84,7 +84,7 @@ class InjectionQueue:
             await asyncio.shield(self._in_flight)
             self._in_flight = None
 
-    async def _flush(self, batch: list[Injection]) -> None:
+    async def _flush(self, batch: list[InjectionRecord]) -> None:
         try:
             await self._recorder.record_injections(batch)
         except Exception as exc:
@@ -102,7 +102,7 @@ class InjectionQueue:
         if self._in_flight is not None:
             await asyncio.wait({self._in_flight}, timeout=timeout)
             self._in_flight = None
-        pending: list[Injection] = []
+        pending: list[InjectionRecord] = []
         while not self._queue.empty():
             pending.append(self._queue.get_nowait())
         if pending:

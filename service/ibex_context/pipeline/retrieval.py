@@ -154,7 +154,7 @@ class Retriever:
             state,
             SourceName.HOT,
             plan.until_call_ends(),
-            # Not shielded: the read's client (stores.redis_wire) is cancellation-safe;
+            # Not shielded: the read's client (stores.redis.wire) is cancellation-safe;
             # a cancelled read leaves its reply to be read and dropped on its connection.
             lambda: self._hot.get_hot_memories(plan.org_id, plan.agent_id, plan.hot_limit),
             count=len,

@@ -7,25 +7,24 @@ dependencies through its constructor.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
-import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import asyncpg
 from prometheus_client import CollectorRegistry
 
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
-from ibex_context.errors import ConfigurationError
+from ibex_context.errors import ConfigurationError, failure_name
 from ibex_context.memory_api.purge import TenantPurge
-from ibex_context.memory_api.reads import MemoryReads, hybrid_search
+from ibex_context.memory_api.reads import MemoryReadApi, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
-from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWrites
+from ibex_context.memory_api.writes import STORED_ENCODINGS, MemoryWriteApi
 from ibex_context.models import AssemblyRequest, ChatMessage
 from ibex_context.observability.calls import CallObserver
 from ibex_context.observability.exposition import HealthStatus, start_metrics_server
@@ -40,10 +39,10 @@ from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
 from ibex_context.server.admission import FairAdmission
+from ibex_context.server.assembly_service import ContextAssemblyHandler
 from ibex_context.server.cpu import CpuMeter, available_cpus
 from ibex_context.server.grpc_server import ConnectionPolicy, ServiceServer
 from ibex_context.server.guard import CallGuard, CredentialsFile
-from ibex_context.server.handlers import ContextAssemblyHandler
 from ibex_context.server.health import ServiceHealth
 from ibex_context.server.heap import GcPauses, freeze_startup_heap
 from ibex_context.server.lifecycle import InflightCalls, stop_signal
@@ -54,13 +53,12 @@ from ibex_context.server.rpc import service_names
 from ibex_context.server.tls import ServerTls, TlsFiles
 from ibex_context.server.validation import Limits
 from ibex_context.settings import Settings
-from ibex_context.stores.migrate import check_schema
 from ibex_context.stores.postgres import PostgresMemoryStore, postgres_tls, unverified_tls_warning
-from ibex_context.stores.read_routing import build_read_routing
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
-from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.postgres.migrate import check_database
+from ibex_context.stores.postgres.read_routing import build_read_routing
+from ibex_context.stores.postgres.tenant_data import TenantData
+from ibex_context.stores.redis import RedisContextCache, RedisTopology, WriteMarks
 from ibex_context.stores.repository import ContextRepository
-from ibex_context.stores.tenant_data import TenantData
 from ibex_context.tokens.counting import MessageTokenCounter
 from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -161,7 +159,7 @@ class ContextService:
                 f"IBEX_EMBEDDING_DIM is {s.embedding_dim}"
             )
         self._closers.append(embedder.aclose)
-        await _check_database(s.postgres_dsn, s.embedding_dim, postgres_tls(s.postgres_ca_file))
+        await check_database(s.postgres_dsn, s.embedding_dim, tls=postgres_tls(s.postgres_ca_file))
         query_embedder = CachedEmbedder(
             embedder, max_entries=s.embedding_cache_size, query_max_tokens=s.embedding_query_max_tokens
         )
@@ -171,7 +169,9 @@ class ContextService:
         self._closers.append(postgres.aclose)
         redis = RedisContextCache.from_settings(s)
         self._closers.append(redis.aclose)
-        read_routing = build_read_routing(s, postgres, self.metrics.record_postgres_read)
+        read_routing = build_read_routing(
+            s, postgres, functools.partial(WriteMarks.from_settings, s), self.metrics.record_postgres_read
+        )
         if read_routing is not None:
             read_routing.start()
             self._closers.append(read_routing.aclose)
@@ -183,7 +183,7 @@ class ContextService:
         try:
             await redis.warm_up()
         except Exception as exc:
-            log.warning("warming up %s failed: %s", type(redis).__name__, type(exc).__name__)
+            log.warning("warming up %s failed: %s", type(redis).__name__, failure_name(exc))
 
         self.profiles = ProfileStore()
         if s.profiles_path is not None:
@@ -268,8 +268,8 @@ class ContextService:
         )
         tenant_data = TenantData(postgres.pool)
         memory = MemoryServiceHandler(
-            writes=MemoryWrites(writer=repository, embedder=embedder, encodings=encodings),
-            reads=MemoryReads(
+            writes=MemoryWriteApi(writer=repository, embedder=embedder, encodings=encodings),
+            reads=MemoryReadApi(
                 data=tenant_data,
                 search=hybrid_search(repository),
                 embedder=query_embedder,
@@ -279,7 +279,6 @@ class ContextService:
                 data=tenant_data,
                 cache=redis,
                 call_seconds=s.purge_call_seconds,
-                cache_errors=CACHE_ERRORS,
                 purged=read_routing.note_write if read_routing is not None else None,
             ),
             limits=limits,
@@ -484,11 +483,3 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         await assembler.assemble(request, DEFAULT_PROFILE, deadlines.within(2.0, DEFAULT_PROFILE.deadlines))
     except Exception:
         log.warning("warm-up assembly failed", exc_info=True)
-
-
-async def _check_database(dsn: str, dim: int, tls: ssl.SSLContext | None) -> None:
-    conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
-    try:
-        await check_schema(conn, dim)
-    finally:
-        await conn.close()

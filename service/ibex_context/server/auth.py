@@ -5,8 +5,9 @@ here only as its SHA-256) or by the identity of its verified client certificate 
 subject alternative name, or the common name of a certificate without any). The
 credential names a *principal*: its roles and, optionally, the one org it may act for.
 
-Every method of the two services needs exactly one role (``METHOD_ROLES``); health and
-reflection need none (probes and tools reach them without credentials).
+Every method of the two services needs exactly one role, named in the proto by the
+method's ``required_role`` option (``METHOD_ROLES``); health and reflection need none
+(probes and tools reach them without credentials).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 from ibex_context.errors import ConfigurationError
 
@@ -29,32 +32,46 @@ __all__ = [
     "Refusal",
     "Role",
     "authorize",
+    "method_roles",
     "parse_credentials",
     "token_digest",
 ]
 
 
 class Role(enum.StrEnum):
+    """A role as the credentials file names it: the proto's ``Role`` without its prefix."""
+
     ASSEMBLE = "assemble"
     WRITE = "write"
     READ = "read"
     ADMIN = "admin"
 
 
-_ASSEMBLY = "/ibex.context.v1.ContextAssemblyService/"
-_MEMORY = "/ibex.context.v1.MemoryService/"
+def _role_of(method: MethodDescriptor) -> Role | None:
+    """The role the proto's ``required_role`` option names on ``method``; None if unset."""
+    # The generated stubs type the extension as a plain FieldDescriptor, which the
+    # typed ``Extensions`` mapping does not take.
+    options: Any = method.GetOptions()
+    number: int = options.Extensions[pb.required_role]
+    if number == pb.ROLE_UNSPECIFIED:
+        return None
+    return Role(pb.Role.Name(number).removeprefix("ROLE_").lower())
 
-# MemoryService's methods by the role each requires.
-_MEMORY_METHODS_BY_ROLE: Mapping[Role, tuple[str, ...]] = {
-    Role.WRITE: ("UpsertMemories", "DeleteMemories", "SetDirective", "ClearDirective", "RecordFeedback"),
-    Role.READ: ("GetMemories", "ListMemories", "SearchMemories", "GetDirective", "ExportMemories"),
-    Role.ADMIN: ("PurgeAgent", "PurgeOrg"),
-}
-# The role each served method requires (a test checks that every method of the proto is here).
-METHOD_ROLES: Mapping[str, Role] = {
-    _ASSEMBLY + "AssembleContext": Role.ASSEMBLE,
-    **{_MEMORY + name: role for role, names in _MEMORY_METHODS_BY_ROLE.items() for name in names},
-}
+
+def method_roles(services: Iterable[ServiceDescriptor]) -> dict[str, Role]:
+    """The role each method of ``services`` requires, by full path (``/package.Service/Method``),
+    from the proto's ``required_role`` option; a method without one is left out (and refused)."""
+    roles = {}
+    for service in services:
+        for method in service.methods:
+            role = _role_of(method)
+            if role is not None:
+                roles[f"/{service.full_name}/{method.name}"] = role
+    return roles
+
+
+# The role each served method requires: the proto says it, on each method.
+METHOD_ROLES: Mapping[str, Role] = method_roles(pb.DESCRIPTOR.services_by_name.values())
 
 
 class Refusal(enum.StrEnum):

@@ -1,8 +1,8 @@
 """What every MemoryService method does around its own work, written once: it counts
 itself in flight (graceful shutdown waits for it), maps our exceptions to gRPC
 statuses under its name, and validates the tenant it is scoped to before the work
-runs. The methods themselves (``server/handlers.py``, ``server/memory_service.py``)
-are left with what differs: their own fields, the store call, the response."""
+runs. The methods themselves (``server/memory_service.py``) are left with what
+differs: their own fields, the store call, the response."""
 
 from __future__ import annotations
 

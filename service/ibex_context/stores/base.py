@@ -38,7 +38,7 @@ class PreparedMemory:
 # Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
 # field) and one is built per injected memory; treat instances as values all the same.
 @dataclass(slots=True)
-class Injection:
+class InjectionRecord:
     """One memory injected into one response (recorded after the response)."""
 
     org_id: str
@@ -121,8 +121,39 @@ class DirectiveRow:
     updated_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class DirectiveState:
+    """The directive row as the cache stores it: ``content`` None when there is none.
+
+    ``version`` only grows (a cleared directive keeps its row), so a cache write of
+    an older state can be refused; 0 means the agent never had a directive.
+    """
+
+    content: str | None
+    version: int
+    token_counts: Mapping[str, int]
+
+    def to_directive(self) -> Directive | None:
+        if self.content is None:
+            return None
+        return Directive(content=self.content, version=self.version, token_counts=self.token_counts)
+
+
+# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
+# field) and one is built per injected memory; treat instances as values all the same.
+@dataclass(slots=True)
+class MemoryCounters:
+    """A memory's injection counters after a recorded batch (``memory_usage``)."""
+
+    org_id: str
+    agent_id: str
+    memory_id: str
+    retrieval_count: int
+    last_injected_at: float | None
+
+
 class TenantReads(Protocol):
-    """The memory API's reads of one tenant's rows (``stores.tenant_data``)."""
+    """The memory API's reads of one tenant's rows (``stores.postgres.tenant_data``)."""
 
     def get_memories(
         self, org_id: str, agent_id: str, ids: Sequence[str], *, with_embedding: bool = False
@@ -186,7 +217,21 @@ class MemoryWriter(Protocol):
 
 
 class InjectionRecorder(Protocol):
-    async def record_injections(self, injections: Sequence[Injection]) -> None: ...
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None: ...
+
+
+class WriteMarkStore(Protocol):
+    """Each agent's last write's WAL position, seen by every process
+    (``stores.redis.write_marks``): the read routing sends an agent's searches to a
+    replica only once it has replayed the mark. ``put`` and ``get`` raise CacheError."""
+
+    def put(self, org_id: str, agent_id: str, lsn: int) -> Awaitable[None]: ...
+
+    def get(self, org_id: str, agent_id: str) -> Awaitable[int]: ...
+
+    def forget_expired(self) -> None: ...
+
+    def aclose(self) -> Awaitable[None]: ...
 
 
 class HealthProbe(Protocol):

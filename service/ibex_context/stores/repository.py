@@ -17,7 +17,7 @@ Consistency model (details and reasons: docs/adr/0003-stores.md):
   with no memories (each unknown (org, agent) pair cost two keys for up to an hour,
   so a caller cycling random ids filled Redis). Such agents cost one PostgreSQL
   primary-key read and one background hot-set query per call instead.
-* Searches may go to a read replica (``stores.read_routing``): only one that has
+* Searches may go to a read replica (``stores.postgres.read_routing``): only one that has
   replayed the agent's last write, so a write is visible to the reads that follow
   there too; a replica's failure repeats the search on the primary.
 * A Redis failure on the read path: the directive is read from PostgreSQL (still
@@ -33,16 +33,22 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-import asyncpg
-
 from ibex_context.candidates import Candidates
-from ibex_context.errors import StoreError, StoreUnavailable
+from ibex_context.errors import CacheError, StoreError, StoreUnavailable, failure_name
 from ibex_context.models import Directive, FloatVector, MemoryRecord
-from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.base import (
+    DirectiveState,
+    FeedbackUpdate,
+    InjectionRecord,
+    MemoryCounters,
+    PreparedMemory,
+    StoreHealth,
+    UpsertResult,
+)
 from ibex_context.stores.hot_score import hot_set_score
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters, PostgresMemoryStore
-from ibex_context.stores.read_routing import ReadRouting
-from ibex_context.stores.redis import CACHE_ERRORS, RedisContextCache
+from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.postgres.read_routing import ReadRouting
+from ibex_context.stores.redis import RedisContextCache
 
 _log = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 10.0
@@ -93,7 +99,7 @@ class ContextRepository:
     async def get_directive(self, org_id: str, agent_id: str) -> Directive | None:
         try:
             cached = await self._cache.get_directive_state(org_id, agent_id)
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             self._log_cache_failure("directive cache read", exc)
             return await self._postgres.get_directive(org_id, agent_id)
         if cached is not None:
@@ -103,7 +109,7 @@ class ContextRepository:
             return None  # never had a directive: nothing to cache (see the module doc)
         try:
             await self._cache.put_directive(org_id, agent_id, state)
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             self._log_cache_failure("directive cache fill", exc)
         return state.to_directive()
 
@@ -114,38 +120,26 @@ class ContextRepository:
         """
         try:
             records = await self._cache.get_hot_memories(org_id, agent_id, limit)
-        except CACHE_ERRORS as exc:
-            raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
+        except CacheError as exc:
+            raise StoreUnavailable(str(exc)) from exc
         if records is None:
             self.schedule_hot_set_rebuild(org_id, agent_id)
             return Candidates.empty()
         return records
 
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
-        return await self._routed(
+        if self._routing is None:
+            return await self._postgres.search(org_id, agent_id, embedding, limit)
+        return await self._routing.routed(
             org_id, agent_id, lambda on: self._postgres.search(org_id, agent_id, embedding, limit, on=on)
         )
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
-        return await self._routed(
+        if self._routing is None:
+            return await self._postgres.search_lexical(org_id, agent_id, query, limit)
+        return await self._routing.routed(
             org_id, agent_id, lambda on: self._postgres.search_lexical(org_id, agent_id, query, limit, on=on)
         )
-
-    async def _routed(
-        self, org_id: str, agent_id: str, search: Callable[[asyncpg.Pool | None], Awaitable[Candidates]]
-    ) -> Candidates:
-        """``search`` on a replica that has replayed the agent's writes, else on the
-        primary (``on=None``); a replica that fails is reported and the primary answers."""
-        if self._routing is None:
-            return await search(None)
-        pool, replica = await self._routing.pool_for(org_id, agent_id)
-        if replica is None:
-            return await search(None)
-        try:
-            return await search(pool)
-        except StoreError:  # the replica failed (StoreUnavailable is one): the primary answers
-            self._routing.replica_failed(replica)
-            return await search(None)
 
     # ================================================================ hot set rebuild
 
@@ -164,7 +158,7 @@ class ContextRepository:
         if self._rebuilds.get(key) is task:
             del self._rebuilds[key]
         if not task.cancelled() and (exc := task.exception()) is not None:
-            _log.warning("hot set rebuild failed: %s", type(exc).__name__)
+            _log.warning("hot set rebuild failed: %s", failure_name(exc))
 
     async def rebuild_hot_set(self, org_id: str, agent_id: str) -> bool:
         """Replaces the hot set with PostgreSQL's top N; False when a write raced it."""
@@ -190,10 +184,10 @@ class ContextRepository:
             records = await self._postgres.fetch_memories(org_id, agent_id, ids)
             if not await self._cache.add_hot_memories(org_id, agent_id, self._scored(records)):
                 await self.rebuild_hot_set(org_id, agent_id)
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             self._log_cache_failure("hot set write", exc)
             await self._invalidate_hot_set(org_id, agent_id)
-        except (asyncpg.PostgresError, StoreError) as exc:
+        except StoreError as exc:  # PostgreSQL's (a CacheError is caught above)
             self._log_cache_failure("hot set refresh read", exc)
 
     # ================================================================ writes
@@ -214,7 +208,7 @@ class ContextRepository:
             await self._routing.note_write(org_id, agent_id)
         try:
             removed = await self._cache.remove_hot_memories(org_id, agent_id, ids)
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             self._log_cache_failure("hot set delete", exc)
             await self._invalidate_hot_set(org_id, agent_id)
             return deleted
@@ -242,7 +236,7 @@ class ContextRepository:
     async def _write_directive_through(self, org_id: str, agent_id: str, state: DirectiveState) -> None:
         try:
             await self._cache.put_directive(org_id, agent_id, state)
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             self._log_cache_failure("directive cache write", exc)
             await self._invalidate_directive(org_id, agent_id)
 
@@ -253,7 +247,7 @@ class ContextRepository:
         await self._refresh_hot_members(org_id, agent_id, list(dict.fromkeys(u.memory_id for u in updates)))
         return updates
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         """Counts the injections in PostgreSQL (``memory_usage``), then patches the
         counters and scores of the members already in each agent's hot set, in Redis
         alone (no PostgreSQL read, no vector traffic; see ``RedisContextCache.patch_hot_counters``)."""
@@ -262,13 +256,13 @@ class ContextRepository:
         for item in counters:
             by_agent.setdefault((item.org_id, item.agent_id), []).append(item)
         try:
-            outcomes: dict[_AgentKey, int | Exception] = dict(
+            outcomes: dict[_AgentKey, int | CacheError] = dict(
                 await self._cache.patch_hot_counters_of_agents(by_agent)
             )
-        except CACHE_ERRORS as exc:
+        except CacheError as exc:
             outcomes = dict.fromkeys(by_agent, exc)
         for (org_id, agent_id), outcome in outcomes.items():
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, CacheError):
                 self._log_cache_failure("hot set score refresh", outcome)
                 await self._invalidate_hot_set(org_id, agent_id)
 
@@ -290,7 +284,7 @@ class ContextRepository:
         """Drops the agent's entry; when Redis fails, it is kept in ``pending`` for the retrier."""
         try:
             await drop(org_id, agent_id)
-        except CACHE_ERRORS:
+        except CacheError:
             pending.add((org_id, agent_id))
             self._ensure_retrier()
 
@@ -313,7 +307,7 @@ class ContextRepository:
                 for key in list(pending):
                     try:
                         await drop(*key)
-                    except CACHE_ERRORS:
+                    except CacheError:
                         break
                     pending.discard(key)
 
@@ -323,7 +317,7 @@ class ContextRepository:
         now = time.monotonic()
         if now - self._last_logged.get(operation, -math.inf) >= LOG_INTERVAL_SECONDS:
             self._last_logged[operation] = now
-            _log.warning("%s failed: %s", operation, type(exc).__name__)
+            _log.warning("%s failed: %s", operation, failure_name(exc))
 
     # ================================================================ health
 

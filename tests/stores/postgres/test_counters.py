@@ -11,7 +11,7 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 from ibex_context.errors import InvalidRequest
-from ibex_context.stores.base import Injection
+from ibex_context.stores.base import InjectionRecord
 from ibex_context.stores.postgres import (
     PostgresMemoryStore,
 )
@@ -43,9 +43,9 @@ async def test_injections_are_counted_in_one_batch(
     at = time.time()
     await pg_store.record_injections(
         [
-            Injection(tenant.org_id, tenant.agent_id, a.id, at - 5),
-            Injection(tenant.org_id, tenant.agent_id, a.id, at),
-            Injection(tenant.org_id, tenant.agent_id, b.id, at),
+            InjectionRecord(tenant.org_id, tenant.agent_id, a.id, at - 5),
+            InjectionRecord(tenant.org_id, tenant.agent_id, a.id, at),
+            InjectionRecord(tenant.org_id, tenant.agent_id, b.id, at),
         ]
     )
     stored = {m.id: m for m in await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [a.id, b.id])}
@@ -59,7 +59,7 @@ async def test_concurrent_injection_batches_over_the_same_rows_all_count(
     batch = [make_memory(f"contended {i}") for i in range(20)]
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
     at = time.time()
-    forward = [Injection(tenant.org_id, tenant.agent_id, m.id, at) for m in batch]
+    forward = [InjectionRecord(tenant.org_id, tenant.agent_id, m.id, at) for m in batch]
     backward = list(reversed(forward))
     await asyncio.gather(*(pg_store.record_injections(forward if i % 2 else backward) for i in range(8)))
     stored = await pg_store.fetch_memories(tenant.org_id, tenant.agent_id, [m.id for m in batch])
@@ -74,9 +74,9 @@ async def test_injections_never_rewrite_the_memory_row(
     before = await _memory_row_version(postgres_dsn, tenant, memory.id)
     at = time.time()
     counters = await pg_store.record_injection_counters(
-        [Injection(tenant.org_id, tenant.agent_id, memory.id, at) for _ in range(3)]
+        [InjectionRecord(tenant.org_id, tenant.agent_id, memory.id, at) for _ in range(3)]
     )
-    await pg_store.record_injections([Injection(tenant.org_id, tenant.agent_id, memory.id, at + 1)])
+    await pg_store.record_injections([InjectionRecord(tenant.org_id, tenant.agent_id, memory.id, at + 1)])
     assert [(c.memory_id, c.retrieval_count) for c in counters] == [(memory.id, 3)]
     assert counters[0].last_injected_at == pytest.approx(at, abs=1e-3)
     assert await _memory_row_version(postgres_dsn, tenant, memory.id) == before
@@ -94,8 +94,8 @@ async def test_injections_of_unknown_or_other_tenants_memories_are_skipped(
     other = new_tenant()
     counters = await pg_store.record_injection_counters(
         [
-            Injection(other.org_id, other.agent_id, memory.id, time.time()),
-            Injection(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), time.time()),
+            InjectionRecord(other.org_id, other.agent_id, memory.id, time.time()),
+            InjectionRecord(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), time.time()),
         ]
     )
     assert counters == []
@@ -113,8 +113,8 @@ async def test_a_batch_counts_each_memory_once_whatever_the_spelling_of_its_id(
     shouted = memory.id.upper()
     counters = await pg_store.record_injection_counters(
         [
-            Injection(tenant.org_id, tenant.agent_id, memory.id, 1_700_000_000.0),
-            Injection(tenant.org_id.upper(), tenant.agent_id, shouted, 1_700_000_005.0),
+            InjectionRecord(tenant.org_id, tenant.agent_id, memory.id, 1_700_000_000.0),
+            InjectionRecord(tenant.org_id.upper(), tenant.agent_id, shouted, 1_700_000_005.0),
         ]
     )
     assert [(c.org_id, c.memory_id, c.retrieval_count, c.last_injected_at) for c in counters] == [
@@ -128,8 +128,8 @@ async def test_an_injection_whose_id_is_not_a_uuid_is_refused_naming_it(
     with pytest.raises(InvalidRequest) as refused:
         await pg_store.record_injection_counters(
             [
-                Injection(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), 1.0),
-                Injection(tenant.org_id, tenant.agent_id, "not-a-uuid", 1.0),
+                InjectionRecord(tenant.org_id, tenant.agent_id, str(uuid.uuid4()), 1.0),
+                InjectionRecord(tenant.org_id, tenant.agent_id, "not-a-uuid", 1.0),
             ]
         )
     assert refused.value.field == "injections[1].memory_id"
@@ -140,7 +140,9 @@ async def test_deleting_a_memory_deletes_its_counters_and_a_reused_id_starts_fro
 ) -> None:
     memory = make_memory("short-lived")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [memory])
-    await pg_store.record_injections([Injection(tenant.org_id, tenant.agent_id, memory.id, time.time())])
+    await pg_store.record_injections(
+        [InjectionRecord(tenant.org_id, tenant.agent_id, memory.id, time.time())]
+    )
     assert await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [memory.id]) == 1
     conn = await asyncpg.connect(postgres_dsn)
     try:

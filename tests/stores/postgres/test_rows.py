@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 from ibex_context.models import Source
-from ibex_context.stores.base import Injection
+from ibex_context.stores.base import InjectionRecord
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.rows import (
@@ -39,7 +39,9 @@ async def test_a_search_s_rows_become_columns_in_their_order(
         make_memory(f"fact {c}", token_counts=counts, confidence=0.25 * i) for i, c in enumerate("abc")
     ]
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, memories)
-    await pg_store.record_injections([Injection(tenant.org_id, tenant.agent_id, memories[1].id, time.time())])
+    await pg_store.record_injections(
+        [InjectionRecord(tenant.org_id, tenant.agent_id, memories[1].id, time.time())]
+    )
     org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
     decoder = TokenCountsDecoder()
 

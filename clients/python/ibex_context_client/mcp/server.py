@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from ibex_context_client.credentials import ClientCredentials
 from ibex_context_client.memory import MemoryClient, MemoryClientError
 from ibex_context_client.memory_views import StoredMemory
-from ibex_context_client.messages import Category, NewMemory
+from ibex_context_client.messages import DEFAULT_CONFIDENCE, Category, NewMemory
 
 __all__ = ["HEADER_AGENT", "HEADER_ORG", "McpConfig", "MemoryToWrite", "build_server"]
 
@@ -67,7 +67,7 @@ class MemoryToWrite(BaseModel):
         Field(description="procedural, factual, preference, behavioral or episodic."),
     ] = Category.FACTUAL
     id: Annotated[str | None, Field(description="Set to update that memory; empty for a new one.")] = None
-    confidence: Annotated[float, Field(ge=0.0, le=1.0, description="How sure, 0..1.")] = 0.8
+    confidence: Annotated[float, Field(ge=0.0, le=1.0, description="How sure, 0..1.")] = DEFAULT_CONFIDENCE
     metadata: Annotated[dict[str, Any], Field(description="Any JSON object kept with it.")] = {}
 
 

@@ -5,7 +5,6 @@ them into ``PostgresMemoryStore``. The names most callers need are re-exported h
 """
 
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
-from ibex_context.stores.postgres.counters import MemoryCounters
 from ibex_context.stores.postgres.feedback import FEEDBACK_ALPHA, FEEDBACK_TARGETS
 from ibex_context.stores.postgres.pool import (
     create_graph_pool,
@@ -13,7 +12,6 @@ from ibex_context.stores.postgres.pool import (
     postgres_tls,
     unverified_tls_warning,
 )
-from ibex_context.stores.postgres.reads import DirectiveState
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL
 from ibex_context.stores.postgres.store import PostgresMemoryStore
 
@@ -22,8 +20,6 @@ __all__ = [
     "FEEDBACK_ALPHA",
     "FEEDBACK_TARGETS",
     "SEARCH_SQL",
-    "DirectiveState",
-    "MemoryCounters",
     "PostgresMemoryStore",
     "TokenCountsDecoder",
     "as_uuid",

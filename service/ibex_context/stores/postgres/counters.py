@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import asyncpg
 
-from ibex_context.stores.base import Injection
+from ibex_context.stores.base import InjectionRecord, MemoryCounters
 from ibex_context.stores.postgres.codecs import CANONICAL_UUID, as_uuid, epoch
 from ibex_context.stores.postgres.pool import store_errors
 
@@ -41,19 +40,6 @@ RECORD_INJECTIONS_SQL = """
 """
 
 
-# Not frozen: a frozen dataclass's __init__ costs ~6x more (object.__setattr__ per
-# field) and one is built per injected memory; treat instances as values all the same.
-@dataclass(slots=True)
-class MemoryCounters:
-    """A memory's injection counters after a recorded batch (``memory_usage``)."""
-
-    org_id: str
-    agent_id: str
-    memory_id: str
-    retrieval_count: int
-    last_injected_at: float | None
-
-
 class InjectionCounters:
     """Records injections through the primary's pool; never rewrites a memory row."""
 
@@ -61,7 +47,7 @@ class InjectionCounters:
         self._pool = pool
 
     @store_errors
-    async def record(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+    async def record(self, injections: Sequence[InjectionRecord]) -> list[MemoryCounters]:
         """Counts injections in one statement; returns the memories' new counters.
 
         One ``INSERT … ON CONFLICT DO UPDATE`` into the narrow ``memory_usage`` table:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import asyncpg
 
-from ibex_context.models import Directive, MemoryRecord
+from ibex_context.models import MemoryRecord
+from ibex_context.stores.base import DirectiveState
 from ibex_context.stores.hot_score import hot_set_order_sql
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid
 from ibex_context.stores.postgres.pool import store_errors
@@ -33,24 +33,6 @@ HOT_SET_SQL = f"""
     {USAGE_JOIN}
     ORDER BY top.score DESC, m.id
 """
-
-
-@dataclass(frozen=True, slots=True)
-class DirectiveState:
-    """The directive row as the cache stores it: ``content`` None when there is none.
-
-    ``version`` only grows (a cleared directive keeps its row), so a cache write of
-    an older state can be refused; 0 means the agent never had a directive.
-    """
-
-    content: str | None
-    version: int
-    token_counts: Mapping[str, int]
-
-    def to_directive(self) -> Directive | None:
-        if self.content is None:
-            return None
-        return Directive(content=self.content, version=self.version, token_counts=self.token_counts)
 
 
 class MemoryReads:

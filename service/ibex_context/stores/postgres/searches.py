@@ -135,7 +135,7 @@ class MemorySearches:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
         their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
         agent's size (``stores.cold_plan``). ``on``: a read replica's pool with the
-        same session settings (``stores.read_routing``); default this store's pool."""
+        same session settings (``stores.postgres.read_routing``); default this store's pool."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")

@@ -22,14 +22,22 @@ from ibex_context.candidates import Candidates
 from ibex_context.errors import StoreError, StoreUnavailable
 from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.base import FeedbackUpdate, Injection, PreparedMemory, StoreHealth, UpsertResult
+from ibex_context.stores.base import (
+    DirectiveState,
+    FeedbackUpdate,
+    InjectionRecord,
+    MemoryCounters,
+    PreparedMemory,
+    StoreHealth,
+    UpsertResult,
+)
 from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
-from ibex_context.stores.postgres.counters import InjectionCounters, MemoryCounters
+from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
-from ibex_context.stores.postgres.reads import DirectiveState, MemoryReads
+from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
 from ibex_context.stores.postgres.writes import MemoryWrites
 from ibex_context.stores.quotas import OrgQuotas
@@ -150,7 +158,7 @@ class PostgresMemoryStore:
 
     @property
     def pool(self) -> asyncpg.Pool:
-        """The pool, for the memory API's statements (``stores.tenant_data``)."""
+        """The pool, for the memory API's statements (``stores.postgres.tenant_data``)."""
         return self._pool
 
     async def open_read_pool(self, dsn: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
@@ -277,10 +285,10 @@ class PostgresMemoryStore:
     ) -> list[FeedbackUpdate]:
         return await self.feedback.record_feedback(org_id, agent_id, session_id, feedback)
 
-    async def record_injections(self, injections: Sequence[Injection]) -> None:
+    async def record_injections(self, injections: Sequence[InjectionRecord]) -> None:
         await self.counters.record(injections)
 
-    async def record_injection_counters(self, injections: Sequence[Injection]) -> list[MemoryCounters]:
+    async def record_injection_counters(self, injections: Sequence[InjectionRecord]) -> list[MemoryCounters]:
         return await self.counters.record(injections)
 
     # ---------------------------------------------------------------- health

@@ -13,10 +13,9 @@ from typing import Any
 import asyncpg
 
 from ibex_context.errors import InvalidRequest
-from ibex_context.stores.base import PreparedMemory, UpsertResult
+from ibex_context.stores.base import DirectiveState, PreparedMemory, UpsertResult
 from ibex_context.stores.postgres.codecs import VectorParam, as_uuid
 from ibex_context.stores.postgres.pool import store_errors
-from ibex_context.stores.postgres.reads import DirectiveState
 from ibex_context.stores.quotas import OrgQuotas, OrgUsage, check_org_usage
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -10,6 +11,14 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_ASSEMBLE: _ClassVar[Role]
+    ROLE_WRITE: _ClassVar[Role]
+    ROLE_READ: _ClassVar[Role]
+    ROLE_ADMIN: _ClassVar[Role]
 
 class DegradationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +66,11 @@ class MemoryOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMORY_ORDER_CREATED_ASC: _ClassVar[MemoryOrder]
     MEMORY_ORDER_OCCURRED_DESC: _ClassVar[MemoryOrder]
     MEMORY_ORDER_OCCURRED_ASC: _ClassVar[MemoryOrder]
+ROLE_UNSPECIFIED: Role
+ROLE_ASSEMBLE: Role
+ROLE_WRITE: Role
+ROLE_READ: Role
+ROLE_ADMIN: Role
 DEGRADATION_LEVEL_UNSPECIFIED: DegradationLevel
 DEGRADATION_LEVEL_FULL: DegradationLevel
 DEGRADATION_LEVEL_HOT_ONLY: DegradationLevel
@@ -86,6 +100,8 @@ MEMORY_ORDER_CREATED_DESC: MemoryOrder
 MEMORY_ORDER_CREATED_ASC: MemoryOrder
 MEMORY_ORDER_OCCURRED_DESC: MemoryOrder
 MEMORY_ORDER_OCCURRED_ASC: MemoryOrder
+REQUIRED_ROLE_FIELD_NUMBER: _ClassVar[int]
+required_role: _descriptor.FieldDescriptor
 
 class AssembleContextRequest(_message.Message):
     __slots__ = ("org_id", "agent_id", "session_id", "model", "request_id", "messages")

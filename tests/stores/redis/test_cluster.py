@@ -15,11 +15,11 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.redis_ha import RedisClusterProcesses, redis_cluster
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.read_routing import WriteMarks
-from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
-from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster, key_slot
-from ibex_context.stores.redis_topology import RedisTopology
+from ibex_context.stores.base import DirectiveState, MemoryCounters
+from ibex_context.stores.redis.cache import RedisContextCache, directive_key, hot_data_key
+from ibex_context.stores.redis.cluster_wire import PipelinedRedisCluster, key_slot
+from ibex_context.stores.redis.topology import RedisTopology
+from ibex_context.stores.redis.write_marks import WriteMarks
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 

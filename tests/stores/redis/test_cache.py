@@ -8,17 +8,17 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.models import MemoryRecord
-from ibex_context.stores import redis as redis_module
+from ibex_context.stores.base import DirectiveState, MemoryCounters
 from ibex_context.stores.hot_score import frequency_weight
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis import (
+from ibex_context.stores.redis import cache as redis_module
+from ibex_context.stores.redis.cache import (
     RedisContextCache,
     create_redis_client,
     directive_key,
     hot_data_key,
     hot_set_key,
 )
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.wire import PipelinedRedis
 
 from tests.conftest import Tenant
 from tests.stores.helpers import records, unit_vector
@@ -141,7 +141,7 @@ async def test_warm_up_loads_every_script(redis_cache: RedisContextCache, redis_
     try:
         await client.script_flush()
         await redis_cache.warm_up(connections=2)
-        from ibex_context.stores import redis as module
+        from ibex_context.stores.redis import cache as module
 
         scripts = [
             module._READ_HOT,

@@ -8,8 +8,8 @@ And redis-py's connection release is not cancellation-safe, so a read cancelled 
 its deadline had to be shielded (an extra task per call).
 
 Design: ONE persistent connection per process and server (behind Sentinel: the
-primary the sentinels name, ``stores.redis_sentinel``; in a Cluster: one per primary,
-``stores.redis_cluster_wire``), requests pipelined on it and replies
+primary the sentinels name, ``stores.redis.sentinel``; in a Cluster: one per primary,
+``stores.redis.cluster_wire``), requests pipelined on it and replies
 matched to requests in order (a FIFO of futures); hiredis encodes the commands
 (``pack_command``) and parses the replies (``Reader``). Redis executes commands one
 at a time anyway, so one pipelined socket loses nothing to a pool and needs no

@@ -9,7 +9,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 from ibex_context.errors import ConfigurationError
-from ibex_context.stores.migrate import apply_migrations, check_schema, load_migrations, migrate, render
+from ibex_context.stores.postgres.migrate import (
+    apply_migrations,
+    check_schema,
+    load_migrations,
+    migrate,
+    render,
+)
 
 
 async def test_the_session_database_has_every_migration_recorded_and_its_dim(postgres_dsn: str) -> None:

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from ibex_context.devtools.redis_ha import SENTINEL_MASTER, RedisSentinelSet, redis_sentinel_set
+from ibex_context.errors import CacheError
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.postgres import DirectiveState, PostgresMemoryStore
-from ibex_context.stores.redis import RedisContextCache, directive_key, hot_data_key
-from ibex_context.stores.redis_sentinel import SentinelLocator
-from ibex_context.stores.redis_topology import RedisTopology
-from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint
+from ibex_context.stores.base import DirectiveState
+from ibex_context.stores.postgres import PostgresMemoryStore
+from ibex_context.stores.redis.cache import RedisContextCache, directive_key, hot_data_key
+from ibex_context.stores.redis.sentinel import SentinelLocator
+from ibex_context.stores.redis.topology import RedisTopology
+from ibex_context.stores.redis.wire import PipelinedRedis, RedisEndpoint
 from ibex_context.stores.repository import ContextRepository
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -141,8 +143,8 @@ async def calls_until(
 ) -> int:
     """Until ``done``: the repository's directive read (what every AssembleContext call
     makes) answers the directive each time, from Redis or PostgreSQL; and the cache's own
-    writes and reads (of another agent) answer or raise a RedisError (what the
-    repository turns into a degraded call), never anything else, never past a bound.
+    writes and reads (of another agent) answer or raise a CacheError of a RedisError (what
+    the repository turns into a degraded call), never anything else, never past a bound.
     Returns how many cache calls raised."""
     scratch = str(uuid.uuid4())
     failed, version = 0, 10
@@ -156,7 +158,8 @@ async def calls_until(
         ):
             try:
                 await asyncio.wait_for(call, PATIENCE_SECONDS)
-            except RedisError:
+            except CacheError as exc:
+                assert isinstance(exc.__cause__, RedisError)
                 failed += 1
         await asyncio.sleep(0.05)
     return failed
@@ -168,7 +171,7 @@ async def eventually(check: object, what: str) -> None:
         try:
             if await check():  # type: ignore[operator]
                 return
-        except RedisError:
+        except CacheError:
             pass
         await asyncio.sleep(0.1)
     pytest.fail(f"{what} within {PATIENCE_SECONDS} s")

@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import RedisProcess, redis_server_binary
 from ibex_context.devtools.redis_ha import RedisSentinelSet
 from ibex_context.errors import ConfigurationError
-from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import LuaScript, PipelinedRedis, RedisEndpoint, SharedAttempt
+from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
+from ibex_context.stores.redis.wire import LuaScript, PipelinedRedis, RedisEndpoint, SharedAttempt
 from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError

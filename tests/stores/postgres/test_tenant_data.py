@@ -7,7 +7,7 @@ import uuid
 import asyncpg
 from ibex_context.stores.postgres import PostgresMemoryStore
 from ibex_context.stores.postgres.graphs import graph_index_name
-from ibex_context.stores.tenant_data import TenantData
+from ibex_context.stores.postgres.tenant_data import TenantData
 
 from tests.conftest import Tenant
 from tests.stores.helpers import MakeMemory

@@ -10,7 +10,7 @@ cluster slot and the Lua scripts below may touch them together:
   a slow reader filling the cache cannot overwrite a newer write.
 * ``{org}:hot_memories:{agent}``     ZSET memory id -> write-time score (top N).
 * ``{org}:hot_memory_data:{agent}``  HASH memory id -> encoded record
-  (``stores.hot_record``), plus the field ``~`` marking the hot set as built. A
+  (``stores.redis.hot_record``), plus the field ``~`` marking the hot set as built. A
   rebuild that finds no memories writes no key: a caller cycling random agent
   ids would otherwise fill Redis with markers. An agent whose last memory was
   deleted keeps the marker and no ZSET ("empty", told apart from "missing").
@@ -38,17 +38,15 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ibex_context.candidates import Candidates
+from ibex_context.errors import CacheError
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+from ibex_context.stores.base import DirectiveState, MemoryCounters, StoreHealth
 from ibex_context.stores.hot_score import frequency_lua, frequency_weight
-from ibex_context.stores.postgres import DirectiveState, MemoryCounters
-from ibex_context.stores.redis_topology import RedisClient, RedisTopology
-from ibex_context.stores.redis_wire import LuaScript, RedisReads
-
-# What the cache's calls raise when Redis fails (the callers degrade, retry or answer UNAVAILABLE).
-CACHE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+from ibex_context.stores.redis.errors import DRIVER_ERRORS, cache_error, cache_errors
+from ibex_context.stores.redis.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+from ibex_context.stores.redis.topology import RedisClient, RedisTopology
+from ibex_context.stores.redis.wire import LuaScript, RedisReads
 
 BUILT_MARKER = "~"
 # Cluster mode: agents' scripts sent at once where a pipeline would carry them.
@@ -58,7 +56,7 @@ CLUSTER_CONCURRENCY = 16
 GENERATION_TTL_SECONDS = 86_400
 
 # Answers false when the hot set is missing, else the best ``limit`` records in rank
-# order, as stored (``stores.hot_record.decode_records`` reads them). A record of an
+# order, as stored (``stores.redis.hot_record.decode_records`` reads them). A record of an
 # older format makes the whole set read as missing, so the repository rebuilds it in
 # this one.
 _READ_HOT = f"""
@@ -125,7 +123,7 @@ return removed
 
 # Records injections in the hot set without PostgreSQL: for each member that is in
 # the hot set (as a record of the current format), set its counters to the values
-# PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.hot_record``)
+# PostgreSQL returned (in the record's fixed-offset prefix, see ``stores.redis.hot_record``)
 # and move its score by the change of the frequency term, the only term the counters
 # feed: score += weight * (frequency(new) - frequency(old)), ``ranking.frequency``
 # generated as Lua (``hot_score.frequency_lua``). Members that are not
@@ -257,11 +255,11 @@ def _patch_args(counters: Sequence[MemoryCounters]) -> list[str | float | int | 
 
 
 class RedisContextCache:
-    """Directive and hot-set cache. Raises ``redis.exceptions.RedisError`` on failure;
+    """Directive and hot-set cache. Raises ``errors.CacheError`` on failure;
     the repository decides what a failure means (miss, or best-effort invalidation).
 
     Two clients of the same Redis (one server, Sentinel or Cluster:
-    ``stores.redis_topology``): ``reads`` (``stores.redis_wire``) serves the two
+    ``stores.redis.topology``): ``reads`` (``stores.redis.wire``) serves the two
     reads every AssembleContext call makes (directive, hot set), at 30-60 % of
     redis-py's CPU and safe to cancel; ``client`` (redis-py) does everything else.
     It owns both: ``aclose()`` closes them."""
@@ -308,6 +306,7 @@ class RedisContextCache:
         await self._reads.aclose()
         await self._client.aclose()
 
+    @cache_errors
     async def warm_up(self, connections: int = 4) -> None:
         """Loads the scripts (so EVALSHA never meets NOSCRIPT on a request) and opens
         the reads' connection and ``connections`` pooled ones, so the first requests pay
@@ -325,11 +324,13 @@ class RedisContextCache:
 
     # ---------------------------------------------------------------- directive
 
+    @cache_errors
     async def get_directive_state(self, org_id: str, agent_id: str) -> DirectiveState | None:
         """The cached state (content None = cached "no directive"), or None when not cached."""
         value = await self._reads.get(directive_key(org_id, agent_id))
         return None if value is None else decode_directive(value)
 
+    @cache_errors
     async def put_directive(self, org_id: str, agent_id: str, state: DirectiveState) -> bool:
         """Caches ``state`` unless a newer version is cached; True when written."""
         written = await self._put_directive(
@@ -338,6 +339,7 @@ class RedisContextCache:
         )
         return bool(written)
 
+    @cache_errors
     async def delete_directive(self, org_id: str, agent_id: str) -> None:
         await self._client.delete(directive_key(org_id, agent_id))
 
@@ -350,6 +352,7 @@ class RedisContextCache:
             hot_generation_key(org_id, agent_id),
         ]
 
+    @cache_errors
     async def get_hot_memories(self, org_id: str, agent_id: str, limit: int) -> Candidates | None:
         """The best ``limit`` hot memories in one round trip, in rank order; None when the
         hot set is missing."""
@@ -362,10 +365,12 @@ class RedisContextCache:
             raise RedisError(f"the hot-set read answered a {type(records).__name__}")
         return decode_records(records)
 
+    @cache_errors
     async def hot_set_generation(self, org_id: str, agent_id: str) -> int:
         value = await self._client.get(hot_generation_key(org_id, agent_id))
         return int(value) if value is not None else 0
 
+    @cache_errors
     async def replace_hot_set(
         self,
         org_id: str,
@@ -379,6 +384,7 @@ class RedisContextCache:
             args += [record.id, score, encode_record(record)]
         return bool(await self._replace_hot(keys=self._hot_keys(org_id, agent_id), args=args))
 
+    @cache_errors
     async def add_hot_memories(
         self, org_id: str, agent_id: str, scored: Sequence[tuple[MemoryRecord, float]]
     ) -> bool:
@@ -389,6 +395,7 @@ class RedisContextCache:
             args += [record.id, score, encode_record(record)]
         return bool(await self._add_hot(keys=self._hot_keys(org_id, agent_id), args=args))
 
+    @cache_errors
     async def patch_hot_counters(self, org_id: str, agent_id: str, counters: Sequence[MemoryCounters]) -> int:
         """Sets the injection counters of members already in the hot set and moves their
         scores accordingly (no PostgreSQL read, no record re-encoding); returns how many
@@ -400,18 +407,22 @@ class RedisContextCache:
         )
         return int(patched)
 
+    @cache_errors
     async def patch_hot_counters_of_agents(
         self, counters_by_agent: Mapping[tuple[str, str], Sequence[MemoryCounters]]
-    ) -> dict[tuple[str, str], int | Exception]:
+    ) -> dict[tuple[str, str], int | CacheError]:
         """``patch_hot_counters`` for several agents in one round trip (a pipeline,
         not a transaction: each agent's script is atomic on its own). Per agent: the
-        members patched, or the error its script raised."""
+        members patched, or the error its script raised (as a CacheError)."""
         agents = [agent for agent, counters in counters_by_agent.items() if counters]
         if not agents:
             return {}
         if isinstance(self._client, RedisCluster):
             results = await self._patch_counters_concurrently(agents, counters_by_agent)
-            return {agent: result for agent, result in zip(agents, results, strict=True)}
+            return {
+                agent: cache_error(result) if isinstance(result, Exception) else result
+                for agent, result in zip(agents, results, strict=True)
+            }
         results = await self._patch_counters_pipelined(agents, counters_by_agent)
         if any(isinstance(result, NoScriptError) for result in results):
             # A node that lost its scripts (restart, failover, a cluster node added):
@@ -419,7 +430,7 @@ class RedisContextCache:
             await self._client.script_load(self._patch_counters.script)
             results = await self._patch_counters_pipelined(agents, counters_by_agent)
         return {
-            agent: result if isinstance(result, Exception) else int(result)
+            agent: cache_error(result) if isinstance(result, Exception) else int(result)
             for agent, result in zip(agents, results, strict=True)
         }
 
@@ -439,7 +450,7 @@ class RedisContextCache:
                         args=_patch_args(counters_by_agent[(org_id, agent_id)]),
                     )
                 )
-            except CACHE_ERRORS as exc:
+            except DRIVER_ERRORS as exc:
                 return exc
 
         results: list[int | Exception] = []
@@ -464,6 +475,7 @@ class RedisContextCache:
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
 
+    @cache_errors
     async def remove_hot_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         """Removes members; returns how many were in the hot set."""
         if not ids:
@@ -473,6 +485,7 @@ class RedisContextCache:
         )
         return int(removed)
 
+    @cache_errors
     async def invalidate_hot_set(self, org_id: str, agent_id: str) -> None:
         """Drops the hot set; bumps the generation so an in-flight rebuild does not land."""
         keys = self._hot_keys(org_id, agent_id)
@@ -482,6 +495,7 @@ class RedisContextCache:
             pipe.delete(keys[0], keys[1])
             await pipe.execute()
 
+    @cache_errors
     async def hot_set_ttl(self, org_id: str, agent_id: str) -> int:
         """Seconds left before the hot set expires (-2 when missing)."""
         ttl: int = await self._client.ttl(hot_data_key(org_id, agent_id))
@@ -489,6 +503,7 @@ class RedisContextCache:
 
     # ---------------------------------------------------------------- purge
 
+    @cache_errors
     async def agents_with_keys(self, org_id: str) -> set[str]:
         """Agent ids named by any key of the org (SCAN over its hash-tagged prefix):
         also agents that were only ever read, whose keys hold empty cache entries."""
@@ -501,6 +516,7 @@ class RedisContextCache:
                 agents.add(str(uuid.UUID(suffix)))
         return agents
 
+    @cache_errors
     async def purge_org_keys(self, org_id: str, purged_agents: Sequence[str]) -> int:
         """Deletes the org's keys that belong to none of ``purged_agents`` (whose keys
         ``purge_agent`` handled, tombstones included): org-wide keys of any kind."""
@@ -515,6 +531,7 @@ class RedisContextCache:
             deleted += int(await self._client.unlink(*stray[start : start + 500]))
         return deleted
 
+    @cache_errors
     async def purge_agent(self, org_id: str, agent_id: str, directive_tombstone_version: int) -> int:
         """Deletes every key of the agent and leaves the tombstones (see
         ``PURGE_TOMBSTONE_SECONDS``; the directive's of ``directive_tombstone_version``,
@@ -536,6 +553,6 @@ class RedisContextCache:
     async def check_health(self) -> StoreHealth:
         try:
             await self._client.ping()
-        except CACHE_ERRORS as exc:
+        except DRIVER_ERRORS as exc:
             return StoreHealth(ok=False, detail=f"redis: {type(exc).__name__}")
         return StoreHealth(ok=True, detail="redis: ok")

@@ -1,4 +1,4 @@
-"""Versioned SQL migrations: ``stores/migrations/NNNN_name.sql``, applied in order.
+"""Versioned SQL migrations: ``stores/postgres/migrations/NNNN_name.sql``, applied in order.
 
 Each migration runs in its own transaction, holding a transaction-scoped advisory
 lock, and is recorded in ``schema_migrations``; a migrator that finds it already
@@ -18,12 +18,13 @@ vectors of another dimension cannot be compared with the stored ones.
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
-from ibex_context.errors import ConfigurationError
+from ibex_context.errors import ConfigurationError, StoreError
 from ibex_context.stores.postgres import postgres_tls
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -138,10 +139,25 @@ async def apply_migrations(
 
 async def migrate(dsn: str, embedding_dim: int, *, ca_file: Path | None = None) -> list[str]:
     """Brings the schema at ``dsn`` up to date; returns the names of the migrations applied.
-    ``ca_file``: verify-full against this CA (``Settings.postgres_ca_file``)."""
+    ``ca_file``: verify-full against this CA (``Settings.postgres_ca_file``).
+
+    Raises StoreError when PostgreSQL fails, chained to the driver's error (whose
+    message ``ibex-context migrate`` shows: migrations quote no memory content)."""
     tls = postgres_tls(ca_file)
+    try:
+        conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
+        try:
+            return await apply_migrations(conn, embedding_dim)
+        finally:
+            await conn.close()
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise StoreError(f"postgres: {type(exc).__name__}") from exc
+
+
+async def check_database(dsn: str, dim: int, *, tls: ssl.SSLContext | None = None) -> None:
+    """``check_schema`` over a connection of its own, opened and closed here."""
     conn = await asyncpg.connect(dsn, **({"ssl": tls} if tls is not None else {}))
     try:
-        return await apply_migrations(conn, embedding_dim)
+        await check_schema(conn, dim)
     finally:
         await conn.close()

@@ -1,5 +1,6 @@
-"""An assembly on the wire (``server.convert``): every stage of ``pipeline.outcome.STAGES``
-has its field in the wire's StageTimings, and the response carries what the assembly holds."""
+"""An assembly on the wire (``server.assembly_service``): every ``Stage`` but the send has
+its field in the wire's StageTimings, and the response carries what the assembly holds.
+AssembleContext's calls end to end are test_assemble.py's and test_validation.py's."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from ibex_context.pipeline.outcome import (
     SourceName,
     SourceResult,
     SourceStatus,
+    Stage,
     StageSpan,
     Timings,
 )
-from ibex_context.server.convert import WIRE_STAGE_FIELDS, assemble_response
+from ibex_context.server.assembly_service import WIRE_STAGE_FIELDS, assemble_response
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
 
 
 def test_the_wire_timings_have_one_field_per_stage_and_nothing_else_of_the_stages() -> None:
     fields = {f.name for f in pb.StageTimings.DESCRIPTOR.fields} - {"retrieval_us", "total_us"}
     assert {field for _, field in WIRE_STAGE_FIELDS} == fields
-    assert [stage for stage, _ in WIRE_STAGE_FIELDS] == [s for s in STAGES if s != "serialize"]
+    assert [stage for stage, _ in WIRE_STAGE_FIELDS] == [s for s in STAGES if s is not Stage.SERIALIZE]
 
 
 def test_the_response_carries_the_assembly_its_stages_and_its_handles() -> None:
@@ -64,7 +66,7 @@ def test_the_response_carries_the_assembly_its_stages_and_its_handles() -> None:
     assert md.degradation_level == pb.DEGRADATION_LEVEL_HOT_ONLY and md.was_truncated
     # Stage n lasted n + 1 µs; the send is not on the wire.
     for n, stage in enumerate(STAGES):
-        if stage != "serialize":
+        if stage is not Stage.SERIALIZE:
             assert getattr(md.timings, f"{stage}_us") == n + 1, stage
     assert md.timings.total_us == 50_000
     assert [(s.source, s.status, s.count) for s in md.sources] == [("cold", pb.SOURCE_STATUS_TIMEOUT, 0)]

@@ -3,8 +3,8 @@ writes, else the primary (ADR-0013).
 
 The API promises that a memory upserted is injected on the next call. A replica
 replays the primary's WAL a little later, so each write of an agent records the
-primary's WAL position after its commit (a *write mark*, kept in Redis under the
-org's hash tag so every process and pod sees it, and in this process too), and an
+primary's WAL position after its commit (a *write mark*, ``base.WriteMarkStore``:
+``stores.redis.write_marks`` keeps it where every process and pod sees it), and an
 agent's searches go to a replica only when its replayed position is at or past the
 agent's mark.
 
@@ -32,20 +32,17 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 from ibex_context_client.tasks import cancel_and_wait
-from redis.exceptions import RedisError
 
-from ibex_context.errors import StoreError
-from ibex_context.stores.base import StoreHealth
-from ibex_context.stores.redis_topology import RedisClient, RedisTopology
-from ibex_context.stores.redis_wire import RedisReads
+from ibex_context.errors import CacheError, StoreError, failure_name
+from ibex_context.stores.base import StoreHealth, WriteMarkStore
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings
-    from ibex_context.stores.postgres import PostgresMemoryStore
+    from ibex_context.stores.postgres.store import PostgresMemoryStore
 
 _log = logging.getLogger(__name__)
 
@@ -61,74 +58,15 @@ ROUTE_REASONS = (REPLICA, NO_REPLICA, BEHIND_WRITE, MARK_UNKNOWN, REPLICA_FAILED
 ALWAYS_PRIMARY = 2**62
 
 RouteRecorder = Callable[[str, str], None]  # (target "primary"/"replica", reason)
-
-# Keeps the larger position: writers of one agent finishing out of order must not
-# lower its mark.
-_PUT_MARK = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-else
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 1
-"""
+# How ``build_read_routing`` gets the write marks: given their TTL in seconds.
+WriteMarksFactory = Callable[[float], WriteMarkStore]
+_T = TypeVar("_T")
 
 
 def parse_lsn(text: str) -> int:
     """``'16/B374D848'`` (pg_lsn's text form) -> the 64-bit position."""
     high, low = text.split("/")
     return (int(high, 16) << 32) | int(low, 16)
-
-
-def write_mark_key(org_id: str, agent_id: str) -> str:
-    return f"{{{org_id}}}:written_lsn:{agent_id}"
-
-
-class WriteMarks:
-    """Each agent's last write's WAL position: in Redis for every process, and here.
-
-    A mark lives ``ttl_seconds``; ``get`` answers 0 for an agent without one.
-    """
-
-    def __init__(
-        self,
-        client: RedisClient,
-        reads: RedisReads,
-        *,
-        ttl_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._client = client
-        self._reads = reads
-        self._ttl = ttl_seconds
-        self._clock = clock
-        self._put = client.register_script(_PUT_MARK)
-        # (org, agent) -> (position, written at): covers this process's own writes when
-        # Redis is down; entries go once older than the TTL.
-        self._local: dict[tuple[str, str], tuple[int, float]] = {}
-
-    async def put(self, org_id: str, agent_id: str, lsn: int) -> None:
-        """Records the mark here, then in Redis (raises RedisError/OSError if that fails)."""
-        key = (org_id, agent_id)
-        previous = self._local.get(key)
-        self._local[key] = (max(lsn, previous[0] if previous else 0), self._clock())
-        await self._put(keys=[write_mark_key(org_id, agent_id)], args=[lsn, math.ceil(self._ttl * 1000)])
-
-    async def get(self, org_id: str, agent_id: str) -> int:
-        """The agent's mark (0: none). Raises RedisError/OSError when Redis cannot answer."""
-        local = self._local.get((org_id, agent_id))
-        remote = await self._reads.get(write_mark_key(org_id, agent_id))
-        return max(int(remote) if remote else 0, local[0] if local else 0)
-
-    async def aclose(self) -> None:
-        await self._reads.aclose()
-        await self._client.aclose()
-
-    def forget_expired(self) -> None:
-        oldest = self._clock() - self._ttl
-        for key in [k for k, (_, at) in self._local.items() if at < oldest]:
-            del self._local[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +132,7 @@ class ReadRouting:
         primary: asyncpg.Pool,
         primary_dsn: str,
         replica_dsns: Sequence[str],
-        marks: WriteMarks,
+        marks: WriteMarkStore,
         connect: Callable[[str], Awaitable[asyncpg.Pool]],
         *,
         poll_seconds: float,
@@ -310,7 +248,7 @@ class ReadRouting:
             return self._primary, None
         try:
             mark = await self._marks.get(org_id, agent_id)
-        except (RedisError, OSError, TimeoutError):
+        except CacheError:
             self._record_route("primary", MARK_UNKNOWN)
             return self._primary, None
         holding = [r for r in usable if r.replayed >= mark]
@@ -321,6 +259,20 @@ class ReadRouting:
         assert chosen.pool is not None
         self._record_route("replica", REPLICA)
         return chosen.pool, chosen.name
+
+    async def routed(
+        self, org_id: str, agent_id: str, search: Callable[[asyncpg.Pool | None], Awaitable[_T]]
+    ) -> _T:
+        """``search`` on a replica that has replayed the agent's writes, else on the
+        primary (``None``); a replica that fails is reported and the primary answers."""
+        pool, replica = await self.pool_for(org_id, agent_id)
+        if replica is None:
+            return await search(None)
+        try:
+            return await search(pool)
+        except StoreError:  # the replica failed (StoreUnavailable is one): the primary answers
+            self.replica_failed(replica)
+            return await search(None)
 
     def replica_failed(self, name: str) -> None:
         """A search on ``name`` failed: no more reads there until it answers a poll."""
@@ -346,8 +298,8 @@ class ReadRouting:
             lsn = ALWAYS_PRIMARY
         try:
             await self._marks.put(org_id, agent_id, lsn)
-        except (RedisError, OSError, TimeoutError) as exc:
-            _log.warning("storing a write mark in Redis failed: %s", type(exc).__name__)
+        except CacheError as exc:
+            _log.warning("storing a write mark in Redis failed: %s", failure_name(exc))
 
     # ---------------------------------------------------------------- health
 
@@ -379,25 +331,23 @@ class ReadRouting:
 
 
 def build_read_routing(
-    settings: Settings, postgres: PostgresMemoryStore, record_route: RouteRecorder | None = None
+    settings: Settings,
+    postgres: PostgresMemoryStore,
+    marks: WriteMarksFactory,
+    record_route: RouteRecorder | None = None,
 ) -> ReadRouting | None:
-    """The routing of ``settings.postgres_read_dsns``; None when there are none."""
+    """The routing of ``settings.postgres_read_dsns``; None when there are none.
+    ``marks`` makes the write marks (``stores.redis.WriteMarks.from_settings``) only then."""
     if not settings.postgres_read_dsns:
         return None
     ttl = ReadRouting.mark_ttl_seconds(
         settings.postgres_replica_max_lag_seconds, settings.postgres_replica_poll_seconds
     )
-    topology = RedisTopology.from_settings(settings)
-    marks = WriteMarks(
-        topology.create_client(max_connections=4),
-        topology.create_reads(),
-        ttl_seconds=ttl,
-    )
     return ReadRouting(
         postgres.pool,
         settings.postgres_dsn,
         settings.postgres_read_dsns,
-        marks,
+        marks(ttl),
         functools.partial(
             postgres.open_read_pool, min_size=settings.postgres_pool_min, max_size=settings.postgres_pool_max
         ),

@@ -23,7 +23,7 @@ from redis.exceptions import AskError, ClusterError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ibex_context.stores.redis_wire import (
+from ibex_context.stores.redis.wire import (
     Argument,
     PipelinedRedis,
     RedisEndpoint,

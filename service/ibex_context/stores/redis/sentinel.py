@@ -3,7 +3,7 @@ the sentinels each time it opens its connection, so a failover is followed on th
 first call after the old primary's connection fails (or answers READONLY), and
 checks the server named answers ROLE as a primary (``redis_wire``).
 
-redis-py's side uses redis-py's own Sentinel support (``stores.redis_topology``).
+redis-py's side uses redis-py's own Sentinel support (``stores.redis.topology``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from ibex_context.stores.redis_wire import RedisEndpoint, open_connection, pack_command
+from ibex_context.stores.redis.wire import RedisEndpoint, open_connection, pack_command
 
 
 class SentinelLocator:

@@ -16,19 +16,18 @@ import pytest
 from ibex_context.devtools.embedded import RedisProcess
 from ibex_context.devtools.replica import PostgresReplica
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
-from ibex_context.stores.read_routing import (
+from ibex_context.stores.postgres.read_routing import (
     BEHIND_WRITE,
     MARK_UNKNOWN,
     NO_REPLICA,
     REPLICA,
     REPLICA_FAILED,
     ReadRouting,
-    WriteMarks,
     parse_lsn,
-    write_mark_key,
 )
-from ibex_context.stores.redis import RedisContextCache, create_redis_client
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.cache import RedisContextCache, create_redis_client
+from ibex_context.stores.redis.wire import PipelinedRedis
+from ibex_context.stores.redis.write_marks import WriteMarks, write_mark_key
 from ibex_context.stores.repository import ContextRepository
 
 from tests.conftest import Tenant

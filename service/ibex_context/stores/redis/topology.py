@@ -1,6 +1,6 @@
 """How Redis is deployed -- one server, Sentinel, or Cluster -- and the two clients of
 each: redis-py's (writes, scripts, purge, health) and the request path's own
-(``stores.redis_wire``: the directive's GET and the hot set's EVALSHA).
+(``stores.redis.wire``: the directive's GET and the hot set's EVALSHA).
 
 Settings: ``IBEX_REDIS_URL`` alone is one server. With ``IBEX_REDIS_SENTINELS`` and
 ``IBEX_REDIS_SENTINEL_MASTER`` the primary is the one the sentinels name (the URL
@@ -24,9 +24,9 @@ from redis.backoff import NoBackoff
 
 from ibex_context.errors import ConfigurationError
 from ibex_context.settings import Settings
-from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster
-from ibex_context.stores.redis_sentinel import SentinelLocator
-from ibex_context.stores.redis_wire import PipelinedRedis, RedisEndpoint, RedisReads
+from ibex_context.stores.redis.cluster_wire import PipelinedRedisCluster
+from ibex_context.stores.redis.sentinel import SentinelLocator
+from ibex_context.stores.redis.wire import PipelinedRedis, RedisEndpoint, RedisReads
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 Mode = Literal["standalone", "sentinel", "cluster"]

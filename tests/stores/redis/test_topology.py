@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from ibex_context.errors import ConfigurationError
 from ibex_context.settings import Settings
-from ibex_context.stores.redis_cluster_wire import PipelinedRedisCluster
-from ibex_context.stores.redis_topology import RedisTopology
-from ibex_context.stores.redis_wire import PipelinedRedis
+from ibex_context.stores.redis.cluster_wire import PipelinedRedisCluster
+from ibex_context.stores.redis.topology import RedisTopology
+from ibex_context.stores.redis.wire import PipelinedRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from ibex_context.models import MemoryRecord, Source
-from ibex_context.stores.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
+from ibex_context.stores.redis.hot_record import COUNTERS, FORMAT_VERSION, decode_records, encode_record
 
 from tests.stores.helpers import unit_vector
 
