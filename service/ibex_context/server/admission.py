@@ -232,23 +232,22 @@ class FairAdmission:
         return Reason.ORG_OVER_SHARE
 
     def _over_core_share(self, org: _Org, now: float) -> bool:
-        """While the CPU is busy and others are active: an org asking for more than it gets
-        (shed in the last second) that has used more than its share of the cores lately is
-        at its share, or wants a core another call holds. Orgs that get what they ask for
-        are never held back here: at an even load nothing changes (the cheap tests first:
-        the meter reads two clocks once a window)."""
+        """While the CPU is busy and others are active, an org asking for more than it gets
+        (shed in the last second): at its share of the cores, or, having used more than
+        that share lately, wanting a core another call holds. Orgs that get what they ask
+        for are never held back here: at an even load nothing changes (the cheap tests
+        first: the meter reads two clocks once a window)."""
         if self._cpu is None or now - org.shed_at > _PRESSED_FOR_SECONDS or self._alone(org):
-            return False
-        fair = self._core_slots * org.weight / self._active_weight
-        _settle_usage(org, now)
-        if org.usage < fair:
             return False
         if self._cpu.busy() >= self._cpu_busy:
             self._cpu_busy_at = now
         elif now - self._cpu_busy_at > _CPU_BUSY_FOR_SECONDS:
             return False
-        share = max(1, math.floor(fair + _EPSILON))
-        return org.inflight >= share or self._running >= self._core_slots
+        fair = self._core_slots * org.weight / self._active_weight
+        if org.inflight >= max(1, math.floor(fair + _EPSILON)):
+            return True
+        _settle_usage(org, now)
+        return org.usage >= fair and self._running >= self._core_slots
 
     def _alone(self, org: _Org) -> bool:
         return self._active_weight - org.weight <= _EPSILON
