@@ -62,6 +62,19 @@ async def test_the_least_recently_used_entry_is_evicted() -> None:
     assert inner.calls == [["b"]] and len(cache) == 2
 
 
+async def test_a_full_cache_evicts_from_the_org_holding_most_so_a_flood_evicts_its_own() -> None:
+    inner = CountingEmbedder()
+    cache = CachedEmbedder(inner, max_entries=4)
+    await cache.embed(["quiet one", "quiet two"], org_id="org-b")
+    for i in range(20):  # org A's flood of new questions
+        await cache.embed([f"flood {i}"], org_id="org-a")
+    assert len(cache) == 4
+    inner.calls.clear()
+    await cache.embed(["quiet one", "quiet two"], org_id="org-b")
+    await cache.embed(["flood 19", "flood 18"], org_id="org-a")
+    assert inner.calls == []  # org B's two entries kept; org A kept its two newest
+
+
 async def test_concurrent_misses_for_the_same_text_share_one_call() -> None:
     inner = CountingEmbedder(delay=0.05)
     cache = CachedEmbedder(inner, max_entries=10)

@@ -7,7 +7,9 @@ collapsed and its ends stripped): texts are not kept as keys, two models never s
 entries, and two spellings that tokenise alike share one entry (the normalised text is
 what is embedded). Entries are per org: a call's ``embed_us`` reaches its caller, and a
 near-zero embedding time for a text org B never sent would tell B that another org sent
-it recently. An agent loop's repeats are one org's own, so they still hit (the
+it recently. A full cache evicts the least recently used entry of the org holding most
+entries, so one org's flood of new questions evicts its own entries, not another org's.
+An agent loop's repeats are one org's own, so they still hit (the
 agent-loop replay's hit rate is the same either way: benchmarks/embedding_cache.py).
 Concurrent misses for the same org and text are coalesced: one inner call, every
 caller gets its result. The inner call runs in its own task, so a caller whose
@@ -62,7 +64,11 @@ class CachedEmbedder:
         )
         self._query_max_tokens = query_max_tokens
         self._max_entries = max_entries
-        self._entries: OrderedDict[_Key, FloatVector] = OrderedDict()
+        # Entries by org, each org's least recently used first: when the cache is full the
+        # org holding most entries loses its oldest, so one org's flood of new questions
+        # evicts its own entries, not a quieter org's.
+        self._entries: dict[str, OrderedDict[_Key, FloatVector]] = {}
+        self._size = 0
         self._inflight: dict[_Key, asyncio.Future[FloatVector]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # Read at scrape time (``Metrics.track_query_embedding_cache``): no cost per call.
@@ -83,7 +89,7 @@ class CachedEmbedder:
         return self.hits, self.shared, self.misses
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
 
     def _key(self, org_id: str, text: str) -> _Key:
         digest = hashlib.sha256(org_id.encode("utf-8"))
@@ -100,7 +106,7 @@ class CachedEmbedder:
         """
         normalised = self._query(text)
         key = self._key(org_id, normalised)
-        done = self._cached(key)
+        done = self._cached(org_id, key)
         if done is not None:
             return done
         pending = self._inflight.get(key)
@@ -117,7 +123,7 @@ class CachedEmbedder:
         waits: list[asyncio.Future[FloatVector] | None] = []
         new_keys: dict[_Key, str] = {}
         for key, text in zip(keys, normalised, strict=True):
-            done = self._cached(key)
+            done = self._cached(org_id, key)
             if done is not None:
                 waits.append(done)
             elif key in self._inflight:
@@ -141,13 +147,14 @@ class CachedEmbedder:
         normalised = normalise_query(text)
         return self._tail(normalised, self._query_max_tokens) if self._tail else normalised
 
-    def _cached(self, key: _Key) -> asyncio.Future[FloatVector] | None:
-        """A done future of the cached embedding (a hit, now the most recent entry), or
-        None when ``key`` is not cached."""
-        cached = self._entries.get(key)
-        if cached is None:
+    def _cached(self, org_id: str, key: _Key) -> asyncio.Future[FloatVector] | None:
+        """A done future of the cached embedding (a hit, now the org's most recent entry),
+        or None when ``key`` is not cached."""
+        entries = self._entries.get(org_id)
+        cached = entries.get(key) if entries is not None else None
+        if entries is None or cached is None:
             return None
-        self._entries.move_to_end(key)
+        entries.move_to_end(key)
         self.hits += 1
         done: asyncio.Future[FloatVector] = asyncio.get_running_loop().create_future()
         done.set_result(cached)
@@ -164,13 +171,14 @@ class CachedEmbedder:
             futures.append(future)
         # A threaded embedder gets the work now; any other starts in the task.
         submitted = asyncio.wrap_future(self._submit(texts, tenant=org_id)) if self._submit else None
-        task = asyncio.create_task(self._compute(keys, futures, texts, submitted), name="embed-miss")
+        task = asyncio.create_task(self._compute(org_id, keys, futures, texts, submitted), name="embed-miss")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return futures
 
     async def _compute(
         self,
+        org_id: str,
         keys: list[_Key],
         futures: list[asyncio.Future[FloatVector]],
         texts: list[str],
@@ -181,12 +189,9 @@ class CachedEmbedder:
             for key, future, vector in zip(keys, futures, vectors, strict=True):
                 vector.flags.writeable = False
                 if self._max_entries > 0:
-                    self._entries[key] = vector
-                    self._entries.move_to_end(key)
+                    self._store(org_id, key, vector)
                 if not future.done():
                     future.set_result(vector)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
         except asyncio.CancelledError:
             for future in futures:
                 future.cancel()
@@ -198,6 +203,20 @@ class CachedEmbedder:
         finally:
             for key in keys:
                 self._inflight.pop(key, None)
+
+    def _store(self, org_id: str, key: _Key, vector: FloatVector) -> None:
+        entries = self._entries.setdefault(org_id, OrderedDict())
+        if key not in entries:
+            self._size += 1
+        entries[key] = vector
+        entries.move_to_end(key)
+        while self._size > self._max_entries:
+            # The org holding most entries: orgs caching at once are few next to the entries.
+            largest_org, largest = max(self._entries.items(), key=lambda item: len(item[1]))
+            largest.popitem(last=False)
+            self._size -= 1
+            if not largest:
+                del self._entries[largest_org]
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
