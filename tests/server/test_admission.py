@@ -129,13 +129,21 @@ def test_while_the_cpu_is_busy_a_flood_runs_one_call_at_a_time_and_never_beside_
     assert policy.admit(A, PLAIN) is None  # onto the free core
 
 
-def test_orgs_that_get_what_they_ask_for_are_not_held_back_however_busy_the_cpu() -> None:
+def even_load(policy: FairAdmission, cpu: Cpu, seconds: float, orgs: tuple[str, ...] = (A, B)) -> None:
+    """Each org calls in turn, one call in flight at a time, the CPU busy."""
+    for _ in range(round(seconds / 0.1)):
+        for org in orgs:
+            assert policy.admit(org, PLAIN) is None
+        cpu.run(0.05, busy=0.95)
+        for org in orgs:
+            policy.release(org)
+        cpu.run(0.05, busy=0.95)
+
+
+def test_at_an_even_load_no_org_is_held_back_however_busy_the_cpu() -> None:
     policy, cpu = busy_admission(cpus=1.0)
-    assert policy.admit(B, PLAIN) is None
+    even_load(policy, cpu, 3.0)
     assert fill(policy, A, 3) == [None, None, None]  # the slots alone decide
-    cpu.run(1.0, busy=0.95)
-    policy.release(A)
-    assert policy.admit(A, PLAIN) is None
 
 
 def test_below_the_busy_mark_slot_shares_alone_decide() -> None:
@@ -178,12 +186,10 @@ def test_the_cores_stay_shared_for_a_second_after_the_cpu_was_last_busy() -> Non
     assert policy.admit(A, PLAIN) is None
 
 
-def test_an_org_no_longer_shed_for_a_second_is_no_longer_held_back() -> None:
+def test_an_org_that_stops_flooding_is_soon_no_longer_held_back() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     flood(policy, cpu)
-    cpu.run(1.1, busy=0.95)  # A not shed since the flood
-    assert policy.admit(B, PLAIN) is None
-    policy.release(B)
+    even_load(policy, cpu, 3.0)  # A's calls admitted one at a time, as many as it asks for
     assert fill(policy, A, 2) == [None, None]
 
 
