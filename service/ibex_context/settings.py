@@ -369,13 +369,13 @@ class Settings(BaseSettings):
         ge=0,
     )
     admission_cpu_busy: float = _f(
-        0.6,
-        "Above this fraction of the CPU the process may use (its cores, or its event loop's one), "
-        "an org holds at most its weighted share of the process's cores (one call at least) while "
-        "other orgs are active: a flood's calls then leave the core to a quiet org's (reason "
-        "org_over_share; docs/adr/0014). 1: only when fully busy.",
+        0.9,
+        "When the calls ask for more than this share of the CPU the process may use (the CPU it "
+        "uses scaled by its calls over those admitted), an org sending well over its weighted "
+        "share of the calls holds at most its share of the process's cores and starts a call "
+        "only onto a free core, so a flood's calls leave the core to a quiet org's (reason "
+        "org_over_share; docs/adr/0014).",
         gt=0,
-        le=1,
     )
     org_active_seconds: float = _f(
         2.0,

@@ -86,6 +86,7 @@ class Cpu:
         self.clock = clock
         self.cpus = cpus
         self.used = 0.0
+        self.reader: CpuMeter
 
     def run(self, seconds: float, busy: float) -> None:
         """``seconds`` pass with every core ``busy`` (a fraction) of the time."""
@@ -93,9 +94,10 @@ class Cpu:
         self.used += seconds * busy * self.cpus
 
     def meter(self) -> CpuMeter:
-        return CpuMeter(
+        self.reader = CpuMeter(
             self.cpus, window=0.1, clock=self.clock, process_clock=lambda: self.used, thread_clock=lambda: 0.0
         )
+        return self.reader
 
 
 def busy_admission(cpus: float = 1.0, limit: int = 4) -> tuple[FairAdmission, Cpu]:
@@ -103,41 +105,44 @@ def busy_admission(cpus: float = 1.0, limit: int = 4) -> tuple[FairAdmission, Cp
     cpu = Cpu(clock, cpus)
     meter = cpu.meter()
     meter.busy()  # its first reading
-    return FairAdmission(limit, clock=clock, cpu=meter, cpu_busy=0.8), cpu
+    return FairAdmission(limit, clock=clock, cpu=meter, cpu_busy=0.9), cpu
 
 
-def flood(policy: FairAdmission, cpu: Cpu, profile: Admission = PLAIN, *, pool: int = 4) -> None:
-    """B calls now and then; A fills the pool, is shed past it, and holds the CPU busy for
-    two seconds; then A's calls end."""
-    assert policy.admit(B, PLAIN) is None
+def flood(
+    policy: FairAdmission, cpu: Cpu, *, pool: int = 4, weights: tuple[float, float] = (1.0, 1.0)
+) -> None:
+    """B calls once; A fills the pool and sends 16 calls more, shed, while the CPU is busy;
+    then A's calls end."""
+    a, b = Admission(weight=weights[0]), Admission(weight=weights[1])
+    assert policy.admit(B, b) is None
     policy.release(B)
-    assert fill(policy, A, pool, profile)[-1] is None
-    cpu.run(2.0, busy=0.95)
-    assert policy.admit(A, profile) is Reason.ORG_OVER_SHARE  # asks for more than it gets
-    for _ in range(policy.running):
+    assert fill(policy, A, pool, a) == [None] * pool
+    assert set(fill(policy, A, 16, a)) == {Reason.ORG_OVER_SHARE}
+    cpu.run(0.2, busy=0.95)
+    cpu.reader.busy()  # read as admission would at its next call
+    for _ in range(pool):
         policy.release(A)
 
 
-def test_while_the_cpu_is_busy_a_flood_runs_one_call_at_a_time_and_never_beside_a_quiet_orgs() -> None:
+def even_load(policy: FairAdmission, cpu: Cpu, seconds: float) -> None:
+    """A and B call in turn, one call each in flight at a time, the CPU busy."""
+    for _ in range(round(seconds / 0.1)):
+        assert fill(policy, A, 1) == [None] and fill(policy, B, 1) == [None]
+        cpu.run(0.05, busy=0.95)
+        policy.release(A)
+        policy.release(B)
+        cpu.run(0.05, busy=0.95)
+
+
+def test_a_flood_on_a_busy_cpu_runs_one_call_at_a_time_and_never_beside_a_quiet_orgs() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     flood(policy, cpu)
-    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]  # one call: its share of one core
+    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]  # its share of one core
     assert policy.admit(B, PLAIN) is None  # the quiet org is not held back
     policy.release(A)
     assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE  # not beside B's call
     policy.release(B)
     assert policy.admit(A, PLAIN) is None  # onto the free core
-
-
-def even_load(policy: FairAdmission, cpu: Cpu, seconds: float, orgs: tuple[str, ...] = (A, B)) -> None:
-    """Each org calls in turn, one call in flight at a time, the CPU busy."""
-    for _ in range(round(seconds / 0.1)):
-        for org in orgs:
-            assert policy.admit(org, PLAIN) is None
-        cpu.run(0.05, busy=0.95)
-        for org in orgs:
-            policy.release(org)
-        cpu.run(0.05, busy=0.95)
 
 
 def test_at_an_even_load_no_org_is_held_back_however_busy_the_cpu() -> None:
@@ -146,12 +151,10 @@ def test_at_an_even_load_no_org_is_held_back_however_busy_the_cpu() -> None:
     assert fill(policy, A, 3) == [None, None, None]  # the slots alone decide
 
 
-def test_below_the_busy_mark_slot_shares_alone_decide() -> None:
+def test_while_the_calls_ask_for_less_cpu_than_the_process_has_the_slots_alone_decide() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     flood(policy, cpu)
-    cpu.run(1.2, busy=0.5)
-    assert policy.admit(B, PLAIN) is None  # B still active
-    policy.release(B)
+    cpu.run(0.2, busy=0.1)
     assert fill(policy, A, 3) == [None, None, None]
 
 
@@ -165,31 +168,16 @@ def test_an_org_alone_uses_the_whole_pool_however_busy_the_cpu() -> None:
 
 
 def test_the_cores_are_shared_by_weight() -> None:
-    policy, cpu = busy_admission(cpus=4.0)
-    heavy = Admission(weight=3.0)
-    flood(policy, cpu, heavy)
-    # 4 cores: A (weight 3 of 4) holds 3 calls.
-    assert fill(policy, A, 4, heavy) == [None, None, None, Reason.ORG_OVER_SHARE]
-
-
-def test_the_cores_stay_shared_for_a_second_after_the_cpu_was_last_busy() -> None:
-    policy, cpu = busy_admission(cpus=1.0)
-    flood(policy, cpu)
-    assert fill(policy, A, 2) == [None, Reason.ORG_OVER_SHARE]  # busy: read now
-    cpu.run(0.5, busy=0.5)  # under the mark, half a second after it was over
-    assert policy.admit(B, PLAIN) is None  # keeps B active
-    policy.release(B)
-    assert policy.admit(A, PLAIN) is Reason.ORG_OVER_SHARE
-    cpu.run(0.6, busy=0.5)  # over a second under the mark: the slots alone decide again
-    assert policy.admit(B, PLAIN) is None  # keeps B active
-    policy.release(B)
-    assert policy.admit(A, PLAIN) is None
+    policy, cpu = busy_admission(cpus=8.0, limit=8)
+    flood(policy, cpu, pool=8, weights=(1.0, 3.0))
+    # 8 cores: A (weight 1 of 4) holds 2 calls.
+    assert fill(policy, A, 3) == [None, None, Reason.ORG_OVER_SHARE]
 
 
 def test_an_org_that_stops_flooding_is_soon_no_longer_held_back() -> None:
     policy, cpu = busy_admission(cpus=1.0)
     flood(policy, cpu)
-    even_load(policy, cpu, 3.0)  # A's calls admitted one at a time, as many as it asks for
+    even_load(policy, cpu, 10.0)  # A now calls as often as B
     assert fill(policy, A, 2) == [None, None]
 
 

@@ -17,15 +17,15 @@ pass-through answers. Here the pool is shared by the orgs that called in the las
   **within its share** is assembled above the limit (never above twice it) if an org over
   its share holds part of the pool: a quiet org is not made to wait for a flood to finish,
   and the flood's next calls are shed until the process is back under the limit;
-* slots are not the core. While the process's CPU is **busy** (``IBEX_ADMISSION_CPU_BUSY``
-  of what it may use, ``server/cpu.py``; and for a second after) and other orgs are
-  active, the cores are shared: an org that **asks** for well over its weighted share of
-  the process's cores (its calls in flight averaged over about a second, scaled up by its
-  calls over those admitted) holds at most that share (one call at least), and starts a
-  call only onto a free core, never beside another org's call. A flood then runs one call
-  at a time, between a quiet org's calls, and the quiet org's calls keep their deadline (a
-  slot share alone left a quiet org 67.7 % FULL beside a flood; ADR-0014). At an even load
-  no org asks for much over its share, and calls are admitted as before;
+* slots are not the core. When the calls ask for more CPU than the process may use
+  (``IBEX_ADMISSION_CPU_BUSY`` of it: the CPU it uses, ``server/cpu.py``, scaled by its calls
+  over those admitted) and other orgs are active, an org sending well over its weighted
+  share of the calls holds at most its share of the process's cores (one call at least),
+  and starts a call only onto a free core, never beside another org's call. A flood then
+  runs one call at a time, between a quiet org's calls, and the quiet org's calls keep
+  their deadline (a slot share alone left a quiet org 67.7 % FULL beside a flood;
+  ADR-0014). At an even load no org sends much over its share, and calls are admitted as
+  before;
 * an org may also have a **rate limit** (a token bucket: ``admission.ratePerSecond`` and
   ``burst``, default ``IBEX_ORG_RATE_LIMIT``): a call over it is shed with ``org_over_rate``,
   whether or not the process is busy.
@@ -56,20 +56,16 @@ _EPSILON = 1e-9
 # calls of an org over its share then costs calls the single pool assembled (57 against 12
 # a minute at 50 RPS from four orgs, with the last slot always kept free).
 _SATURATED_FOR_SECONDS = 0.5
-# How long a process found CPU-busy shares its cores: a flood held to one call at a time
-# leaves the CPU a little under the mark, and would flood again at once without it.
-_CPU_BUSY_FOR_SECONDS = 1.0
-# An org asking for this many times its share of the cores is held to it: at an even
-# load an org's ask wanders around its share (by a third at 60 RPS over four orgs); a
-# flood asks for several times it.
+# Arrivals are counted over about this long (exponentially averaged): long enough that an
+# even load's shares stay near the weights (at 15 RPS an org's share of 60 wanders by ~3
+# points), short enough that a flood is told apart within a second.
+_RATE_SECONDS = 5.0
+# An org sending this many times its weighted share of the calls is a heavy asker.
 _HEAVY = 1.5
-# The time constant of an org's usage (its calls in flight, exponentially averaged).
-_USAGE_SECONDS = 1.0
 
 
 class _Org:
     __slots__ = (
-        "admitted",
         "arrived",
         "burst",
         "counted",
@@ -78,20 +74,14 @@ class _Org:
         "rate",
         "refilled_at",
         "tokens",
-        "usage",
-        "usage_at",
         "weight",
     )
 
     def __init__(self, now: float) -> None:
         self.inflight = 0
-        # Its calls in flight averaged over ~``_USAGE_SECONDS`` (as of ``usage_at``).
-        self.usage = 0.0
-        self.usage_at = now
-        # Its calls, and those of them admitted, exponentially averaged like ``usage``: their
-        # ratio is how much more it asks for than it gets.
+        # Its calls (admitted or not), averaged over ~``_RATE_SECONDS``, as of
+        # ``FairAdmission._counted_at``.
         self.arrived = 0.0
-        self.admitted = 0.0
         self.last_seen = now
         self.weight = 0.0
         # Whether ``weight`` is in ``FairAdmission._active_weight``.
@@ -102,23 +92,13 @@ class _Org:
         self.refilled_at = now
 
 
-def _settle_usage(org: _Org, now: float) -> None:
-    """``org``'s averages brought to ``now`` (``inflight`` unchanged since ``usage_at``)."""
-    if now == org.usage_at:
-        return
-    decay = math.exp(-(now - org.usage_at) / _USAGE_SECONDS)
-    org.usage = org.inflight + (org.usage - org.inflight) * decay
-    org.arrived *= decay
-    org.admitted *= decay
-    org.usage_at = now
-
-
 class FairAdmission:
     """Admits or sheds each AssembleContext call by its org; ``release`` when an admitted call ends.
 
     ``limit`` 0 means no concurrency limit (rate limits still hold). ``default_rate`` is the
     rate limit of an org whose profile sets none (0: none). ``cpu``: the process's CPU meter,
-    and ``cpu_busy`` the fraction above which orgs share its cores (none: slots only).
+    and ``cpu_busy`` the share of its CPU asked for above which orgs share its cores (none:
+    slots only).
     """
 
     def __init__(
@@ -128,7 +108,7 @@ class FairAdmission:
         active_seconds: float = 2.0,
         default_rate: float = 0.0,
         cpu: CpuMeter | None = None,
-        cpu_busy: float = 0.6,
+        cpu_busy: float = 0.9,
         on_shed: Callable[[Reason], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -138,8 +118,8 @@ class FairAdmission:
             raise ValueError("active_seconds must be > 0")
         if default_rate < 0:
             raise ValueError("default_rate must be >= 0")
-        if not 0 < cpu_busy <= 1:
-            raise ValueError("cpu_busy must be in (0, 1]")
+        if cpu_busy <= 0:
+            raise ValueError("cpu_busy must be > 0")
         self._limit = limit
         self._active_seconds = active_seconds
         self._default_rate = default_rate
@@ -150,7 +130,13 @@ class FairAdmission:
         self._core_slots = max(1, min(limit or 1, math.floor(cpu.cpus))) if cpu is not None else 0
         self._clock = clock
         self._running = 0
-        self._cpu_busy_at = -math.inf
+        # Every org's calls, and those admitted, averaged like ``_Org.arrived``; an org's
+        # own count is decayed lazily: ``_decay`` is what every count has decayed by since
+        # the start, and an org's ``arrived`` is stored divided by it.
+        self._arrived = 0.0
+        self._admitted = 0.0
+        self._counted_at = clock()
+        self._decay = 1.0
         self._orgs: dict[str, _Org] = {}
         # The orgs with calls in flight: at most ``running`` of them.
         self._busy: dict[str, _Org] = {}
@@ -187,8 +173,7 @@ class FairAdmission:
         elif org.weight != weight:  # its profile changed
             self._active_weight += weight - org.weight
             org.weight = weight
-        _settle_usage(org, now)
-        org.arrived += 1.0
+        self._count_arrival(org, now)
         reason = self._refused(org, admission, now)
         if reason is not None:
             if self._on_shed is not None:
@@ -196,7 +181,7 @@ class FairAdmission:
             return reason
         if org.rate:
             org.tokens -= 1.0
-        org.admitted += 1.0
+        self._admitted += 1.0
         org.inflight += 1
         if org.inflight == 1:
             self._busy[org_id] = org
@@ -208,7 +193,6 @@ class FairAdmission:
         org = self._busy.get(org_id)
         if org is None:
             return
-        _settle_usage(org, self._clock())
         org.inflight -= 1
         if org.inflight == 0:
             del self._busy[org_id]
@@ -220,7 +204,7 @@ class FairAdmission:
         running = self._running
         if not limit:
             return None
-        if self._over_core_share(org, now):
+        if self._over_core_share(org):
             return Reason.ORG_OVER_SHARE
         if running < limit:
             if now - self._saturated_at > _SATURATED_FOR_SECONDS:
@@ -241,30 +225,42 @@ class FairAdmission:
             return Reason.OVERLOADED
         return Reason.ORG_OVER_SHARE
 
-    def _over_core_share(self, org: _Org, now: float) -> bool:
-        """While the CPU is busy and others are active, an org **asking** for well over its
-        share of the cores: at that share, or wanting a core another call holds.
+    def _count_arrival(self, org: _Org, now: float) -> None:
+        if now > self._counted_at:
+            decay = math.exp(-(now - self._counted_at) / _RATE_SECONDS)
+            self._arrived *= decay
+            self._admitted *= decay
+            self._decay *= decay
+            self._counted_at = now
+            if self._decay < 1e-100:  # rescale the stored counts before they underflow
+                for each in self._orgs.values():
+                    each.arrived *= self._decay
+                self._decay = 1.0
+        self._arrived += 1.0
+        org.arrived += 1.0 / self._decay
 
-        What an org asks for is the time its calls would hold a core if all were admitted:
-        its calls in flight (``usage``, averaged over a second) scaled by its calls over
-        those admitted. At an even load every org asks for about its share and nothing
-        changes; a flood asks for several times its share however few of its calls are
-        admitted, so holding it back does not make it look light (an org counted heavy only
-        while shed let the flood in again each time it stopped being shed, and counting its
-        shed calls at an even load shed more of them, a spiral: 12 % of 60 RPS). The cheap
-        tests first: the meter reads two clocks once a window.
+    def _over_core_share(self, org: _Org) -> bool:
+        """A heavy asker while the calls ask for more CPU than the process has to spare:
+        at its share of the cores, or wanting a core another call holds.
+
+        Both tests read what is asked, not what is admitted, so holding an org back does
+        not change whether it is held back: a **heavy asker** sends over ``_HEAVY`` times
+        its weighted share of the process's calls; the **CPU asked for** is the CPU the
+        process uses scaled by its calls over those admitted. (Tests that read what an org
+        got, its shed calls or calls in flight, fed back: an org held back looked heavier,
+        and at an even 60 RPS 12 % of calls were shed.) The cheap tests first: the meter
+        reads two clocks once a window.
         """
         if self._cpu is None or self._alone(org):
             return False
-        fair = self._core_slots * org.weight / self._active_weight
-        asked = org.usage * org.arrived / max(org.admitted, 1.0)
-        if asked < _HEAVY * fair:
+        weight_share = org.weight / self._active_weight
+        if org.arrived * self._decay < _HEAVY * weight_share * self._arrived:
             return False
-        if self._cpu.busy() >= self._cpu_busy:
-            self._cpu_busy_at = now
-        elif now - self._cpu_busy_at > _CPU_BUSY_FOR_SECONDS:
+        asked = self._cpu.busy() * self._arrived / max(self._admitted, 1.0)
+        if asked < self._cpu_busy:
             return False
-        return org.inflight >= max(1, math.floor(fair + _EPSILON)) or self._running >= self._core_slots
+        share = max(1, math.floor(self._core_slots * weight_share + _EPSILON))
+        return org.inflight >= share or self._running >= self._core_slots
 
     def _alone(self, org: _Org) -> bool:
         return self._active_weight - org.weight <= _EPSILON
