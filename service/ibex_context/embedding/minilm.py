@@ -12,7 +12,8 @@ write's texts go a few at a time, queries first.
 
 Queries can run on a second graph, the first quantised to int8 (``query_precision``,
 ``embedding.minilm_graph``): about half the CPU where the processor has int8 dot-product
-instructions, vectors within cosine 0.99 of fp32's. The texts it stores are always
+instructions, vectors within cosine 0.98 of fp32's, each token's activations scaled on
+their own, so queries batch like fp32 ones. The texts it stores are always
 embedded in fp32, so stored vectors do not depend on the setting and the setting can
 change without re-embedding anything.
 
