@@ -43,6 +43,7 @@ from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_pla
 from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
 
 from loadtest import corpus
+from loadtest.vectors import VectorShape, fitted_shape
 
 RESULTS = Path(__file__).parent / "results"
 LIMIT = 50
@@ -51,6 +52,8 @@ WARM_UP_CALLS = 30
 QUERIES = {
     "questions": "the load test's questions (a span of one of the agent's memories), hashing-embedded",
     "memories": "the normalised mean of two of the agent's memories' vectors",
+    "shaped": "one of the agent's stored vectors plus a real MiniLM question's offset from its memory"
+    " (loadtest.vectors: for data sets seeded with --vectors shaped)",
     "random": "random unit vectors",
 }
 
@@ -139,13 +142,15 @@ async def measure(
 
     ``queries``: ``questions`` (the load test's: a question quoting a span of one of the
     agent's memories, ``loadtest.corpus.query_from_memory``, embedded by the hashing
-    embedder the data was seeded with), ``memories`` (the normalised mean of two of the
+    embedder the data was seeded with), ``shaped`` (for vectors drawn from the model of
+    MiniLM's: a stored vector plus a real question's offset), ``memories`` (the normalised mean of two of the
     agent's memories' vectors: a point between two memories, the hardest case for a
     graph) or ``random`` unit vectors.
     """
     rng = np.random.default_rng(7)
     texts = random.Random(7)
     embedder = HashingEmbedder(dim)
+    shape = VectorShape.load(fitted_shape()) if queries == "shaped" else None
     vectors: dict[tuple[object, object], np.ndarray] = {}
     contents: dict[tuple[object, object], list[str]] = {}
     if queries != "random":
@@ -165,6 +170,10 @@ async def measure(
         if queries == "questions":
             question = corpus.query_from_memory(texts, texts.choice(contents[key]))
             vector = embedder.embed_one(question)
+        elif queries == "shaped":
+            assert shape is not None
+            pool = vectors[key]
+            vector = shape.questions(pool[rng.integers(len(pool))][None, :], rng)[0]
         elif queries == "memories":
             pool = vectors[key]
             a, b = rng.choice(len(pool), size=2, replace=len(pool) < 2)
@@ -324,9 +333,16 @@ def main() -> None:
         help="one hnsw.ef_search for every agent (default: the service's, by agent size)",
     )
     parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
-    parser.add_argument("--queries", choices=sorted(QUERIES), default="questions")
+    parser.add_argument(
+        "--queries",
+        choices=sorted(QUERIES),
+        default=None,
+        help="default: shaped for a data set seeded with --vectors shaped, else questions",
+    )
     parser.add_argument("--label", default="", help="appended to the results file's name")
     args = parser.parse_args()
+    if args.queries is None:
+        args.queries = "shaped" if "-shaped-" in args.data_dir.name else "questions"
     report = asyncio.run(
         run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max, args.queries)
     )

@@ -96,7 +96,7 @@ class PgActivitySampler:
 PG_SETTINGS: dict[str, str] = {"shared_buffers": "1GB", "effective_cache_size": "4GB"}
 
 
-def _configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
+def configure_postgres(dsn: str, settings: dict[str, str]) -> bool:
     """ALTER SYSTEM for every setting that differs; True when a restart is needed."""
     import asyncio
 
@@ -134,7 +134,7 @@ def stores(
     try:
         postgres = start_postgres(data_dir)
         try:
-            if _configure_postgres(postgres.dsn, {**PG_SETTINGS, "shared_buffers": shared_buffers}):
+            if configure_postgres(postgres.dsn, {**PG_SETTINGS, "shared_buffers": shared_buffers}):
                 postgres.stop()  # shared_buffers needs a restart; the data dir is kept
                 postgres = start_postgres(data_dir)
             yield postgres.dsn, redis.url, redis, postgres

@@ -36,13 +36,14 @@ from pathlib import Path
 
 from loadtest.arrivals import ARRIVALS
 from loadtest.machine import ROOT
+from loadtest.vectors import VECTORS
 
 # The service's embedders a run can use. minilm is the real one; hashing is a toy that
 # isolates the rest of the call's cost (its vectors carry words, not meaning).
 EMBEDDERS = ("minilm", "hashing")
 TOY_EMBEDDERS = frozenset({"hashing"})
-# Above this many memories, --seed-embedder auto stores the hashing toy's vectors: MiniLM
-# took 187 ms of CPU per seeded memory (50-400 tokens) with numpy here (2026-11-28).
+# Above this many memories, --seed-embedder auto stores vectors drawn from the model of
+# MiniLM's (loadtest.vectors): MiniLM takes ~37 ms of a core per seeded memory here.
 MINILM_SEED_MAX = 2_000
 
 
@@ -187,7 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memories", type=int, help="memories per agent")
     p.add_argument("--large-agents", type=int)
     p.add_argument("--large-memories", type=int)
-    p.add_argument("--vectors", choices=("embedder", "random"))
+    p.add_argument("--vectors", choices=VECTORS)
     p.add_argument(
         "--embedder",
         choices=EMBEDDERS,
@@ -295,7 +296,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
-    args.seed_embedder, args.seed_embedder_why = seed_embedder(args)
+    args.vectors, args.seed_embedder, args.seed_embedder_why = seed_embedder(args)
     if args.stores_cpus is None:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":
@@ -310,18 +311,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def seed_embedder(args: argparse.Namespace) -> tuple[str, str]:
-    """The stored vectors' embedder for ``--seed-embedder`` and why (for the report)."""
+def seed_embedder(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The stored vectors' kind (``--vectors``), their embedder (``--seed-embedder``) and why
+    (for the report)."""
     if args.seed_embedder != "auto":
-        return args.seed_embedder, "--seed-embedder"
+        return args.vectors, args.seed_embedder, "--seed-embedder"
     total = args.agents * args.memories + args.large_agents * args.large_memories
-    if args.embedder in TOY_EMBEDDERS or total <= MINILM_SEED_MAX:
-        return args.embedder, "the service's embedder (--seed-embedder auto)"
-    return "hashing", (
-        f"the hashing TOY's, not {args.embedder}'s (--seed-embedder auto: {total:,} memories is over"
-        f" {MINILM_SEED_MAX:,}, and MiniLM takes ~0.2 s of CPU per seeded memory here; the call's cost"
-        " does not depend on the stored vectors, what it retrieves does: quality is measured by"
-        " benchmarks.quality)"
+    if args.embedder in TOY_EMBEDDERS or total <= MINILM_SEED_MAX or args.vectors != "embedder":
+        return args.vectors, args.embedder, "the service's embedder (--seed-embedder auto)"
+    return "shaped", args.embedder, (
+        f"drawn from the model of {args.embedder}'s vectors (loadtest.vectors; --seed-embedder auto:"
+        f" {total:,} memories is over {MINILM_SEED_MAX:,}, and MiniLM takes ~37 ms of a core per seeded"
+        " memory here), not each text's own: the graph search costs what it would on real vectors"
+        " (benchmarks.agent_graph --check), what it finds is not about the question"
     )
 
 

@@ -1,7 +1,7 @@
 """Load N agents x M memories (across a few orgs) into PostgreSQL, fast, for load tests.
 
     python -m loadtest.seed --dsn "$IBEX_POSTGRES_DSN" --agents 100 --memories 1000 \
-        --agents-file loadtest/out/agents.json [--embedder hashing|minilm] [--vectors embedder|random]
+        --agents-file loadtest/out/agents.json [--embedder hashing|minilm] [--vectors embedder|shaped|random]
 
 What it does, in order:
 
@@ -16,7 +16,8 @@ What it does, in order:
    over a year), the token counts the service stores (``layout.stored_token_counts``,
    one tokenisation per encoding for a text already in range), sha256 content
    hashes (unique per org+agent), and embeddings from the configured embedder (the
-   hashing embedder in one vectorised batch per slice) or random unit vectors; each
+   hashing embedder in one vectorised batch per slice), drawn from the model of
+   MiniLM's vectors (``--vectors shaped``, ``loadtest.vectors``) or random unit vectors; each
    worker encodes its rows straight to binary COPY tuples (``loadtest.pgcopy``);
 3. drops the HNSW index and streams the tuples to ``COPY ... (FORMAT binary)`` in
    (org_id, agent_id) order: on an emptied table that lays every agent's rows out
@@ -70,6 +71,8 @@ from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 
 from loadtest import bulkload, corpus, pgcopy
+from loadtest import vectors as vectors_module
+from loadtest.vectors import VECTORS
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 
 MIN_TOKENS, MAX_TOKENS = 50, 400
@@ -112,7 +115,9 @@ class SeedPlan:
     seed: int = 20261122
     dim: int = 384
     embedder: str = "hashing"
-    vectors: str = "embedder"  # "embedder" | "random"
+    # "embedder": the embedder's vectors of each text; "shaped": drawn from the model of
+    # MiniLM's (loadtest.vectors); "random": random unit vectors.
+    vectors: str = "embedder"
     queries_per_agent: int = 8
 
     def memories_of(self, index: int) -> int:
@@ -210,7 +215,16 @@ def fit_tokens(
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(embedder: str, dim: int, vectors: str) -> None:
+def _init_worker(embedder: str, dim: int, vectors: str, shape: str | None = None) -> None:
+    ensure_worker_tokenizers()
+    _WORKER["embedder"] = build_embedder(embedder, dim) if vectors == "embedder" else None
+    _WORKER["shape"] = vectors_module.VectorShape.load(Path(shape)) if shape else None
+
+
+def ensure_worker_tokenizers() -> None:
+    """This process's token counters (what ``memory_texts`` needs), built once."""
+    if "count" in _WORKER:
+        return
     from ibex_context.pipeline.layout import stored_token_counts
     from ibex_context.tokens.encodings import EncodingRegistry
 
@@ -222,7 +236,14 @@ def _init_worker(embedder: str, dim: int, vectors: str) -> None:
     _WORKER["count"] = lambda name, text: encodings[name].count(text)
     # What the write path stores (content and block-body counts): one source of truth.
     _WORKER["stored_counts"] = lambda text: stored_token_counts(text, encodings.values())
-    _WORKER["embedder"] = build_embedder(embedder, dim) if vectors == "embedder" else None
+
+
+def worker_embedder(name: str, dim: int = 384) -> Any:
+    """This process's embedder ``name``, built once (loading MiniLM takes seconds)."""
+    key = f"embedder:{name}:{dim}"
+    if key not in _WORKER:
+        _WORKER[key] = build_embedder(name, dim)
+    return _WORKER[key]
 
 
 def build_embedder(name: str, dim: int) -> Any:
@@ -242,6 +263,9 @@ def build_embedder(name: str, dim: int) -> Any:
 
 def _embed(texts: Sequence[str], dim: int, rng: np.random.Generator) -> np.ndarray:
     """The texts' vectors as the rows of one float32 matrix."""
+    shape = _WORKER.get("shape")
+    if shape is not None:  # drawn from the model of MiniLM's vectors (loadtest.vectors)
+        return shape.draw(len(texts), rng)[0]
     embedder = _WORKER.get("embedder")
     if embedder is None:
         vectors = rng.standard_normal((len(texts), dim), dtype=np.float32)
@@ -260,25 +284,19 @@ def _within(counts: dict[str, int]) -> bool:
     return all(MIN_TOKENS <= counts[name] <= MAX_TOKENS for name in STORED_ENCODINGS)
 
 
-def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
-    stream = f"{plan.seed}:{piece.agent.agent_id}"
-    return random.Random(stream if piece.index == 0 else f"{stream}:{piece.index}")
-
-
-def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
-    """One slice's rows as binary COPY tuples, its sample queries and (slice 0) the
-    agent's directive (runs in a worker process)."""
+def memory_texts(
+    rng: random.Random, memories: int
+) -> tuple[list[corpus.MemorySpec], list[str], list[dict[str, int]], list[bytes]]:
+    """``memories`` distinct memories drawn from ``rng``: their specs, texts (within the
+    stored token range), stored token counts and content hashes (in a worker process)."""
     count = _WORKER["count"]
     stored_counts = _WORKER["stored_counts"]
-    agent = piece.agent
-    rng = slice_random(piece, plan)
-    org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
     specs: list[corpus.MemorySpec] = []
     texts: list[str] = []
     token_counts: list[dict[str, int]] = []
     hashes: list[bytes] = []
     seen: set[bytes] = set()
-    while len(specs) < piece.memories:
+    while len(specs) < memories:
         spec = corpus.memory_spec(rng)
         # The stored counts hold every stored encoding's count of the content: most
         # texts are in range as generated and are tokenised once, not twice.
@@ -294,7 +312,25 @@ def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
         texts.append(text)
         token_counts.append(counts)
         hashes.append(digest)
-    vectors = pgcopy.vector_values(_embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64))))
+    return specs, texts, token_counts, hashes
+
+
+def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
+    stream = f"{plan.seed}:{piece.agent.agent_id}"
+    return random.Random(stream if piece.index == 0 else f"{stream}:{piece.index}")
+
+
+def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
+    """One slice's rows as binary COPY tuples, its sample queries and (slice 0) the
+    agent's directive (runs in a worker process)."""
+    count = _WORKER["count"]
+    agent = piece.agent
+    rng = slice_random(piece, plan)
+    org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
+    specs, texts, token_counts, hashes = memory_texts(rng, piece.memories)
+    vectors = pgcopy.vector_values(
+        _embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64)))
+    )
     base = datetime.fromtimestamp(now, UTC)
     org_bytes, agent_bytes = pgcopy.uuid_value(org), pgcopy.uuid_value(agent_uuid)
     metadata = pgcopy.jsonb_value(json.dumps({"source": "loadtest-seed"}))
@@ -545,10 +581,13 @@ async def seed(
     embedding_storage: str = "schema",
     sequential: bool = False,
     slice_memories: int = SLICE_MEMORIES,
+    shape: Path | None = None,
     log: Any = print,
 ) -> SeedReport:
     """Seeds the plan. ``sequential``: the postings and the graphs are built one after
-    the other instead of side by side (slower; each phase's CPU figures are its own)."""
+    the other instead of side by side (slower; each phase's CPU figures are its own).
+    ``shape``: the model the ``shaped`` vectors are drawn from (default: the one fitted
+    to MiniLM's, ``loadtest.vectors.fitted_shape``)."""
     from ibex_context.stores.postgres.migrate import migrate
 
     started = time.perf_counter()
@@ -583,9 +622,14 @@ async def seed(
             log("seed: EXPERIMENT: memories.embedding set to STORAGE PLAIN")
         agents = plan_agents(plan)
         now = time.time()
+        # The model of MiniLM's vectors, fitted on first use (its reference embedded once, cached).
+        if plan.vectors == "shaped" and shape is None:
+            shape = vectors_module.fitted_shape(jobs=jobs)
         with clock.phase("generate, embed, count tokens, COPY memories"):
             with ProcessPoolExecutor(
-                max_workers=jobs, initializer=_init_worker, initargs=(plan.embedder, plan.dim, plan.vectors)
+                max_workers=jobs,
+                initializer=_init_worker,
+                initargs=(plan.embedder, plan.dim, plan.vectors, str(shape) if shape else None),
             ) as pool:
                 slices = plan_slices(agents, slice_memories)
                 results = _ordered_results(pool, slices, plan, now, window=2 * jobs)
@@ -704,7 +748,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--embedder", choices=("hashing", "minilm"), default=os.environ.get("IBEX_EMBEDDER", "hashing")
     )
-    p.add_argument("--vectors", choices=("embedder", "random"), default="embedder")
+    p.add_argument("--vectors", choices=VECTORS, default="embedder")
     p.add_argument("--queries-per-agent", type=int, default=8)
     p.add_argument("--agents-file", type=Path, default=Path("loadtest/out/agents.json"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes")
