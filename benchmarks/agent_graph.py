@@ -70,7 +70,11 @@ class Index:
 
     @property
     def tag(self) -> str:
-        return self.method + "_" + "_".join("".join(ch for ch in part if ch.isalnum()) for part in self.options.split(","))
+        return (
+            self.method
+            + "_"
+            + "_".join("".join(ch for ch in part if ch.isalnum()) for part in self.options.split(","))
+        )
 
 
 SERVICE_GRAPH = Index("hnsw", GRAPH_OPTIONS, "hnsw.ef_search")
@@ -142,7 +146,9 @@ async def ensure_table(
         return None
     dim = data.vectors.shape[1]
     await conn.execute(f"DROP TABLE IF EXISTS {table}_partial")
-    await conn.execute(f"CREATE TABLE {table}_partial (id integer NOT NULL, embedding vector({dim}) NOT NULL)")
+    await conn.execute(
+        f"CREATE TABLE {table}_partial (id integer NOT NULL, embedding vector({dim}) NOT NULL)"
+    )
 
     async def chunks() -> AsyncIterator[bytes]:
         yield pgcopy.HEADER
@@ -153,12 +159,15 @@ async def ensure_table(
             )
         yield pgcopy.TRAILER
 
-    await conn.copy_to_table(f"{table}_partial", source=chunks(), format="binary", columns=["id", "embedding"])
+    await conn.copy_to_table(
+        f"{table}_partial", source=chunks(), format="binary", columns=["id", "embedding"]
+    )
     await conn.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
     await conn.execute("SET max_parallel_maintenance_workers = 1")
     started = time.perf_counter()
     await conn.execute(
-        f"CREATE INDEX ON {table}_partial USING {index.method} (embedding vector_cosine_ops) WITH ({index.options})"
+        f"CREATE INDEX ON {table}_partial USING {index.method} (embedding vector_cosine_ops)"
+        f" WITH ({index.options})"
     )
     seconds = time.perf_counter() - started
     await conn.execute(f"ALTER TABLE {table}_partial RENAME TO {table}")
@@ -235,12 +244,15 @@ async def run(
             table = f"{data.name}_{index.tag}"
             gb = data.vectors.shape[0] * 4_000 / 1e9  # graph + vectors, with room
             seconds = await ensure_table(admin, data, index, f"{max(1, min(8, int(gb) + 1))}GB")
-            size = await admin.fetchval("SELECT pg_table_size($1::regclass) + pg_indexes_size($1::regclass)", table)
+            size = await admin.fetchval(
+                "SELECT pg_table_size($1::regclass) + pg_indexes_size($1::regclass)", table
+            )
             graph = await admin.fetchval("SELECT pg_indexes_size($1::regclass)", table)
             built = f"built in {seconds:.0f} s" if seconds is not None else "built by an earlier run"
             lines.append(
                 f"- `{table}`: {len(data.vectors):,} memories ({data.vectors_origin}); {index.method} index"
-                f" {graph / 1e6:.0f} MB, table + index {size / 1e6:.0f} MB ({size / len(data.vectors):.0f} B a"
+                f" {graph / 1e6:.0f} MB, table + index {size / 1e6:.0f} MB"
+                f" ({size / len(data.vectors):.0f} B a"
                 f" memory); {built}."
             )
         for data in data_sets:
@@ -271,7 +283,8 @@ def table(measured: list[Measured]) -> list[str]:
     ]
     for m in measured:
         lines.append(
-            f"| {m.data} | {m.ef_search or 'exact scan'} | {m.median_ms:.2f} | {m.p95_ms:.2f} | {m.cpu_ms:.2f} |"
+            f"| {m.data} | {m.ef_search or 'exact scan'} | {m.median_ms:.2f} | {m.p95_ms:.2f}"
+            f" | {m.cpu_ms:.2f} |"
             f" {m.recall_mean:.3f} / {m.recall_p5:.2f} / {m.recall_min:.2f} |"
         )
     return lines
@@ -279,16 +292,21 @@ def table(measured: list[Measured]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="real and drawn vectors at 10k memories, side by side")
+    p.add_argument(
+        "--check", action="store_true", help="real and drawn vectors at 10k memories, side by side"
+    )
     p.add_argument("--memories", default="", help="drawn data sets, e.g. 10000,100000,1000000")
     p.add_argument(
         "--real",
         default="",
-        help="real samples too, NAME:MEMORIES (e.g. agent-100k:100000: embedded by MiniLM once, cached; ~35 min"
+        help="real samples too, NAME:MEMORIES (e.g. agent-100k:100000: embedded by MiniLM once, cached;"
+        " ~35 min"
         " of both cores for 100k)",
     )
     p.add_argument("--index", choices=("hnsw", "ivfflat"), default="hnsw")
-    p.add_argument("--index-options", default="", help=f"the index's WITH (...); default for hnsw: {GRAPH_OPTIONS}")
+    p.add_argument(
+        "--index-options", default="", help=f"the index's WITH (...); default for hnsw: {GRAPH_OPTIONS}"
+    )
     p.add_argument("--ef", default=",".join(map(str, DEFAULT_EF)), help="the index's knob's values")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--label", default="")
@@ -296,10 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.memories.split(",") if s]
     ef_values = [int(s) for s in args.ef.split(",")]
     data_sets = (
-        [real_data(args.queries), drawn_data(10_000, args.queries), drawn_data(10_000, args.queries, real_questions=True)]
+        [
+            real_data(args.queries),
+            drawn_data(10_000, args.queries),
+            drawn_data(10_000, args.queries, real_questions=True),
+        ]
         if args.check
         else []
-    ) + [d for n in sizes for d in (drawn_data(n, args.queries), drawn_data(n, args.queries, real_questions=True))]
+    ) + [
+        d
+        for n in sizes
+        for d in (drawn_data(n, args.queries), drawn_data(n, args.queries, real_questions=True))
+    ]
     for spec in filter(None, args.real.split(",")):
         name, memories = spec.split(":")
         data_sets.append(real_data(args.queries, name, int(memories)))
@@ -319,18 +345,22 @@ def main(argv: list[str] | None = None) -> int:
         measured = asyncio.run(run(data_sets, index, ef_values, postgres.dsn, setup))
     finally:
         postgres.stop()
-    label = args.label or ("check" if args.check else "-".join([*map(str, sizes), *filter(None, args.real.split(","))]))
+    label = args.label or (
+        "check" if args.check else "-".join([*map(str, sizes), *filter(None, args.real.split(","))])
+    )
     path = RESULTS / f"agent-graphs-{label}.md"
     path.write_text(
         "\n".join(
             [
                 f"# One agent's own graph: {label}",
                 "",
-                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `python -m benchmarks.agent_graph"
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+                " Command: `python -m benchmarks.agent_graph"
                 f" {' '.join(argv if argv is not None else __import__('sys').argv[1:])}`.",
                 "",
                 f"Setup: {index.method} index `{index.options}`"
-                f"{' (the service own-graph options)' if index == SERVICE_GRAPH else ''}; knob `{index.knob}`; PostgreSQL"
+                f"{' (the service own-graph options)' if index == SERVICE_GRAPH else ''};"
+                f" knob `{index.knob}`; PostgreSQL"
                 f" {PG_SETTINGS}; the service's session settings; {args.queries} questions a data set, one"
                 f" connection, sequential, after {WARM_UP} warm-up statements; load average {load:.2f} at the"
                 f" start; {platform.machine()}, {os.cpu_count()} CPUs.",

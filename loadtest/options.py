@@ -319,11 +319,15 @@ def seed_embedder(args: argparse.Namespace) -> tuple[str, str, str]:
     total = args.agents * args.memories + args.large_agents * args.large_memories
     if args.embedder in TOY_EMBEDDERS or total <= MINILM_SEED_MAX or args.vectors != "embedder":
         return args.vectors, args.embedder, "the service's embedder (--seed-embedder auto)"
-    return "shaped", args.embedder, (
-        f"drawn from the model of {args.embedder}'s vectors (loadtest.vectors; --seed-embedder auto:"
-        f" {total:,} memories is over {MINILM_SEED_MAX:,}, and MiniLM takes ~37 ms of a core per seeded"
-        " memory here), not each text's own: the graph search costs what it would on real vectors"
-        " (benchmarks.agent_graph --check), what it finds is not about the question"
+    return (
+        "shaped",
+        args.embedder,
+        (
+            f"drawn from the model of {args.embedder}'s vectors (loadtest.vectors; --seed-embedder auto:"
+            f" {total:,} memories is over {MINILM_SEED_MAX:,}, and MiniLM takes ~37 ms of a core per seeded"
+            " memory here), not each text's own: the graph search costs what it would on real vectors"
+            " (benchmarks.agent_graph --check), what it finds is not about the question"
+        ),
     )
 
 

@@ -72,8 +72,8 @@ from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 
 from loadtest import bulkload, corpus, pgcopy
 from loadtest import vectors as vectors_module
-from loadtest.vectors import VECTORS
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
+from loadtest.vectors import VECTORS
 
 MIN_TOKENS, MAX_TOKENS = 50, 400
 # The vector index is dropped for the COPY and built again afterwards exactly as the
@@ -328,9 +328,7 @@ def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
     rng = slice_random(piece, plan)
     org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
     specs, texts, token_counts, hashes = memory_texts(rng, piece.memories)
-    vectors = pgcopy.vector_values(
-        _embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64)))
-    )
+    vectors = pgcopy.vector_values(_embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64))))
     base = datetime.fromtimestamp(now, UTC)
     org_bytes, agent_bytes = pgcopy.uuid_value(org), pgcopy.uuid_value(agent_uuid)
     metadata = pgcopy.jsonb_value(json.dumps({"source": "loadtest-seed"}))

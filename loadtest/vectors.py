@@ -55,7 +55,9 @@ _EMBED_CHUNK = 200
 
 
 def vector_cache_dir() -> Path:
-    base = os.environ.get("IBEX_VECTOR_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    base = os.environ.get("IBEX_VECTOR_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
+    )
     return Path(base) / "ibex-context" / "vectors"
 
 
@@ -98,7 +100,9 @@ def _embedder_version() -> str:
     return f"minilm-g{GRAPH_VERSION}"
 
 
-def reference_sample(name: str, *, memories: int = REFERENCE_MEMORIES, jobs: int | None = None) -> ReferenceSample:
+def reference_sample(
+    name: str, *, memories: int = REFERENCE_MEMORIES, jobs: int | None = None
+) -> ReferenceSample:
     """The named sample, from the cache or embedded now on ``jobs`` processes (minutes)."""
     texts, questions = reference_texts(name, memories)
     digest = hashlib.sha256("\n".join([_embedder_version(), *texts, *questions]).encode()).hexdigest()[:16]
@@ -107,7 +111,8 @@ def reference_sample(name: str, *, memories: int = REFERENCE_MEMORIES, jobs: int
         with np.load(path) as data:
             return ReferenceSample(name, texts, questions, data["vectors"], data["question_vectors"])
     chunks = [
-        (texts[i : i + _EMBED_CHUNK], questions[i : i + _EMBED_CHUNK]) for i in range(0, len(texts), _EMBED_CHUNK)
+        (texts[i : i + _EMBED_CHUNK], questions[i : i + _EMBED_CHUNK])
+        for i in range(0, len(texts), _EMBED_CHUNK)
     ]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         parts = list(pool.map(_embed_chunk, *zip(*chunks, strict=True)))
@@ -159,7 +164,9 @@ class VectorShape:
             rows = np.flatnonzero(clusters == c)
             spread = rng.standard_normal((rows.size, self.spreads.shape[1])) * self.spreads[c]
             out[rows] = (
-                self.means[c] + spread @ self.directions[c] + rng.standard_normal((rows.size, self.dim)) * self.rest[c]
+                self.means[c]
+                + spread @ self.directions[c]
+                + rng.standard_normal((rows.size, self.dim)) * self.rest[c]
             )
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out, clusters
@@ -208,7 +215,9 @@ def kmeans(
     return best[1]
 
 
-def fit_shape(sample: ReferenceSample, *, clusters: int = CLUSTERS, rank: int = RANK, seed: int = 0) -> VectorShape:
+def fit_shape(
+    sample: ReferenceSample, *, clusters: int = CLUSTERS, rank: int = RANK, seed: int = 0
+) -> VectorShape:
     points = sample.vectors.astype(np.float64)
     n, dim = points.shape
     labels = kmeans(points, clusters, np.random.default_rng(seed))

@@ -37,7 +37,9 @@ def _sample(n: int = 2_000, clusters: int = 8) -> tuple[ReferenceSample, np.ndar
     vectors, labels = _planted(n, clusters, rng)
     questions = vectors + rng.standard_normal(vectors.shape).astype(np.float32) * 0.05
     questions /= np.linalg.norm(questions, axis=1, keepdims=True)
-    sample = ReferenceSample("planted", [f"m{i}" for i in range(n)], [f"q{i}" for i in range(n)], vectors, questions)
+    sample = ReferenceSample(
+        "planted", [f"m{i}" for i in range(n)], [f"q{i}" for i in range(n)], vectors, questions
+    )
     return sample, labels
 
 
@@ -74,6 +76,7 @@ def test_draws_keep_the_clusters_and_their_spread() -> None:
     assert (drawn @ shape.means.T).argmax(axis=1).tolist() == clusters.tolist()
     # Shares follow the reference's.
     np.testing.assert_allclose(np.bincount(clusters, minlength=8) / 4_000, shape.shares, atol=0.03)
+
     # Nearest-neighbour distances match the reference's within a fifth (same density).
     def nearest(points: np.ndarray) -> float:
         sims = points[:500] @ points.T
