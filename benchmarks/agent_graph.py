@@ -259,6 +259,8 @@ async def run(
             lines.append(f"- {data.label}: {data.origin}.")
     finally:
         await admin.close()
+    if not ef_values:  # --build-only
+        return out
     pool = await create_pool(dsn, min_size=1, max_size=1, ef_search=DEFAULT_EF[0])
     try:
         for data in data_sets:
@@ -309,10 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--ef", default=",".join(map(str, DEFAULT_EF)), help="the index's knob's values")
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument(
+        "--build-only", action="store_true", help="build the tables and indexes (kept for later runs), measure nothing"
+    )
     p.add_argument("--label", default="")
+    p.add_argument("--data-dir", type=Path, default=DATA, help="where the embedded PostgreSQL keeps the tables")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.memories.split(",") if s]
-    ef_values = [int(s) for s in args.ef.split(",")]
+    ef_values = [] if args.build_only else [int(s) for s in args.ef.split(",")]
     data_sets = (
         [
             real_data(args.queries),
@@ -334,17 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         knob = "hnsw.ef_search" if args.index == "hnsw" else "ivfflat.probes"
         index = Index(args.index, args.index_options or "lists = 100", knob)
-    DATA.mkdir(parents=True, exist_ok=True)
-    postgres = start_postgres(DATA)
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    postgres = start_postgres(args.data_dir)
     try:
         if configure_postgres(postgres.dsn, PG_SETTINGS):
             postgres.stop()
-            postgres = start_postgres(DATA)
+            postgres = start_postgres(args.data_dir)
         setup: list[str] = []
         load = os.getloadavg()[0]
         measured = asyncio.run(run(data_sets, index, ef_values, postgres.dsn, setup))
     finally:
         postgres.stop()
+    if args.build_only:
+        print("\n".join(setup))
+        return 0
     label = args.label or (
         "check" if args.check else "-".join([*map(str, sizes), *filter(None, args.real.split(","))])
     )

@@ -18,7 +18,8 @@ Server pinned to CPU 0, locust and the stores to CPU 1 (``loadtest/run`` for eac
    HNSW build take tens of minutes here; see the estimate printed);
 8. ``shapes`` (only when asked, ``--only shapes [--shapes baseline,agents-10k,...]``): issue 26's
    data shapes (``SHAPES``: 100 x 1k, 1,000 x 1k, 100 x 10k, 10 x 100k, 1 x 1M, mixed) at 50
-   RPS, each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
+   RPS with MiniLM serving the queries and stored vectors drawn from the model of its own
+   (``loadtest.vectors``), each followed by ``benchmarks.cold_plans`` on its data set (single searches per plan,
    recall@50 against exact), gated on cold p95 <= 10 ms, FULL >= 99.9 %, p99 < 30 ms.
    Each shape but 100 x 1k is 1M memories (~16 GB seeded here); ``--drop-data`` deletes each
    data set the matrix seeded once it is measured, so they fit a disk that cannot hold them all.

@@ -120,9 +120,10 @@ SCENARIOS: dict[str, Scenario] = {
             vectors="random",
             description="100 agents x 10k memories (1M rows)",
         ),
-        # The shapes of issue 13 (the matrix's "shapes" step), with the hashing embedder's
-        # vectors of each memory's text: random unit vectors have no neighbourhoods for
-        # an approximate index to find (HNSW recall@50 0.40 at 10k, ADR-0009).
+        # The shapes of issue 13 (the matrix's "shapes" step), with the embedder's vectors
+        # (above MINILM_SEED_MAX memories, MiniLM's drawn from the model of its own, or the
+        # hashing toy's with --embedder hashing): random unit vectors have no neighbourhoods
+        # for an approximate index to find (HNSW recall@50 0.40 at 10k, ADR-0009).
         Scenario(
             "agents-10k",
             100,

@@ -30,16 +30,19 @@ def plan(*names: str, extra: list[str] | None = None) -> Planned:
     return planned
 
 
-def test_every_step_but_the_minilm_one_runs_the_hashing_embedder_it_is_about(
+def test_the_service_steps_run_the_hashing_toy_and_the_shapes_minilm_on_vectors_drawn_like_its(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """loadtest/run defaults to the real embedder, so a step measuring the service's own
-    work or the stores must ask for the toy by name."""
+    work must ask for the toy by name; the data shapes are measured as users run them:
+    MiniLM serves the queries, the stored vectors are drawn from the model of its own."""
     monkeypatch.setattr(matrix, "ROOT", tmp_path)
     planned = plan("rates", "profile", "workers", "minilm", "large", "shapes", extra=["--shapes", "baseline"])
-    embedders = {label: options.parse_args(argv).embedder for label, _, argv in planned.planned}
-    assert embedders.pop("minilm-200rps") == "minilm"
-    assert set(embedders.values()) == {"hashing"}, embedders
+    runs = {label: options.parse_args(argv) for label, _, argv in planned.planned}
+    shape = runs.pop("shape-100x1k-50rps")
+    assert (shape.embedder, shape.seed_embedder, shape.vectors) == ("minilm", "minilm", "shaped")
+    assert runs.pop("minilm-200rps").embedder == "minilm"
+    assert {args.embedder for args in runs.values()} == {"hashing"}, runs
 
 
 def test_the_shapes_are_the_issues_six_starting_with_the_other_runs_data_set() -> None:

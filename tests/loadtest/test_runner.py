@@ -44,13 +44,23 @@ def test_the_real_embedder_is_the_default_and_small_data_is_seeded_with_it() -> 
     assert (toy.embedder, toy.seed_embedder) == ("hashing", "hashing")
 
 
-def test_large_data_gets_the_toys_vectors_unless_minilm_is_asked_for_and_the_report_says_why() -> None:
+def test_large_data_gets_vectors_drawn_like_minilms_unless_asked_otherwise_and_the_report_says_why() -> None:
     args = parse_args(["--scenario", "baseline"])  # 100 x 1,000 memories
     assert args.agents * args.memories > MINILM_SEED_MAX
-    assert (args.embedder, args.seed_embedder) == ("minilm", "hashing")
-    assert "hashing TOY's, not minilm's" in args.seed_embedder_why
+    assert (args.embedder, args.seed_embedder, args.vectors) == ("minilm", "minilm", "shaped")
+    assert "drawn from the model of minilm's vectors" in args.seed_embedder_why
     forced = parse_args(["--scenario", "baseline", "--seed-embedder", "minilm"])
-    assert forced.seed_embedder == "minilm"
+    assert (forced.seed_embedder, forced.vectors) == ("minilm", "embedder")
+    toy = parse_args(["--scenario", "baseline", "--embedder", "hashing"])
+    assert (toy.seed_embedder, toy.vectors) == ("hashing", "embedder")
+    random_vectors = parse_args(["--scenario", "large-agent"])
+    assert random_vectors.vectors == "random"
+
+
+def test_drawn_vectors_are_a_data_set_of_their_own() -> None:
+    assert dataset_key(parse_args(["--scenario", "baseline"])) != dataset_key(
+        parse_args(["--scenario", "baseline", "--seed-embedder", "minilm"])
+    )
 
 
 def test_the_data_seeded_for_one_embedder_is_not_reused_for_another() -> None:
