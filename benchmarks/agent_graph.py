@@ -234,7 +234,13 @@ async def measure(
 
 
 async def run(
-    data_sets: list[DataSet], index: Index, ef_values: list[int], dsn: str, lines: list[str]
+    data_sets: list[DataSet],
+    index: Index,
+    ef_values: list[int],
+    dsn: str,
+    lines: list[str],
+    *,
+    skip_exact_scan: bool = False,
 ) -> list[Measured]:
     out: list[Measured] = []
     admin = await asyncpg.connect(dsn)
@@ -265,7 +271,7 @@ async def run(
     try:
         for data in data_sets:
             exact = exact_top(data)
-            for ef in [None, *ef_values]:
+            for ef in ([] if skip_exact_scan else [None]) + ef_values:
                 out.append(await measure(pool, data, index, exact, ef))
                 m = out[-1]
                 print(
@@ -312,10 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ef", default=",".join(map(str, DEFAULT_EF)), help="the index's knob's values")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument(
-        "--build-only", action="store_true", help="build the tables and indexes (kept for later runs), measure nothing"
+        "--skip-exact-scan", action="store_true", help="no exact-scan row (~0.5 s a question at 1M memories)"
+    )
+    p.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the tables and indexes (kept for later runs), measure nothing",
     )
     p.add_argument("--label", default="")
-    p.add_argument("--data-dir", type=Path, default=DATA, help="where the embedded PostgreSQL keeps the tables")
+    p.add_argument(
+        "--data-dir", type=Path, default=DATA, help="where the embedded PostgreSQL keeps the tables"
+    )
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.memories.split(",") if s]
     ef_values = [] if args.build_only else [int(s) for s in args.ef.split(",")]
@@ -348,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             postgres = start_postgres(args.data_dir)
         setup: list[str] = []
         load = os.getloadavg()[0]
-        measured = asyncio.run(run(data_sets, index, ef_values, postgres.dsn, setup))
+        measured = asyncio.run(
+            run(data_sets, index, ef_values, postgres.dsn, setup, skip_exact_scan=args.skip_exact_scan)
+        )
     finally:
         postgres.stop()
     if args.build_only:
