@@ -239,8 +239,8 @@ class Matrix:
     def big(self) -> None:
         if not self.opts.include_big:
             runner.log(
-                "skipping 100 agents x 10k memories: 1M rows; seeding needs ~1,100 CPU-s and ~17 GB of disk "
-                "here (benchmarks/results/seeding-2026-11-26.md; before the bulk seeder: 31 min). "
+                "skipping 100 agents x 10k memories: 1M rows; seeding needs ~3,000 CPU-s (32 min) and ~17 GB of"
+                " disk here (benchmarks/results/large-agents-2026-12-06.md). "
                 "Run: loadtest/matrix --only big --include-big (or loadtest/run --scenario big)"
             )
             self.rows.append(
@@ -251,7 +251,8 @@ class Matrix:
                     200,
                     None,
                     None,
-                    note="not run: 1M rows need ~1,100 CPU-s and ~17 GB to seed here (seeding-2026-11-26.md); command: `loadtest/matrix --only big --include-big`",
+                    note="not run: 1M rows need ~3,000 CPU-s and ~17 GB to seed here (large-agents-2026-12-06.md);"
+                    " command: `loadtest/matrix --only big --include-big`",
                 )
             )
             return

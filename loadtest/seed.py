@@ -39,7 +39,7 @@ An agent of at most ``SLICE_MEMORIES`` memories gets the same texts, vectors and
 counts as before slicing; a larger one's later slices draw from streams of their own.
 Prints each phase's wall time and CPU seconds (the seeder's processes, and
 PostgreSQL's when it runs on this machine): on a shared machine the CPU figures are
-the ones to compare. Measured: benchmarks/results/seeding-2026-11-26.md. Redis is
+the ones to compare. Measured: benchmarks/results/large-agents-2026-12-06.md (1M memories). Redis is
 not touched: the service fills its caches from PostgreSQL on a miss (start it after
 seeding, or flush Redis).
 """
