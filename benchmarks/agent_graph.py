@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -104,10 +106,20 @@ def real_data(queries: int, sample_name: str = CHECK_SAMPLE, memories: int = REF
     )
 
 
-def drawn_data(memories: int, queries: int, *, real_questions: bool = False) -> DataSet:
+@functools.lru_cache(maxsize=1)
+def _drawn(memories: int) -> tuple[VectorShape, np.ndarray, dict[str, object]]:
+    """The model, ``memories`` vectors drawn from it and the random state after the draw:
+    both question kinds of one size search the same vectors, drawn once (1.5 GB at 1M)."""
     shape = VectorShape.load(fitted_shape())
     rng = np.random.default_rng(memories)
     vectors, _ = shape.draw(memories, rng)
+    return shape, vectors, rng.bit_generator.state
+
+
+def drawn_data(memories: int, queries: int, *, real_questions: bool = False) -> DataSet:
+    shape, vectors, state = _drawn(memories)
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state
     if real_questions:  # what the service searches with: MiniLM's vectors of real questions
         asked = reference_sample(FIT_SAMPLE).question_vectors
         questions = asked[rng.choice(len(asked), size=queries, replace=False)]
@@ -307,9 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--real",
         default="",
-        help="real samples too, NAME:MEMORIES (e.g. agent-100k:100000: embedded by MiniLM once, cached;"
-        " ~35 min"
-        " of both cores for 100k)",
+        help="real samples too, NAME:MEMORIES (e.g. agent-100k:100000: embedded by MiniLM once,"
+        " cached; ~35 min of both cores for 100k)",
     )
     p.add_argument("--index", choices=("hnsw", "ivfflat"), default="hnsw")
     p.add_argument(
@@ -380,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 "",
                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
                 " Command: `python -m benchmarks.agent_graph"
-                f" {' '.join(argv if argv is not None else __import__('sys').argv[1:])}`.",
+                f" {' '.join(argv if argv is not None else sys.argv[1:])}`.",
                 "",
                 f"Setup: {index.method} index `{index.options}`"
                 f"{' (the service own-graph options)' if index == SERVICE_GRAPH else ''};"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import platform
 import random
@@ -342,7 +343,9 @@ def main() -> None:
     parser.add_argument("--label", default="", help="appended to the results file's name")
     args = parser.parse_args()
     if args.queries is None:
-        args.queries = "shaped" if "-shaped-" in args.data_dir.name else "questions"
+        # The seed's plan, in the data set's agents file, says how its vectors were made.
+        plan = json.loads((args.data_dir / "agents.json").read_text())["plan"]
+        args.queries = "shaped" if plan.get("vectors") == "shaped" else "questions"
     report = asyncio.run(
         run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max, args.queries)
     )

@@ -73,7 +73,6 @@ from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 from loadtest import bulkload, corpus, pgcopy
 from loadtest import vectors as vectors_module
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
-from loadtest.vectors import VECTORS
 
 MIN_TOKENS, MAX_TOKENS = 50, 400
 # The vector index is dropped for the COPY and built again afterwards exactly as the
@@ -750,7 +749,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--embedder", choices=("hashing", "minilm"), default=os.environ.get("IBEX_EMBEDDER", "hashing")
     )
-    p.add_argument("--vectors", choices=VECTORS, default="embedder")
+    p.add_argument("--vectors", choices=vectors_module.VECTORS, default="embedder")
     p.add_argument("--queries-per-agent", type=int, default=8)
     p.add_argument("--agents-file", type=Path, default=Path("loadtest/out/agents.json"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes")
