@@ -57,9 +57,20 @@ _PG_STATE_SQL = """
 SELECT regexp_replace(relname, '_p[0-9]+$|_[0-9]+$', '') AS family,
        sum(n_live_tup)::bigint AS live, sum(n_dead_tup)::bigint AS dead,
        sum(autovacuum_count)::bigint AS autovacuums, sum(autoanalyze_count)::bigint AS autoanalyzes,
-       sum(pg_total_relation_size(relid))::bigint AS bytes
+       sum(pg_total_relation_size(relid))::bigint AS bytes,
+       -- PostgreSQL 18: milliseconds the autovacuum workers spent on the table so far.
+       sum(total_autovacuum_time + total_autoanalyze_time)::bigint AS vacuum_ms
 FROM pg_stat_user_tables GROUP BY 1 ORDER BY bytes DESC
 """
+# The server-wide work a window's writes cause besides their statements: checkpoints
+# (and the pages they write) and WAL, with the full-page images every page's first
+# change after a checkpoint adds.
+_PG_SERVER_SQL = """
+SELECT c.num_timed + c.num_requested AS checkpoints, c.buffers_written AS checkpoint_buffers,
+       w.wal_bytes::bigint AS wal_bytes, w.wal_fpi AS wal_fpi
+FROM pg_stat_checkpointer AS c, pg_stat_wal AS w
+"""
+_PG_STATE_COLUMNS = ("live", "dead", "autovacuums", "autoanalyzes", "bytes", "vacuum_ms")
 
 
 def tree_cpu_seconds(pid: int | None) -> float:
@@ -83,21 +94,48 @@ def tree_cpu_seconds(pid: int | None) -> float:
     return total
 
 
-def pg_state(dsn: str) -> dict[str, dict[str, int]]:
+def pg_state(dsn: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Per table family (``_PG_STATE_SQL``) and server-wide (``_PG_SERVER_SQL``) counters."""
     import asyncpg
 
-    async def read() -> dict[str, dict[str, int]]:
+    async def read() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         conn = await asyncpg.connect(dsn)
         try:
             rows = await conn.fetch(_PG_STATE_SQL)
+            server = await conn.fetchrow(_PG_SERVER_SQL)
         finally:
             await conn.close()
-        return {
-            r["family"]: {k: int(r[k] or 0) for k in ("live", "dead", "autovacuums", "autoanalyzes", "bytes")}
-            for r in rows
-        }
+        tables = {r["family"]: {k: int(r[k] or 0) for k in _PG_STATE_COLUMNS} for r in rows}
+        return tables, {k: int(v or 0) for k, v in dict(server or {}).items()}
 
     return asyncio.run(read())
+
+
+def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of two equally long series (ties share their mean
+    rank); None when fewer than three pairs or either series is constant."""
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if x == x and y == y]  # drop NaN
+    if len(pairs) < 3:
+        return None
+
+    def ranks(values: Sequence[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2
+            i = j + 1
+        return result
+
+    rx, ry = ranks([x for x, _ in pairs]), ranks([y for _, y in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if not sxx or not syy else sxy / (sxx * syy) ** 0.5
 
 
 @dataclass
@@ -176,6 +214,7 @@ class Mark:
     upserts: int
     deletes: int
     pg: dict[str, dict[str, int]]
+    pg_server: dict[str, int] = field(default_factory=dict)
 
 
 def assemble_percentile_ms(before: Reading, after: Reading, q: float) -> float | None:
@@ -192,12 +231,32 @@ def assemble_percentile_ms(before: Reading, after: Reading, q: float) -> float |
     return None
 
 
-def between(a: Mark, b: Mark) -> dict[str, Any]:
-    """The figures of the span from mark ``a`` to mark ``b``."""
+def window_cpus(base: argparse.Namespace) -> tuple[str, str]:
+    """The server's CPU and the stores' (the first of each pinned list, "0-1" or "0,1"):
+    the CPUs whose stolen time a window reports."""
+    first = lambda cpus: str(cpus or "").replace("-", ",").split(",")[0]  # noqa: E731
+    return first(base.server_cpus), first(base.stores_cpus or base.locust_cpus)
+
+
+# The stages whose p99 a window reports beside the call's: where a slow window's time went.
+WINDOW_STAGES = ("embed", "cold", "lexical")
+
+
+def between(a: Mark, b: Mark, cpus: tuple[str, str] = ("0", "1")) -> dict[str, Any]:
+    """The figures of the span from mark ``a`` to mark ``b``; ``cpus``: the server's CPU and
+    the stores' (their stolen time)."""
     figures = window_figures(a.reading, b.reading)
     calls = sum(row["count"] for row in figures["assembly"].values()) or 0
     full = figures["degradation_server"].get("full", 0.0)
     per_call = lambda s: s / calls * 1000 if calls else float("nan")  # noqa: E731
+    server_delta = lambda key: b.pg_server.get(key, 0) - a.pg_server.get(key, 0)  # noqa: E731
+    vacuum_ms = sum(s.get("vacuum_ms", 0) for s in b.pg.values()) - sum(
+        s.get("vacuum_ms", 0) for s in a.pg.values()
+    )
+    stolen = figures["stolen_s"]
+    stages = {
+        f"{stage}_p99_ms": (figures["stages"].get(stage) or {}).get("p99_ms") for stage in WINDOW_STAGES
+    }
     return {
         "minutes": f"{a.minute:g}-{b.minute:g}",
         "calls": int(calls),
@@ -216,6 +275,16 @@ def between(a: Mark, b: Mark) -> dict[str, Any]:
         ),
         "writes": (b.upserts - a.upserts) + (b.deletes - a.deletes),
         "load": figures["load_average"][1],
+        **stages,
+        "server_wait_pct": 100 * figures["server_runqueue_wait_s"] / figures["wall_s"]
+        if figures["wall_s"]
+        else float("nan"),
+        "steal_server_s": stolen.get(cpus[0], float("nan")),
+        "steal_stores_s": stolen.get(cpus[1], float("nan")),
+        "checkpoints": server_delta("checkpoints"),
+        "wal_mb": server_delta("wal_bytes") / 2**20,
+        "wal_fpi": server_delta("wal_fpi"),
+        "vacuum_s": vacuum_ms / 1000,
     }
 
 
@@ -234,7 +303,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse.Name
     p.add_argument("--keep", type=int, default=600, help="a memory written is deleted this many writes later")
     p.add_argument("--agents", type=int, default=100)
     p.add_argument("--memories", type=int, default=1000)
-    p.add_argument("--embedder", choices=("hashing", "minilm"), default="hashing")
+    p.add_argument(
+        "--embedder",
+        choices=("hashing", "minilm"),
+        default="minilm",
+        help="the service's embedder: minilm (default) is the one users run; hashing is a TOY that"
+        " leaves the query embedding out, to isolate the stores' drift",
+    )
     p.add_argument(
         "--replica", action="store_true", help="start a streaming replica and route the searches to it"
     )
@@ -302,6 +377,7 @@ def run(soak: argparse.Namespace, base: argparse.Namespace) -> tuple[list[Mark],
                     time.sleep(soak.warmup)
 
                     def mark(minute: float) -> Mark:
+                        tables, server_wide = pg_state(dsn)
                         return Mark(
                             minute,
                             read_counters(server.metrics_ports, server.proc.pid, locust.pid, []),
@@ -310,7 +386,8 @@ def run(soak: argparse.Namespace, base: argparse.Namespace) -> tuple[list[Mark],
                             tree_cpu_seconds(redis.pid),
                             writer.upserts,
                             writer.deletes,
-                            pg_state(dsn),
+                            tables,
+                            server_wide,
                         )
 
                     started = time.monotonic()
@@ -321,7 +398,7 @@ def run(soak: argparse.Namespace, base: argparse.Namespace) -> tuple[list[Mark],
                         minute = min(soak.minutes, minute + soak.window_minutes)
                         time.sleep(max(0.0, started + minute * 60 - time.monotonic()))
                         marks.append(mark(minute))
-                        row = between(marks[-2], marks[-1])
+                        row = between(marks[-2], marks[-1], window_cpus(base))
                         log(
                             f"window {row['minutes']} min: p99 {row['p99_ms']} ms, stores {row['stores_ms']:.2f} ms/call, "
                             f"FULL {row['full_pct']:.1f} %, writes {row['writes']}"
@@ -364,11 +441,12 @@ def report(
     setup: dict[str, Any],
     writer: Writer,
 ) -> tuple[str, bool]:
-    windows = [between(a, b) for a, b in itertools.pairwise(marks)]
+    cpus = window_cpus(base)
+    windows = [between(a, b, cpus) for a, b in itertools.pairwise(marks)]
     span = max(1, round(soak.compare_minutes / soak.window_minutes))
     first, last = (
-        between(marks[0], marks[min(span, len(marks) - 1)]),
-        between(marks[max(0, len(marks) - 1 - span)], marks[-1]),
+        between(marks[0], marks[min(span, len(marks) - 1)], cpus),
+        between(marks[max(0, len(marks) - 1 - span)], marks[-1], cpus),
     )
 
     def change(key: str) -> float | None:
@@ -391,6 +469,14 @@ def report(
         "stores_ms",
         "writes",
         "load",
+        *(f"{stage}_p99_ms" for stage in WINDOW_STAGES),
+        "server_wait_pct",
+        "steal_server_s",
+        "steal_stores_s",
+        "checkpoints",
+        "wal_mb",
+        "wal_fpi",
+        "vacuum_s",
     ]
     lines = [
         f"# Soak `{soak.label}`: {'STEADY' if steady else 'NOT STEADY'} (stores CPU per call and p99, first vs last {soak.compare_minutes:g} min, within {soak.tolerance:.0%})",
@@ -433,6 +519,24 @@ def report(
             )
             + " |"
         )
+    lines += [
+        "",
+        f"## What moves with the window p99 ({len(windows)} windows)",
+        "",
+        "Spearman's rank correlation of each window's p99 with the window's other figures"
+        " (1: the slow windows are exactly those where it is high; |rho| under ~0.4 over 15"
+        " windows is indistinguishable from none).",
+        "",
+        "| figure | rho |",
+        "|---|---|",
+    ]
+    p99s = [float("nan") if row["p99_ms"] is None else row["p99_ms"] for row in windows]
+    moves = []
+    for column in columns[columns.index("server_ms") :]:
+        values = [float("nan") if row[column] is None else float(row[column]) for row in windows]
+        moves.append((column, rank_correlation(p99s, values)))
+    for column, rho in sorted(moves, key=lambda m: -abs(m[1] or 0.0)):
+        lines.append(f"| {column} | {_fmt(rho)} |")
     lines += [
         "",
         "## PostgreSQL at each window boundary (primary)",

@@ -20,6 +20,8 @@ def test_defaults_are_the_hour_of_issue_26_in_two_minute_windows_on_a_data_set_o
     assert (options.minutes, options.window_minutes, options.compare_minutes) == (60.0, 2.0, 10.0)
     assert (options.rps, options.writes_per_second, options.tolerance) == (50.0, 10.0, 0.10)
     assert (base.rps, base.duration, base.agents, base.memories) == (50.0, 3600.0, 100, 1000)
+    # The embedder users run serves the queries; the hashing toy only when asked for.
+    assert options.embedder == base.embedder == "minilm"
     # A soak churns its data: never the directory the other load tests reuse.
     assert base.data_dir.name.startswith("soak-")
     # Its verdict is the comparison, not locust's gate over the whole run.
@@ -68,3 +70,36 @@ def test_the_windows_p99_is_read_from_the_histogram_the_service_exports() -> Non
     assert p50 is not None and 2.5 <= p50 <= 5.0
     assert p99 is not None and p99 <= 5.0  # 99 of the 100 calls took 4 ms; the health check is not counted
     assert soak.assemble_percentile_ms(after, after, 0.99) is None
+
+
+def test_rank_correlation_says_whether_the_slow_windows_are_those_where_a_figure_is_high() -> None:
+    p99 = [20.0, 35.0, 22.0, 40.0, 25.0]
+    assert soak.rank_correlation(p99, [1.0, 5.0, 2.0, 9.0, 3.0]) == 1.0
+    assert soak.rank_correlation(p99, [9.0, 2.0, 5.0, 1.0, 3.0]) == -1.0
+    # Ties share their rank; a constant figure and too few windows say nothing.
+    rho = soak.rank_correlation(p99, [0.0, 1.0, 0.0, 1.0, 0.0])
+    assert rho is not None and 0.8 < rho < 1.0
+    assert soak.rank_correlation(p99, [3.0] * 5) is None
+    assert soak.rank_correlation([1.0, 2.0], [1.0, 2.0]) is None
+    # A window without a p99 (no call finished) is left out, not counted as zero.
+    assert soak.rank_correlation([*p99, float("nan")], [1.0, 5.0, 2.0, 9.0, 3.0, 100.0]) == 1.0
+
+
+def test_the_windows_report_the_stolen_time_of_the_servers_and_the_stores_cpus() -> None:
+    _, base = soak.parse([])
+    assert soak.window_cpus(base) == ("0", "1")
+    _, base = soak.parse([])
+    base.server_cpus, base.stores_cpus = "2-3", "0,1"
+    assert soak.window_cpus(base) == ("2", "0")
+
+
+async def test_the_server_wide_counters_are_read_from_the_running_postgresql(postgres_dsn: str) -> None:
+    """Checkpoints, WAL and the autovacuum time are PostgreSQL 18's column names: a rename
+    fails here, not after an hour of soak."""
+    import asyncio
+
+    tables, server = await asyncio.to_thread(soak.pg_state, postgres_dsn)
+    assert set(server) == {"checkpoints", "checkpoint_buffers", "wal_bytes", "wal_fpi"}
+    assert server["wal_bytes"] > 0
+    for figures in tables.values():
+        assert set(figures) == set(soak._PG_STATE_COLUMNS)
