@@ -521,22 +521,26 @@ def report(
         )
     lines += [
         "",
-        f"## What moves with the window p99 ({len(windows)} windows)",
+        f"## What moves with the window's p99 and FULL share ({len(windows)} windows)",
         "",
-        "Spearman's rank correlation of each window's p99 with the window's other figures"
-        " (1: the slow windows are exactly those where it is high; |rho| under ~0.4 over 15"
-        " windows is indistinguishable from none).",
+        "Spearman's rank correlation of each window's p99, and of its FULL share, with the"
+        " window's other figures (1: the windows where one is high are exactly those where the"
+        " other is; |rho| under ~0.5 over 15 windows is indistinguishable from none). The FULL"
+        " share says more than the p99 when the p99 sits at the cold stage's timeout.",
         "",
-        "| figure | rho |",
-        "|---|---|",
+        "| figure | rho with p99 | rho with FULL % |",
+        "|---|---|---|",
     ]
-    p99s = [float("nan") if row["p99_ms"] is None else row["p99_ms"] for row in windows]
-    moves = []
-    for column in columns[columns.index("server_ms") :]:
-        values = [float("nan") if row[column] is None else float(row[column]) for row in windows]
-        moves.append((column, rank_correlation(p99s, values)))
-    for column, rho in sorted(moves, key=lambda m: -abs(m[1] or 0.0)):
-        lines.append(f"| {column} | {_fmt(rho)} |")
+
+    def series(column: str) -> list[float]:
+        return [float("nan") if row[column] is None else float(row[column]) for row in windows]
+
+    moves = [
+        (column, rank_correlation(series("p99_ms"), series(column)), rank_correlation(series("full_pct"), series(column)))
+        for column in columns[columns.index("server_ms") :]
+    ]
+    for column, with_p99, with_full in sorted(moves, key=lambda m: -max(abs(m[1] or 0.0), abs(m[2] or 0.0))):
+        lines.append(f"| {column} | {_fmt(with_p99)} | {_fmt(with_full)} |")
     lines += [
         "",
         "## PostgreSQL at each window boundary (primary)",
