@@ -536,7 +536,11 @@ def report(
         return [float("nan") if row[column] is None else float(row[column]) for row in windows]
 
     moves = [
-        (column, rank_correlation(series("p99_ms"), series(column)), rank_correlation(series("full_pct"), series(column)))
+        (
+            column,
+            rank_correlation(series("p99_ms"), series(column)),
+            rank_correlation(series("full_pct"), series(column)),
+        )
         for column in columns[columns.index("server_ms") :]
     ]
     for column, with_p99, with_full in sorted(moves, key=lambda m: -max(abs(m[1] or 0.0), abs(m[2] or 0.0))):
