@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,6 +99,8 @@ BEFORE, CROSSING, BUILDING, AFTER = "before", "crossing writes", "during the bui
 # Writes' phases.
 BASELINE, WRITES = "baseline", "with writes"
 WATCH_INTERVAL_S = 0.05
+# The agent's own graph: no row (none), claimed (false: being built) or ready (true).
+GRAPH_READY_SQL = "SELECT ready FROM agent_graphs WHERE org_id = $1::uuid AND agent_id = $2::uuid"
 QUICK: dict[str, Any] = {
     "threshold": 300,
     "seeded": 280,
@@ -365,10 +367,11 @@ def phase_table(rows: Sequence[PhaseFigures], *, writes: bool = False) -> list[s
 class PromotionResult:
     seeded: int
     written: int
+    writes_s: float  # the crossing writes, from the first request to the last answer
     rows: list[PhaseFigures]
     plan_rows: list[PhaseFigures]
     build_s: float | None  # claim seen -> ready seen
-    claimed_after_s: float | None  # the crossing write's end -> claim seen
+    claimed_after_s: float | None  # the crossing writes' start -> claim seen
     first_own_graph_after_s: float | None  # ready -> first call on the agent's own graph
     verdict: Verdict
 
@@ -431,9 +434,9 @@ def render(
             "## Promotion: an agent crossing to a graph of its own",
             "",
             f"One agent seeded with {promotion.seeded:,} memories; after {options.before:g} s of calls, {promotion.written} memories upserted"
-            f" in batches of {options.batch} ({promotion.seeded + promotion.written:,} in all, {options.cross_by} past the limit), then calls through the build"
+            f" in batches of {options.batch} in {promotion.writes_s:.2f} s ({promotion.seeded + promotion.written:,} in all, {options.cross_by} past the limit), then calls through the build"
             f" and {options.after:g} s after it. The build (the claim in `agent_graphs` to `ready`, seen by polling): **{_fmt(promotion.build_s, 2)} s**,"
-            f" claimed {_fmt(promotion.claimed_after_s, 2)} s after the crossing writes ended. First call on the agent's own graph"
+            f" claimed {_fmt(promotion.claimed_after_s, 2)} s after the crossing writes began. First call on the agent's own graph"
             f" {_fmt(promotion.first_own_graph_after_s, 1)} s after ready (the service caches an agent's size and graph state for 60 s, `stores.cold_plan.AgentSizes`).",
             "",
             *phase_table(promotion.rows),
@@ -487,10 +490,11 @@ class Caller:
             target=lambda: asyncio.run(self._run()), name="growing-caller", daemon=True
         )
 
-    def start(self) -> None:
+    def __enter__(self) -> Caller:
         self._thread.start()
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
 
@@ -609,7 +613,7 @@ async def graph_state(dsn: str, agent: dict[str, Any]) -> tuple[bool, bool]:
     conn = await asyncpg.connect(dsn)
     try:
         ready = await conn.fetchval(
-            "SELECT ready FROM agent_graphs WHERE org_id = $1::uuid AND agent_id = $2::uuid",
+            GRAPH_READY_SQL,
             agent["org_id"],
             agent["agent_id"],
         )
@@ -618,25 +622,44 @@ async def graph_state(dsn: str, agent: dict[str, Any]) -> tuple[bool, bool]:
     return ready is not None, bool(ready)
 
 
-async def wait_for_graph(dsn: str, agent: dict[str, Any], *, ready: bool, timeout: float) -> bool:
-    """Polls ``agent_graphs`` until the agent's graph is claimed (or ready); False on timeout."""
+async def watch_graph(
+    dsn: str, agent: dict[str, Any], mark: Callable[[str], Mark], timeout: float
+) -> tuple[Mark | None, Mark | None]:
+    """Polls ``agent_graphs`` every ``WATCH_INTERVAL_S``: marks the build's start (the claim
+    seen) and its end (ready seen); (None, None) or (claim, None) on timeout."""
     import asyncpg
 
+    claimed: Mark | None = None
     conn = await asyncpg.connect(dsn)
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = await conn.fetchval(
-                "SELECT ready FROM agent_graphs WHERE org_id = $1::uuid AND agent_id = $2::uuid",
+            ready = await conn.fetchval(
+                GRAPH_READY_SQL,
                 agent["org_id"],
                 agent["agent_id"],
             )
-            if state is not None and (bool(state) or not ready):
-                return True
+            if ready is not None and claimed is None:
+                claimed = mark(BUILDING)
+            if ready:
+                return claimed, mark(AFTER)
             await asyncio.sleep(WATCH_INTERVAL_S)
     finally:
         await conn.close()
-    return False
+    return claimed, None
+
+
+async def cross(
+    s: Stage, count: int, batch: int, vectors: Iterator[list[float]] | None, timeout: float, seed: int
+) -> tuple[int, float, Mark | None, Mark | None]:
+    """The crossing writes, watched: (memories created, seconds the writes took, the
+    build's start and end marks)."""
+    watching = asyncio.create_task(watch_graph(s.dsn, s.agent, s.mark, timeout))
+    started = time.monotonic()
+    created = await upsert(s.server.grpc_port, s.agent, count, batch, vectors, seed)
+    took = time.monotonic() - started
+    building, ready = await watching
+    return created, took, building, ready
 
 
 async def promote_if_grown(dsn: str, threshold: int) -> int:
@@ -758,45 +781,40 @@ def run_promotion(options: argparse.Namespace, setup: dict[str, str]) -> Promoti
     written = options.threshold - options.seeded + options.cross_by
     with stage(options, "promotion", options.seeded, setup) as s:
         vectors = None if options.server_embeds else shaped_vectors(written, options.seed + 1)
-        caller = Caller(s.server.grpc_port, s.workload, options.rps, options.deadline_ms / 1000, options.seed)
-        caller.start()
-        s.mark(WARM_UP)
-        time.sleep(options.warmup)
-        s.mark(BEFORE)
-        time.sleep(options.before)
-        s.mark(CROSSING)
-        created = asyncio.run(
-            upsert(s.server.grpc_port, s.agent, written, options.batch, vectors, options.seed + 2)
-        )
-        crossed_at = time.monotonic()
-        claimed = asyncio.run(wait_for_graph(s.dsn, s.agent, ready=False, timeout=options.build_timeout))
-        building = s.mark(BUILDING)
-        ready = claimed and asyncio.run(
-            wait_for_graph(s.dsn, s.agent, ready=True, timeout=options.build_timeout)
-        )
-        after = s.mark(AFTER)
-        time.sleep(options.after)
-        s.mark(END)
-        caller.stop()
+        with Caller(
+            s.server.grpc_port, s.workload, options.rps, options.deadline_ms / 1000, options.seed
+        ) as caller:
+            s.mark(WARM_UP)
+            time.sleep(options.warmup)
+            s.mark(BEFORE)
+            time.sleep(options.before)
+            crossing = s.mark(CROSSING)
+            created, writes_s, building, ready = asyncio.run(
+                cross(s, written, options.batch, vectors, options.build_timeout, options.seed + 2)
+            )
+            if ready is not None:
+                time.sleep(options.after)
+            s.mark(END)
     rows = phases(caller.calls, s.marks)
-    first_own = next(
-        (c.at for c in sorted(caller.calls, key=lambda c: c.at) if c.plan == ColdPlan.AGENT.value), None
-    )
+    first_own = min((c.at for c in caller.calls if c.plan == ColdPlan.AGENT.value), default=None)
     named = {r.name: r for r in rows}
+    if ready is None or building is None:
+        verdict = Verdict(
+            False,
+            f"the agent's graph was {'not ready' if building else 'not claimed'} within {options.build_timeout:g} s",
+        )
+    else:
+        verdict = full_kept(named[BEFORE], named[BUILDING], options.full_tolerance)
     return PromotionResult(
         seeded=options.seeded,
         written=created,
+        writes_s=writes_s,
         rows=rows,
         plan_rows=by_plan(caller.calls, s.marks),
-        build_s=after.at - building.at if ready else None,
-        claimed_after_s=building.at - crossed_at if claimed else None,
-        first_own_graph_after_s=first_own - after.at if ready and first_own is not None else None,
-        verdict=full_kept(named[BEFORE], named[BUILDING], options.full_tolerance)
-        if ready
-        else Verdict(
-            False,
-            f"the agent's graph was {'not ready' if claimed else 'not claimed'} within {options.build_timeout:g} s",
-        ),
+        build_s=None if ready is None or building is None else ready.at - building.at,
+        claimed_after_s=None if building is None else building.at - crossing.at,
+        first_own_graph_after_s=None if ready is None or first_own is None else first_own - ready.at,
+        verdict=verdict,
     )
 
 
@@ -822,30 +840,32 @@ def run_writes(options: argparse.Namespace, setup: dict[str, str]) -> WritesResu
             )
             for i in range(count)
         ]
-        caller = Caller(s.server.grpc_port, s.workload, options.rps, options.deadline_ms / 1000, options.seed)
-        caller.start()
-        s.mark(WARM_UP)
-        time.sleep(options.warmup)
-        s.mark(BASELINE)
-        time.sleep(options.baseline)
-        s.mark(RECALL_CHECK)
-        recalls = {
-            BASELINE: asyncio.run(
+        with Caller(
+            s.server.grpc_port, s.workload, options.rps, options.deadline_ms / 1000, options.seed
+        ) as caller:
+            s.mark(WARM_UP)
+            time.sleep(options.warmup)
+            s.mark(BASELINE)
+            time.sleep(options.baseline)
+            s.mark(RECALL_CHECK)
+            recalls = {
+                BASELINE: asyncio.run(
+                    measure_recall(s.dsn, s.agent, options.recall_queries, options.threshold, options.seed)
+                )
+            }
+            s.mark(WRITES)
+            try:
+                for writer in s.writers:
+                    writer.start()
+                time.sleep(options.with_writes)
+            finally:
+                for writer in s.writers:
+                    writer.stop()
+            s.mark(RECALL_CHECK)
+            recalls[WRITES] = asyncio.run(
                 measure_recall(s.dsn, s.agent, options.recall_queries, options.threshold, options.seed)
             )
-        }
-        s.mark(WRITES)
-        for writer in s.writers:
-            writer.start()
-        time.sleep(options.with_writes)
-        for writer in s.writers:
-            writer.stop()
-        s.mark(RECALL_CHECK)
-        recalls[WRITES] = asyncio.run(
-            measure_recall(s.dsn, s.agent, options.recall_queries, options.threshold, options.seed)
-        )
-        s.mark(END)
-        caller.stop()
+            s.mark(END)
     rows = phases(caller.calls, s.marks)
     named = {r.name: r for r in rows}
     return WritesResult(

@@ -155,6 +155,7 @@ def test_the_report_gives_the_verdicts_figures_and_exact_setup() -> None:
     promotion = ga.PromotionResult(
         seeded=4_900,
         written=200,
+        writes_s=0.8,
         rows=rows,
         plan_rows=[_phase("exact", 2180, 2179)],
         build_s=4.2,
