@@ -2,7 +2,7 @@
 """A new agent and a growing agent (issue 40, deliverable 5), against the real service over
 gRPC and real embedded stores:
 
-    .venv/bin/python -m benchmarks.growing_agent                  # both parts, ~7 min
+    .venv/bin/python -m benchmarks.growing_agent                  # both parts, ~6 min
     .venv/bin/python -m benchmarks.growing_agent --part writes --server-embeds
     .venv/bin/python -m benchmarks.growing_agent --quick --out /tmp/growing.md   # small sizes
 
@@ -948,7 +948,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--keep", type=int, default=100, help="a memory written is deleted this many writes later"
     )
     writes.add_argument(
-        "--writers", type=int, default=1, help="writers sharing the rate (each writes and deletes in turn)"
+        "--writers",
+        type=int,
+        default=3,
+        help="writers sharing the rate, each on its own connection (one writer, an upsert and a delete in"
+        " turn, reached 39 upserts/s here at 100 asked)",
     )
     writes.add_argument("--recall-queries", type=int, default=50)
     verdict = p.add_argument_group("targets")
