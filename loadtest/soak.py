@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,13 +141,16 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 @dataclass
 class Writer:
     """Upserts ``rate`` memories a second into random seeded agents and deletes the one
-    written ``keep`` writes earlier, over the service's MemoryService."""
+    written ``keep`` writes earlier, over the service's MemoryService. ``vectors``: each
+    memory's embedding, sent with it (the API's ``embedding`` field); None: the service
+    embeds the content."""
 
     port: int
     agents: Sequence[dict[str, str]]
     rate: float
     keep: int
     seed: int
+    vectors: Callable[[], Sequence[float]] | None = None
     upserts: int = 0
     deletes: int = 0
     errors: int = 0
@@ -178,12 +181,13 @@ class Writer:
             while not self._stop.is_set():
                 agent = rng.choice(self.agents)
                 content = churn_words(rng) + f" #{rng.randrange(10**9)}"
+                memory = pb.MemoryInput(content=content, category="episodic")
+                if self.vectors is not None:
+                    memory.embedding.extend(self.vectors())
                 try:
                     reply = await stub.UpsertMemories(
                         pb.UpsertMemoriesRequest(
-                            org_id=agent["org_id"],
-                            agent_id=agent["agent_id"],
-                            memories=[pb.MemoryInput(content=content, category="episodic")],
+                            org_id=agent["org_id"], agent_id=agent["agent_id"], memories=[memory]
                         ),
                         timeout=5,
                     )
