@@ -268,6 +268,18 @@ class Settings(BaseSettings):
         " built concurrently): its searches then walk only its own vectors (migration 0013). Builds"
         " queue for one connection of their own per process, never a request connection.",
     )
+    graph_build_parallel_workers: int = _f(
+        0,
+        "Parallel workers PostgreSQL may add to one agent's graph build (its"
+        " max_parallel_maintenance_workers on the builds' connection). 0: a build is one backend,"
+        " so it takes one process's share of the stores' cores beside the request searches, not"
+        " three (with PostgreSQL's default of 2, a promotion left 28-34 % of the agent's calls FULL"
+        " during its build on a one-core stores machine, 55-58 % with 0:"
+        " benchmarks/results/large-agents-2026-12-06.md). Raise it"
+        " where PostgreSQL has cores to spare and builds should finish sooner.",
+        ge=0,
+        le=64,
+    )
     max_memory_chars: int = _f(8192, "Most characters in one memory.", ge=1)
     max_directive_chars: int = _f(32768, "Most characters in a directive.", ge=1)
     max_upsert_batch: int = _f(1000, "Most memories in one UpsertMemories call.", ge=1)

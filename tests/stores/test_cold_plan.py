@@ -30,6 +30,14 @@ def test_whether_an_agent_has_its_own_graph_is_cached_with_its_size() -> None:
     assert not sizes.has_own_graph(("org", "big"))  # expired: read again with the size
 
 
+def test_a_forgotten_agent_is_read_again() -> None:
+    sizes = AgentSizes(ttl=60)
+    sizes.put(("org", "grown"), 5_001)
+    sizes.forget(("org", "grown"))
+    sizes.forget(("org", "never cached"))
+    assert sizes.get(("org", "grown")) is None and not sizes.has_own_graph(("org", "grown"))
+
+
 def test_agents_above_the_large_size_get_the_wider_graph_search() -> None:
     width = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
     assert width.for_agent(10_000, 50) == 200

@@ -124,6 +124,10 @@ class AgentSizes:
         entry = self._entries.get(key)
         return entry is not None and entry.own_graph and entry.expires_at > self._clock()
 
+    def forget(self, key: tuple[object, object]) -> None:
+        """Drops the agent's entry, if cached: its next lookup reads the store again."""
+        self._entries.pop(key, None)
+
     def put(self, key: tuple[object, object], memories: int, *, own_graph: bool = False) -> None:
         self._entries[key] = _Entry(memories, own_graph, self._clock() + self._ttl)
         self._entries.move_to_end(key)

@@ -97,6 +97,36 @@ async def test_an_agent_that_grows_past_the_limit_gets_its_own_graph_and_searche
     assert graph_index_name(org, agent) in plan
 
 
+async def test_after_its_graph_is_built_here_the_agents_next_search_walks_it_at_once(
+    graph_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """The process that built the graph does not wait for the agent's cached state (60 s)
+    to expire before its searches use it."""
+    query = unit_vector(5)
+    memories = [make_memory(f"grows {i}", embedding=near(query, 1.0, seed=i)) for i in range(LIMIT + 5)]
+    await graph_store.upsert_memories(tenant.org_id, tenant.agent_id, memories[:LIMIT])
+    before = await graph_store.search(tenant.org_id, tenant.agent_id, query, 5)
+    assert isinstance(before, ColdMatches) and before.plan is ColdPlan.EXACT  # its size is now cached
+
+    await graph_store.upsert_memories(tenant.org_id, tenant.agent_id, memories[LIMIT:])
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    after = await graph_store.search(tenant.org_id, tenant.agent_id, query, 5)
+    assert isinstance(after, ColdMatches) and after.plan is ColdPlan.AGENT
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+async def test_a_graph_build_gets_parallel_workers_only_when_configured(
+    postgres_dsn: str, workers: int
+) -> None:
+    """A build with PostgreSQL's default of 2 workers ran as three processes beside the
+    request searches on the stores' core; the default now is one."""
+    pool = await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH, parallel_workers=workers)
+    try:
+        assert await pool.fetchval("SHOW max_parallel_maintenance_workers") == str(workers)
+    finally:
+        await pool.close()
+
+
 async def test_a_promotion_is_claimed_once_and_a_stale_claim_is_taken_over(
     graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
 ) -> None:

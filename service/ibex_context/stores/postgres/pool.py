@@ -179,18 +179,23 @@ GRAPH_BUILD_APPLICATION = "ibex-context-graphs"
 
 
 async def create_graph_pool(
-    dsn: str, *, ef_search: int, ssl: ssl_module.SSLContext | None = None
+    dsn: str, *, ef_search: int, parallel_workers: int = 0, ssl: ssl_module.SSLContext | None = None
 ) -> asyncpg.Pool:
     """The pool large agents' graphs are built on (``graphs.AgentGraphs``): one connection,
     opened at the first build, so a process builds one graph at a time and no build
     ever waits for, or holds, a request connection. No statement timeout: a build of a
-    large agent takes minutes. Named apart in ``pg_stat_activity``."""
+    large agent takes minutes. Named apart in ``pg_stat_activity``. ``parallel_workers``:
+    the workers PostgreSQL may add to a build (``max_parallel_maintenance_workers``); with
+    none a build competes with the request searches as one backend, not as several."""
     return await create_pool(
         dsn,
         min_size=0,
         max_size=1,
         ef_search=ef_search,
         statement_timeout_ms=0,
-        server_settings={"application_name": GRAPH_BUILD_APPLICATION},
+        server_settings={
+            "application_name": GRAPH_BUILD_APPLICATION,
+            "max_parallel_maintenance_workers": str(parallel_workers),
+        },
         ssl=ssl,
     )

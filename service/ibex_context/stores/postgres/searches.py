@@ -162,6 +162,11 @@ class MemorySearches:
             found = found.take(np.argsort(-similarity, kind="stable"))
         return ColdMatches.of(found, plan)
 
+    def forget_agent(self, org_id: str, agent_id: str) -> None:
+        """Drops the agent's cached size and graph state: its next search reads them again
+        (after its own graph was built here)."""
+        self._agent_sizes.forget((as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")))
+
     async def _agent_size(self, conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID) -> int:
         """The agent's memory count (``memory_stats``), cached for a while with whether it
         has a graph of its own."""

@@ -129,7 +129,12 @@ class PostgresMemoryStore:
         )
         graph_pool = None
         if settings.cold_agent_graphs:
-            graph_pool = await create_graph_pool(settings.postgres_dsn, ef_search=ef_search, ssl=tls)
+            graph_pool = await create_graph_pool(
+                settings.postgres_dsn,
+                ef_search=ef_search,
+                parallel_workers=settings.graph_build_parallel_workers,
+                ssl=tls,
+            )
         return cls(
             pool,
             graph_pool=graph_pool,
@@ -249,7 +254,10 @@ class PostgresMemoryStore:
         row = await self._graph_pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
         if row is None or row[0] <= self.graphs.min_memories or row[1]:
             return
-        await self.graphs.promote(org_id, agent_id)
+        if await self.graphs.promote(org_id, agent_id):
+            # This process's searches walk the new graph from their next call, not once the
+            # agent's cached state has expired (other processes: within its ttl).
+            self.searches.forget_agent(org_id, agent_id)
 
     async def promotions_idle(self) -> None:
         """Waits until the queued graph builds are done (tests, shutdown)."""
