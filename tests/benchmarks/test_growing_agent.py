@@ -178,7 +178,6 @@ def test_the_report_gives_the_verdicts_figures_and_exact_setup() -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(200)
 def test_a_small_run_against_the_real_service_measures_both_parts(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
     out = tmp_path / "growing.md"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.growing_agent", "--quick", "--out", str(out),
