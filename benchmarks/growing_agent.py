@@ -451,7 +451,7 @@ def render(
             "## Writes while searched",
             "",
             f"One agent of {writes.memories:,} memories with its graph of its own ready; {options.baseline:g} s of calls, then {options.with_writes:g} s of calls while"
-            f" {writes.writers} writer(s) (`loadtest.soak.Writer`, one UpsertMemories of one memory and one DeleteMemories of the memory written {options.keep} writes earlier, in turn)"
+            f" {writes.writers} writer(s) (`loadtest.soak.Writer`, one UpsertMemories of {options.write_batch} memories and one DeleteMemories of as many written {options.keep} writes earlier, in turn)"
             f" aim at {options.writes_per_second:g} upserts/s into the same agent. Recall@50 at the end of each period (the writer stopped, calls going on but not counted):"
             f" the service's statement for the plan it chooses against the exact scan, {options.recall_queries} queries (`benchmarks.cold_plans` shaped: a stored vector plus a real MiniLM question's offset), one connection, the service's ef_search for the agent's size.",
             "",
@@ -826,7 +826,9 @@ def run_writes(options: argparse.Namespace, setup: dict[str, str]) -> WritesResu
                 f"the {options.memories:,}-memory agent has no graph of its own ready (claimed: {claimed})"
             )
         count = max(1, options.writers)
-        expected = int(options.writes_per_second * options.with_writes) + options.keep + 1
+        expected = (
+            int(options.writes_per_second * options.with_writes) + options.keep + options.write_batch + 1
+        )
         s.writers = [
             Writer(
                 s.server.grpc_port,
@@ -836,7 +838,8 @@ def run_writes(options: argparse.Namespace, setup: dict[str, str]) -> WritesResu
                 options.seed + 10 + i,
                 vectors=None
                 if options.server_embeds
-                else shaped_vectors(expected // count + 1, options.seed + 20 + i).__next__,
+                else shaped_vectors(expected // count + options.write_batch, options.seed + 20 + i).__next__,
+                batch=options.write_batch,
             )
             for i in range(count)
         ]
@@ -951,8 +954,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--writers",
         type=int,
         default=3,
-        help="writers sharing the rate, each on its own connection (one writer, an upsert and a delete in"
-        " turn, reached 39 upserts/s here at 100 asked)",
+        help="writers sharing the rate, each on its own connection",
+    )
+    writes.add_argument(
+        "--write-batch",
+        type=int,
+        default=10,
+        help="memories per UpsertMemories (and per DeleteMemories), as a client writing 100 a second"
+        " sends them (one memory a call: three writers reached 40 upserts/s here at 100 asked)",
     )
     writes.add_argument("--recall-queries", type=int, default=50)
     verdict = p.add_argument_group("targets")

@@ -143,7 +143,8 @@ class Writer:
     """Upserts ``rate`` memories a second into random seeded agents and deletes the one
     written ``keep`` writes earlier, over the service's MemoryService. ``vectors``: each
     memory's embedding, sent with it (the API's ``embedding`` field); None: the service
-    embeds the content."""
+    embeds the content. ``batch``: memories per UpsertMemories (one agent's), and as many
+    deleted per DeleteMemories: how a client writing 100 memories a second sends them."""
 
     port: int
     agents: Sequence[dict[str, str]]
@@ -151,6 +152,7 @@ class Writer:
     keep: int
     seed: int
     vectors: Callable[[], Sequence[float]] | None = None
+    batch: int = 1
     upserts: int = 0
     deletes: int = 0
     errors: int = 0
@@ -180,29 +182,34 @@ class Writer:
             next_at = time.monotonic()
             while not self._stop.is_set():
                 agent = rng.choice(self.agents)
-                content = churn_words(rng) + f" #{rng.randrange(10**9)}"
-                memory = pb.MemoryInput(content=content, category="episodic")
-                if self.vectors is not None:
-                    memory.embedding.extend(self.vectors())
+                memories = []
+                for _ in range(self.batch):
+                    content = churn_words(rng) + f" #{rng.randrange(10**9)}"
+                    memory = pb.MemoryInput(content=content, category="episodic")
+                    if self.vectors is not None:
+                        memory.embedding.extend(self.vectors())
+                    memories.append(memory)
                 try:
                     reply = await stub.UpsertMemories(
                         pb.UpsertMemoriesRequest(
-                            org_id=agent["org_id"], agent_id=agent["agent_id"], memories=[memory]
+                            org_id=agent["org_id"], agent_id=agent["agent_id"], memories=memories
                         ),
                         timeout=5,
                     )
-                    written.append((agent["org_id"], agent["agent_id"], reply.results[0].id))
-                    self.upserts += 1
+                    written.extend((agent["org_id"], agent["agent_id"], r.id) for r in reply.results)
+                    self.upserts += len(reply.results)
                     if len(written) > self.keep:
-                        org_id, agent_id, memory_id = written.popleft()
-                        await stub.DeleteMemories(
-                            pb.DeleteMemoriesRequest(org_id=org_id, agent_id=agent_id, ids=[memory_id]),
-                            timeout=5,
-                        )
-                        self.deletes += 1
+                        oldest = [written.popleft() for _ in range(min(self.batch, len(written) - self.keep))]
+                        for (org_id, agent_id), group in itertools.groupby(oldest, key=lambda w: w[:2]):
+                            ids = [memory_id for _, _, memory_id in group]
+                            await stub.DeleteMemories(
+                                pb.DeleteMemoriesRequest(org_id=org_id, agent_id=agent_id, ids=ids),
+                                timeout=5,
+                            )
+                            self.deletes += len(ids)
                 except Exception:  # counted and reported; a soak goes on
                     self.errors += 1
-                next_at += 1.0 / self.rate
+                next_at += self.batch / self.rate
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
