@@ -67,3 +67,7 @@ def failure_name(exc: BaseException) -> str:
 
 class EmbeddingError(IbexError):
     """The embedder failed or returned a vector of the wrong shape."""
+
+
+class QueryExpired(EmbeddingError):
+    """A query waited longer than its callers do and was not computed."""

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ibex_context.embedding.minilm_graph import Precision
+from ibex_context.embedding.static_table import QueryModel
 
 
 def _f(default: Any, description: str, **bounds: Any) -> Any:
@@ -343,6 +344,22 @@ class Settings(BaseSettings):
     )
     embedding_dim: int = _f(
         384, "Embedding dimension; checked against the embedder and the database.", ge=8, le=4096
+    )
+    embedding_query_model: QueryModel = _f(
+        "minilm",
+        "What embeds the queries of the minilm embedder: minilm (the graph of"
+        " IBEX_EMBEDDING_QUERY_PRECISION, in a worker thread) or static (a word-piece table distilled"
+        " from MiniLM's weights: tens of microseconds a query, no worker, lower cosines; see"
+        " benchmarks/results/static-queries-2026-12-06.md). Stored texts are always MiniLM fp32.",
+    )
+    embedding_stand_in_ms: float = _f(
+        0.0,
+        "With minilm queries: how long a call waits for its query's MiniLM vector before it"
+        " searches with the static table's instead (the stand-in, said in the embed source's"
+        " detail); a query still queued then is not computed. 0: never, the call waits until its"
+        " cold deadline.",
+        ge=0,
+        le=1000,
     )
     embedding_cache_size: int = _f(10_000, "Query embeddings kept in the LRU cache.", ge=0)
     embedding_query_max_tokens: int = _f(

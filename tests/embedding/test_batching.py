@@ -12,6 +12,7 @@ from concurrent.futures import CancelledError, Future
 import numpy as np
 import pytest
 from ibex_context.embedding.batching import EmbeddingQueue, EmbeddingTurn
+from ibex_context.errors import QueryExpired
 from ibex_context.models import FloatVector
 
 WAIT = 5.0  # seconds: every wait is bounded
@@ -149,6 +150,38 @@ def test_a_job_cancelled_before_its_turn_is_not_computed(queue: EmbeddingQueue, 
     recorder.release.set()
     assert lengths(first) == [5] and lengths(kept) == [4]
     assert recorder.turns == [["first"], ["kept"]]
+
+
+def test_a_query_queued_past_its_expiry_is_not_computed_and_fails_as_expired(recorder: Recorder) -> None:
+    queue = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed", query_expiry=0.05)
+    try:
+        recorder.hold()
+        first = queue.submit(["first"], query=True)
+        assert recorder.started.wait(WAIT)
+        stale = queue.submit(["stale"], query=True)
+        write = queue.submit(["stored"], query=False)  # writes have no expiry
+        time.sleep(0.1)  # the worker is held past the query's expiry
+        fresh = queue.submit(["fresh"], query=True)
+        recorder.release.set()
+        with pytest.raises(QueryExpired, match="queued over 50 ms"):
+            stale.result(WAIT)
+        assert lengths(first) == [5] and lengths(fresh) == [5] and lengths(write) == [6]
+        assert ["stale"] not in recorder.turns and ["fresh"] in recorder.turns
+    finally:
+        recorder.release.set()
+        queue.close()
+
+
+def test_without_an_expiry_a_query_waits_as_long_as_it_takes(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    recorder.hold()
+    first = queue.submit(["first"], query=True)
+    assert recorder.started.wait(WAIT)
+    waiting = queue.submit(["waiting"], query=True)
+    time.sleep(0.1)
+    recorder.release.set()
+    assert lengths(first) == [5] and lengths(waiting) == [7]
 
 
 def test_a_failed_turn_fails_every_job_in_it_and_only_those(

@@ -462,24 +462,27 @@ def test_the_minilm_embedder_is_in_the_default_image_and_left_out_of_the_slim_on
     }  # fmt: skip
     assert minilm_only <= set(_distributions(podman, service_image))
     assert not minilm_only & set(_distributions(podman, slim_image))
-    # Weights (91 MB), their ONNX graphs (fp32 90 MB, int8 for queries 58 MB), onnxruntime, onnx,
-    # tokenizers.
+    # Weights (91 MB), their ONNX graphs (fp32 90 MB, int8 for queries 58 MB), the static query
+    # table (47 MB), onnxruntime, onnx, tokenizers.
     grown = _size(podman, service_image) - _size(podman, slim_image)
-    assert 180_000_000 < grown < 450_000_000, grown
-    # The default image embeds texts and queries with the graphs built into it, offline, as uid
-    # 10001 on a read-only root, the way the server builds its embedder: nothing is built into /tmp.
+    assert 220_000_000 < grown < 500_000_000, grown
+    # The default image embeds texts and queries with the graphs and the table built into it,
+    # offline, as uid 10001 on a read-only root, the way the server builds its embedder: nothing
+    # is built into /tmp.
     embed = (
         "from pathlib import Path; from ibex_context.embedding.factory import build_embedder; "
         "from ibex_context.settings import Settings; "
-        "e = build_embedder(Settings(embedder='minilm')); "
+        "e = build_embedder(Settings(embedder='minilm', embedding_stand_in_ms=15)); "
         "v, q = e.embed_sync(['a service dog']), e.embed_sync(['a service dog'], query=True); "
-        "print(len(v[0]), len(q[0]), sorted(p.name for p in Path('/tmp').rglob('*.onnx')))"
+        "s = e.stand_in.embed(['a service dog']); "
+        "print(len(v[0]), len(q[0]), len(s[0]),"
+        " sorted(p.name for p in Path('/tmp').rglob('*') if p.suffix in ('.onnx', '.npy')))"
     )
     out = podman.run(
         "run", "--rm", "--label", LABEL, *CHART_SECURITY, "--entrypoint", "python", service_image,
         "-c", embed,
     )  # fmt: skip
-    assert out.returncode == 0 and out.stdout.strip() == "384 384 []", out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "384 384 384 []", out.stdout + out.stderr
     # The slim image refuses the minilm embedder loudly instead of starting without weights.
     refused = podman.run(
         "run", "--rm", "--label", LABEL, *CHART_SECURITY, "--entrypoint", "python", slim_image, "-c",

@@ -14,6 +14,7 @@ from ibex_context.observability.metrics import (
 )
 from ibex_context.pipeline.outcome import (
     STAGES,
+    STAND_IN_DETAIL,
     Outcome,
     Reason,
     SourceResult,
@@ -128,6 +129,21 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
         if name == "ibex_context_cold_search_plans_total"
     }
     assert plans == {"exact": 1, "hnsw": 2, "agent": 0, OTHER: 1}  # every plan a series from the start
+
+
+def test_calls_searched_with_the_stand_ins_vector_are_counted() -> None:
+    metrics = Metrics(CollectorRegistry())
+    for detail in (STAND_IN_DETAIL, "", STAND_IN_DETAIL):
+        metrics.record_assembly(
+            an_assembly(sources=(SourceResult("embed", SourceStatus.OK, detail=detail),)), ()
+        )
+    metrics.record_assembly(
+        an_assembly(
+            sources=(SourceResult("embed", SourceStatus.TIMEOUT, detail="no answer within 20.0 ms"),)
+        ),
+        (),
+    )
+    assert values(metrics)[("ibex_context_embedding_stand_ins_total", frozenset())] == 2
 
 
 def test_stage_durations_use_the_fine_buckets_and_unknown_stages_become_other() -> None:

@@ -7,12 +7,21 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+import numpy as np
 from ibex_context.candidates import Candidates
+from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.hashing import HashingEmbedder
+from ibex_context.errors import EmbeddingError, QueryExpired
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
-from ibex_context.pipeline.outcome import SourceStatus
-from ibex_context.pipeline.retrieval import RetrievalPlan, RetrievalState, Retriever, wait_for_sources
+from ibex_context.pipeline.outcome import STAND_IN_DETAIL, SourceStatus
+from ibex_context.pipeline.retrieval import (
+    RetrievalPlan,
+    RetrievalState,
+    Retriever,
+    StandIn,
+    wait_for_sources,
+)
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 
 ORG = "0b6f7a4e-8f1c-4b53-9a51-5b1a3c7c2d01"
@@ -33,8 +42,11 @@ class _Cold:
     def __init__(self) -> None:
         self.searches = 0
 
+        self.embeddings: list[FloatVector] = []
+
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         self.searches += 1
+        self.embeddings.append(embedding)
         return Candidates.empty()
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
@@ -99,6 +111,88 @@ async def test_a_cold_task_cancelled_while_embedding_records_the_search_as_skipp
     assert state.sources["cold"].status is SourceStatus.SKIPPED
     assert state.sources["cold"].detail == "query embedding did not finish"
     assert cold.searches == 0
+
+
+class _FailingEmbedder(_StuckEmbedder):
+    name = "failing"
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        raise QueryExpired("queued over 15 ms")
+
+
+class _StandInRecorder:
+    """The stand-in's embedding function: a fixed vector, and the texts it was given."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.vector = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+
+    def __call__(self, texts: Sequence[str]) -> list[FloatVector]:
+        self.texts.extend(texts)
+        return [self.vector for _ in texts]
+
+
+async def _run_with_stand_in(
+    embedder: object, stand_in: _StandInRecorder, *, after: float
+) -> tuple[_Cold, RetrievalState]:
+    cold, state = _Cold(), RetrievalState()
+    retriever = Retriever(
+        directives=_Directives(),
+        hot_memories=_Hot(),
+        cold_memories=cold,
+        embedder=embedder,  # type: ignore[arg-type]
+        stand_in=StandIn(stand_in, after),
+    )
+    plan = _plan(cold_timeout=5.0)
+    retriever.begin_embedding(ORG, plan.query, state)
+    tasks = retriever.start(plan, state)
+    await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
+    return cold, state
+
+
+async def test_a_late_embedding_is_stood_in_for_and_the_search_runs_with_the_stand_ins_vector() -> None:
+    stand_in = _StandInRecorder()
+    cold, state = await _run_with_stand_in(_StuckEmbedder(), stand_in, after=0.02)
+    assert state.sources["embed"].status is SourceStatus.OK
+    assert state.sources["embed"].detail == STAND_IN_DETAIL
+    assert state.sources["cold"].status is SourceStatus.OK
+    assert cold.searches == 1 and cold.embeddings[0] is stand_in.vector
+    assert state.query_embedding is stand_in.vector
+
+
+async def test_a_failed_embedding_is_stood_in_for_at_once() -> None:
+    stand_in = _StandInRecorder()
+    started = time.perf_counter()
+    cold, state = await _run_with_stand_in(_FailingEmbedder(), stand_in, after=5.0)
+    assert time.perf_counter() - started < 4.0, "it did not wait for the stand-in's time"
+    assert state.sources["embed"].detail == STAND_IN_DETAIL
+    assert cold.embeddings == [stand_in.vector]
+    assert issubclass(QueryExpired, EmbeddingError)
+
+
+async def test_an_embedding_in_time_is_searched_with_and_the_stand_in_is_not_asked() -> None:
+    stand_in = _StandInRecorder()
+    cold, state = await _run_with_stand_in(CachedEmbedder(HashingEmbedder(8), 10), stand_in, after=5.0)
+    assert state.sources["embed"].status is SourceStatus.OK and state.sources["embed"].detail == ""
+    assert stand_in.texts == []
+    assert cold.searches == 1 and cold.embeddings[0] is not stand_in.vector
+
+
+async def test_the_stand_in_embeds_the_text_the_query_cache_would_have() -> None:
+    stand_in = _StandInRecorder()
+    cold, state = _Cold(), RetrievalState()
+    retriever = Retriever(
+        directives=_Directives(),
+        hot_memories=_Hot(),
+        cold_memories=cold,
+        embedder=CachedEmbedder(_StuckEmbedder(), 10),
+        stand_in=StandIn(stand_in, 0.02),
+    )
+    plan = dataclasses.replace(_plan(cold_timeout=5.0), query="  when   does the\nwarehouse open?  ")
+    retriever.begin_embedding(ORG, plan.query, state)
+    tasks = retriever.start(plan, state)
+    await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
+    assert stand_in.texts == ["when does the warehouse open?"]
 
 
 class _PlannedCold(_Cold):

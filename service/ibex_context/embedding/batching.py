@@ -11,6 +11,9 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   turn takes them one at a time from the org served longest ago: an org that floods the
   process queues behind itself, and another org's query goes into the next turn
   however many of the flood's wait (a plain FIFO put it behind all of them).
+* **A query nobody waits for any more is not computed** (``query_expiry``): a caller
+  that searches with a stand-in vector once its own is late (``pipeline.retrieval``)
+  leaves its query queued; computing it anyway would make every later query later.
 * **Bulk work never holds a query up for long.** A write (texts to store, however
   few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
   time, and queued queries go before its next chunk: a query waits for at most one
@@ -31,6 +34,7 @@ for the GIL, which the process's other threads (the event loop, grpc's poller) h
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -38,6 +42,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from ibex_context.errors import QueryExpired
 from ibex_context.models import FloatVector
 
 # (texts, whether they are queries) -> their vectors, in order.
@@ -111,11 +116,15 @@ class EmbeddingQueue:
         name: str,
         queries_per_turn: int | None = None,
         observe: TurnObserver | None = None,
+        query_expiry: float | None = None,
     ) -> None:
         """``queries_per_turn``: 1 for an embedding function that computes queries one at a
-        time anyway, so each query's result is handed over as soon as it is computed."""
+        time anyway, so each query's result is handed over as soon as it is computed.
+        ``query_expiry``: seconds after its submission when a query still queued is no
+        longer computed; its future fails with ``QueryExpired`` (its caller has moved on)."""
         if workers < 1 or max_batch < 1 or (queries_per_turn is not None and queries_per_turn < 1):
             raise ValueError("workers, max_batch and queries_per_turn must be at least 1")
+        self._query_expiry = query_expiry
         self._queries_per_turn = queries_per_turn or max_batch
         self._embed_batch = embed_batch
         self._observe = observe
@@ -205,9 +214,14 @@ class EmbeddingQueue:
         texts: list[str] = []
         parts: list[tuple[_Job, int, int]] = []
         room = self._queries_per_turn
+        expiry = self._query_expiry
+        expired_before = -math.inf if expiry is None else time.perf_counter() - expiry
         while room and (job := self._next_query(room)) is not None:
             if not job.future.set_running_or_notify_cancel():
                 continue  # its caller has gone
+            if job.submitted < expired_before:
+                job.future.set_exception(QueryExpired(f"queued over {(expiry or 0) * 1000:.0f} ms"))
+                continue
             parts.append((job, 0, len(job.texts)))
             texts.extend(job.texts)
             room -= len(job.texts)

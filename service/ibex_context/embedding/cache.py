@@ -104,7 +104,7 @@ class CachedEmbedder:
         The future is shared by every caller of the same org and text: await it through
         ``asyncio.shield`` so a caller's timeout does not cancel it for the others.
         """
-        normalised = self._query(text)
+        normalised = self.query_text(text)
         key = self._key(org_id, normalised)
         done = self._cached(org_id, key)
         if done is not None:
@@ -118,7 +118,7 @@ class CachedEmbedder:
 
     async def embed(self, texts: Sequence[str], *, org_id: str = "") -> list[FloatVector]:
         """The embeddings of ``texts`` for ``org_id``'s call (cached per org)."""
-        normalised = [self._query(text) for text in texts]
+        normalised = [self.query_text(text) for text in texts]
         keys = [self._key(org_id, text) for text in normalised]
         waits: list[asyncio.Future[FloatVector] | None] = []
         new_keys: dict[_Key, str] = {}
@@ -142,7 +142,7 @@ class CachedEmbedder:
             waits = [wait or started[key] for key, wait in zip(keys, waits, strict=True)]
         return [await asyncio.shield(wait) for wait in waits if wait is not None]
 
-    def _query(self, text: str) -> str:
+    def query_text(self, text: str) -> str:
         """What is embedded (and keyed) for ``text``: normalised, and its tail when long."""
         normalised = normalise_query(text)
         return self._tail(normalised, self._query_max_tokens) if self._tail else normalised

@@ -27,6 +27,8 @@ def build_embedder(settings: Settings, *, observe: TurnObserver | None = None) -
             query_precision=settings.embedding_query_precision,
             workers=settings.embedding_workers,
             observe=observe,
+            query_model=settings.embedding_query_model,
+            stand_in_after=settings.embedding_stand_in_ms / 1000,
         )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)

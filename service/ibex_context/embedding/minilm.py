@@ -44,6 +44,7 @@ from ibex_context.embedding.minilm_reference import (
     default_model_dir,
     load_tokenizer,
 )
+from ibex_context.embedding.static_table import QueryModel, StaticQueries, ensure_table
 from ibex_context.errors import ConfigurationError, EmbeddingError
 from ibex_context.models import FloatVector
 
@@ -116,11 +117,21 @@ class MiniLMEmbedder:
         max_batch: int = 32,
         turn_texts: int = TURN_TEXTS,
         observe: TurnObserver | None = None,
+        static_queries: StaticQueries | None = None,
+        query_model: QueryModel = "minilm",
+        query_expiry: float | None = None,
     ) -> None:
         """``session`` embeds the texts to store; ``query_session`` the queries (default:
-        ``session``); ``observe`` gets each worker turn's timings."""
+        ``session``); ``observe`` gets each worker turn's timings. ``static_queries``: the
+        distilled table, which embeds every query when ``query_model`` is "static" and is
+        the stand-in otherwise (``stand_in_queries``). ``query_expiry``: seconds after which
+        a query still queued is not computed (its caller has moved on to the stand-in)."""
         if workers < 1:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
+        if query_model == "static" and static_queries is None:
+            raise ConfigurationError("embedding_query_model: static needs the static table")
+        self._static = static_queries
+        self._query_model = query_model
         self._session = session
         self._query_session = query_session if query_session is not None else session
         # The int8 graph scales each token's activations on their own
@@ -136,6 +147,7 @@ class MiniLMEmbedder:
             max_batch=turn_texts,
             name="minilm",
             observe=observe,
+            query_expiry=query_expiry,
         )
 
     @classmethod
@@ -148,9 +160,13 @@ class MiniLMEmbedder:
         workers: int = 1,
         max_batch: int = 32,
         observe: TurnObserver | None = None,
+        query_model: QueryModel = "minilm",
+        stand_in_after: float = 0.0,
     ) -> MiniLMEmbedder:
         """Reads the tokenizer and opens the graphs (under a second each), building a
-        graph first when ``graph_dir`` has none (a few seconds, once); call at start-up."""
+        graph first when ``graph_dir`` has none (a few seconds, once); call at start-up.
+        The static table is loaded (distilled first when absent: ~20 s, once) for static
+        queries or a stand-in after ``stand_in_after`` seconds (0: none)."""
         # The weights first: an install without them should be told what to install.
         directory = model_dir or default_model_dir()
         if not (directory / "model.safetensors").exists():
@@ -163,22 +179,36 @@ class MiniLMEmbedder:
             if query_precision != "fp32"
             else None
         )
+        tokenizer = load_tokenizer(directory)
+        static = (
+            StaticQueries.load(ensure_table(directory, graphs), tokenizer)
+            if query_model == "static" or stand_in_after > 0
+            else None
+        )
         _log.info(
             "minilm: onnx graphs ready",
-            extra={"seconds": round(time.perf_counter() - started, 2), "query_precision": query_precision},
+            extra={
+                "seconds": round(time.perf_counter() - started, 2),
+                "query_precision": query_precision,
+                "query_model": query_model,
+            },
         )
         return cls(
             session,
-            load_tokenizer(directory),
+            tokenizer,
             query_session=query_session,
             workers=workers,
             max_batch=max_batch,
             observe=observe,
+            static_queries=static,
+            query_model=query_model,
+            query_expiry=stand_in_after if query_model == "minilm" and stand_in_after > 0 else None,
         )
 
     @property
     def name(self) -> str:
-        return MODEL_NAME
+        # The query cache's key: static query vectors are not MiniLM's.
+        return MODEL_NAME if self._query_model == "minilm" else f"{MODEL_NAME}/static"
 
     @property
     def dim(self) -> int:
@@ -222,8 +252,19 @@ class MiniLMEmbedder:
         return text[offsets[start if start < len(offsets) else first][0] :]
 
     def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
-        """Hands ``tenant``'s queries to the worker threads now (``ThreadedEmbedder``)."""
+        """Hands ``tenant``'s queries to the worker threads now (``ThreadedEmbedder``); static
+        queries are computed here, on the caller's thread (microseconds: no worker)."""
+        if self._query_model == "static" and self._static is not None:
+            done: Future[list[FloatVector]] = Future()
+            done.set_result(self._static.embed(texts))
+            return done
         return self._queue.submit(texts, query=True, tenant=tenant)
+
+    @property
+    def stand_in(self) -> StaticQueries | None:
+        """The static table standing in for a query's late MiniLM vector, when loaded
+        for that (None with static queries: they are never late)."""
+        return self._static if self._query_model == "minilm" else None
 
     def _embed_or_error(self, texts: list[str], query: bool) -> list[FloatVector]:
         try:

@@ -20,8 +20,9 @@ inference. Stored texts are always embedded in fp32.
 
 Building takes a few seconds and writes a ~90 MB file (int8: ~58 MB: the
 word-embedding table stays fp32), so it is done once: at image build (``python -m
-ibex_context.embedding.minilm_graph DIR``, the Dockerfile: both graphs) or, on a
-checkout, at the first start into a cache directory (``ensure_graph``). The file's name
+ibex_context.embedding.minilm_graph DIR``, the Dockerfile: both graphs and
+``embedding.static_table``'s query table) or, on a checkout, at the first start into a
+cache directory (``ensure_graph``). The file's name
 carries the weights package's version, ``GRAPH_VERSION`` and the precision, so a change
 to any builds a new one.
 """
@@ -57,14 +58,18 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 _F32 = npt.NDArray[np.float32]
 
 
+def weights_version() -> str:
+    """The installed weights package's version: part of every built file's name."""
+    try:
+        return importlib.metadata.version(WEIGHTS_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def graph_file_name(precision: Precision = "fp32") -> str:
     """``all-MiniLM-L6-v2-w<weights version>-g<GRAPH_VERSION>[-int8].onnx``."""
-    try:
-        weights = importlib.metadata.version(WEIGHTS_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        weights = "unknown"
     suffix = "" if precision == "fp32" else f"-{precision}"
-    return f"all-MiniLM-L6-v2-w{weights}-g{GRAPH_VERSION}{suffix}.onnx"
+    return f"all-MiniLM-L6-v2-w{weights_version()}-g{GRAPH_VERSION}{suffix}.onnx"
 
 
 def default_graph_dir() -> Path:
@@ -241,7 +246,7 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     """``write`` into a temporary file beside ``target``, renamed over it when complete,
     so concurrent starts never read half a file."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".building-", suffix=".onnx")
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".building-", suffix=target.suffix)
     os.close(fd)
     temporary = Path(name)
     try:
@@ -255,14 +260,17 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Builds every precision's graph into a directory (the Dockerfile's build step)."""
+    """Builds every precision's graph and the static query table into a directory (the
+    Dockerfile's build step)."""
     from ibex_context.embedding.minilm_reference import default_model_dir
+    from ibex_context.embedding.static_table import ensure_table
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("graph_dir", type=Path, help="directory to write the graphs into")
     args = parser.parse_args(argv)
     for precision in PRECISIONS:
         print(ensure_graph(default_model_dir(), args.graph_dir, precision))
+    print(ensure_table(default_model_dir(), args.graph_dir))
 
 
 if __name__ == "__main__":

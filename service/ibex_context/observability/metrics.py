@@ -40,6 +40,7 @@ from ibex_context.pipeline.assembly import Assembly
 from ibex_context.pipeline.outcome import (
     SOURCES,
     STAGES,
+    STAND_IN_DETAIL,
     Outcome,
     Reason,
     SourceName,
@@ -204,6 +205,11 @@ class Metrics:
             "Vector searches that answered, by the plan the service chose for the agent's size"
             " (exact scan or the partition's HNSW graph; ADR-0009).",
             ["plan"],
+        )
+        self.embedding_stand_ins = declare.counter(
+            "ibex_context_embedding_stand_ins",
+            "Calls whose vector search ran with the static table's query vector because the"
+            " embedder's was late or failed (IBEX_EMBEDDING_STAND_IN_MS).",
         )
         self.memories_injected = declare.histogram(
             "ibex_context_memories_injected",
@@ -444,6 +450,8 @@ class Metrics:
                 plan = plan_of(source.detail)
                 if plan is not None:
                     self._by_plan[plan if plan in COLD_PLANS else OTHER].inc()
+            elif source.source == SourceName.EMBED and source.detail == STAND_IN_DETAIL:
+                self.embedding_stand_ins.inc()
         composed = assembly.composed
         self.memories_injected.observe(assembly.memories_injected)
         self.tokens_injected.observe(composed.tokens_injected)

@@ -160,6 +160,11 @@ class Timings(NamedTuple):
 _PLAN_PREFIX = "plan: "
 
 
+# The embed source's detail when the call searched with the stand-in's query vector (its
+# embedder's was late or failed: ``pipeline.retrieval.StandIn``); the metrics count it.
+STAND_IN_DETAIL = "stand-in: static table"
+
+
 def plan_detail(plan: str) -> str:
     return _PLAN_PREFIX + plan
 

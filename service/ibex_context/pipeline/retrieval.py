@@ -17,14 +17,21 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder, embed_for_org
+from ibex_context.errors import EmbeddingError
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
-from ibex_context.pipeline.outcome import SourceName, SourceResult, SourceStatus, plan_detail
+from ibex_context.pipeline.outcome import (
+    STAND_IN_DETAIL,
+    SourceName,
+    SourceResult,
+    SourceStatus,
+    plan_detail,
+)
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
 from ibex_context.stores.cold_plan import ColdMatches
 
@@ -80,6 +87,20 @@ class RetrievalState:
         return merge(self.cold, self.lexical, self.hot, dim=dim)
 
 
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """A cheaper query embedder (MiniLM's static table) a call searches with when its
+    embedder's vector is not there ``after`` seconds into retrieval, or failed."""
+
+    embed: Callable[[Sequence[str]], list[FloatVector]]
+    after: float
+
+
+class _QueryVector(NamedTuple):
+    vector: FloatVector
+    detail: str = ""
+
+
 class Retriever:
     """Runs the retrieval of one call against the injected stores and embedder."""
 
@@ -90,12 +111,17 @@ class Retriever:
         hot_memories: HotMemoryReader,
         cold_memories: ColdMemorySearch,
         embedder: Embedder,
+        stand_in: StandIn | None = None,
     ) -> None:
         self._directives = directives
         self._hot = hot_memories
         self._cold = cold_memories
         self._embedder = embedder
+        self._stand_in = stand_in
         self._begin = embedder.begin if isinstance(embedder, CachedEmbedder) else None
+        # What the cache embeds of a query (normalised, its tail when long): the stand-in
+        # embeds the same text.
+        self._begin_text = embedder.query_text if isinstance(embedder, CachedEmbedder) else None
 
     def begin_embedding(self, org_id: str, query: str, state: RetrievalState) -> None:
         """Starts embedding ``query`` now, ahead of everything else of the call: with the
@@ -185,27 +211,27 @@ class Retriever:
             _skip(state, SourceName.COLD, _NO_QUERY)
             return
         try:
-            vectors = await _run_source(
+            found = await _run_source(
                 state,
                 SourceName.EMBED,
                 deadline - time.perf_counter(),
-                lambda: self._query_embedding(plan.org_id, plan.query, state),
-                count=len,
+                lambda: self._query_vector(plan, state),
+                count=_one,
+                describe=_vector_detail,
             )
         except asyncio.CancelledError:
             # Stopped while embedding (a late event loop can reach the caller's
             # cancel before this task's own timer): the search never started.
             _skip(state, SourceName.COLD, "query embedding did not finish")
             raise
-        if isinstance(vectors, _Failed) or not vectors:
+        if isinstance(found, _Failed):
             _skip(state, SourceName.COLD, "query embedding failed")
             return
-        state.query_embedding = vectors[0]
+        state.query_embedding = embedding = found.vector
         if why_not := _why_not_search(plan, plan.cold_limit, "cold_limit"):
             _skip(state, SourceName.COLD, why_not)
             return
         remaining = deadline - time.perf_counter()
-        embedding = vectors[0]
         cold = await _run_source(
             state,
             SourceName.COLD,
@@ -216,6 +242,23 @@ class Retriever:
         )
         if not isinstance(cold, _Failed):
             state.cold = cold
+
+    async def _query_vector(self, plan: RetrievalPlan, state: RetrievalState) -> _QueryVector:
+        """The query's vector: the embedder's, or the stand-in's when the embedder's is not
+        there after ``StandIn.after`` or failed (its computation goes on for the cache,
+        unless still queued: ``embedding.batching``'s expiry)."""
+        stand_in = self._stand_in
+        if stand_in is None:
+            [vector] = await self._query_embedding(plan.org_id, plan.query, state)
+            return _QueryVector(vector)
+        try:
+            async with asyncio.timeout(stand_in.after):
+                [vector] = await self._query_embedding(plan.org_id, plan.query, state)
+            return _QueryVector(vector)
+        except (TimeoutError, EmbeddingError):
+            text = self._begin_text(plan.query) if self._begin_text is not None else plan.query
+            [vector] = stand_in.embed([text])
+            return _QueryVector(vector, STAND_IN_DETAIL)
 
     async def _query_embedding(self, org_id: str, query: str, state: RetrievalState) -> list[FloatVector]:
         pending = state.pending_embedding
@@ -300,6 +343,14 @@ async def _run_source(
     state.intervals[source] = (start, end)
     state.sources[source] = SourceResult(source, status, (end - start) // 1000, n, detail)
     return result
+
+
+def _one(_: object) -> int:
+    return 1
+
+
+def _vector_detail(found: _QueryVector) -> str:
+    return found.detail
 
 
 def _chosen_plan(found: Candidates) -> str:

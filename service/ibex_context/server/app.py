@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
+from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.errors import ConfigurationError, failure_name
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.memory_api.reads import MemoryReadApi, hybrid_search
@@ -34,7 +35,7 @@ from ibex_context.observability.tracing import Tracing
 from ibex_context.pipeline.assembler import Assembler, AssemblerConfig
 from ibex_context.pipeline.deadlines import DeadlinePolicy
 from ibex_context.pipeline.post_response import InjectionQueue, QueueHooks
-from ibex_context.pipeline.retrieval import Retriever
+from ibex_context.pipeline.retrieval import Retriever, StandIn
 from ibex_context.profiles.model import DEFAULT_PROFILE
 from ibex_context.profiles.registry import ProfileStore
 from ibex_context.profiles.watcher import ProfileWatcher, ReloadOutcome
@@ -229,6 +230,7 @@ class ContextService:
                 hot_memories=repository,
                 cold_memories=repository,
                 embedder=query_embedder,
+                stand_in=_stand_in(embedder, s),
             ),
             encodings=encodings,
             message_counter=MessageTokenCounter(
@@ -483,3 +485,11 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
         await assembler.assemble(request, DEFAULT_PROFILE, deadlines.within(2.0, DEFAULT_PROFILE.deadlines))
     except Exception:
         log.warning("warm-up assembly failed", exc_info=True)
+
+
+def _stand_in(embedder: Embedder, settings: Settings) -> StandIn | None:
+    """MiniLM's static table as the stand-in for late query vectors, when configured."""
+    table = embedder.stand_in if isinstance(embedder, MiniLMEmbedder) else None
+    if table is None or settings.embedding_stand_in_ms <= 0:
+        return None
+    return StandIn(table.embed, settings.embedding_stand_in_ms / 1000)
