@@ -48,6 +48,8 @@ class RunResult:
     embedding_cache: dict[str, float] = field(default_factory=dict)
     # The embedding worker's inferences (minilm), like ``stages``, by "<kind> <phase>".
     embedding: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # Calls whose vector search ran with the static table's query vector (the stand-in).
+    stand_ins: float = 0.0
 
     def ms_per_request(self, cpu_s: float) -> float | None:
         """``cpu_s`` of CPU over the window as milliseconds per request (None: no request)."""
@@ -157,6 +159,7 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
         "fallbacks_server": _counter_by(before, after, "ibex_context_fallbacks", "reason"),
         "degradation_server": _counter_by(before, after, "ibex_context_assembly_degradation", "level"),
         "embedding_cache": _counter_by(before, after, "ibex_context_query_embedding_lookups", "result"),
+        "stand_ins": sum(_counter_by(before, after, "ibex_context_embedding_stand_ins", "").values()),
         "server_cpu_s": after.server_cpu_s - before.server_cpu_s,
         "server_runqueue_wait_s": after.server_runqueue_wait_s - before.server_runqueue_wait_s,
         "stolen_s": {cpu: after.stolen_s[cpu] - before.stolen_s.get(cpu, 0.0) for cpu in after.stolen_s},

@@ -62,6 +62,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"mean memories injected per response: {_fmt(s.get('mean_memories_injected'), 2)}.",
         f"- Failures: {s.get('failures_by_error') or 'none'}; contract problems: {s.get('problems_by_kind') or 'none'}.",
         f"- Query-embedding cache (server): {_cache_line(result)}.",
+        f"- Query vectors stood in for by the static table (IBEX_EMBEDDING_STAND_IN_MS): {int(result.stand_ins):,}"
+        f" ({_fmt(_share(result.stand_ins, s.get('requests')), 2)} % of requests).",
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({_fmt(result.ms_per_request(result.server_cpu_s), 2)} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
@@ -184,6 +186,10 @@ def embedder_label(name: str) -> str:
             " wants semantic retrieval runs it)"
         )
     return f"`{name}` (all-MiniLM-L6-v2, the real embedder)" if name == "minilm" else f"`{name}`"
+
+
+def _share(part: float, whole: float | None) -> float | None:
+    return 100.0 * part / whole if whole else None
 
 
 def _cache_line(result: RunResult) -> str:
