@@ -348,16 +348,22 @@ class Settings(BaseSettings):
     embedding_query_model: QueryModel = _f(
         "minilm",
         "What embeds the queries of the minilm embedder: minilm (the graph of"
-        " IBEX_EMBEDDING_QUERY_PRECISION, in a worker thread) or static (a word-piece table distilled"
-        " from MiniLM's weights: tens of microseconds a query, no worker, lower cosines; see"
-        " benchmarks/results/static-queries-2026-12-06.md). Stored texts are always MiniLM fp32.",
+        " IBEX_EMBEDDING_QUERY_PRECISION, in a worker thread); static (a word-piece table distilled"
+        " from MiniLM's weights: ~0.03 ms a query on the event loop, no worker; about half the"
+        " service's CPU a call, but 3.3-3.9 points less recall on LoCoMo); or static-first (the"
+        " vector search starts at once with the table's vector, beside MiniLM's inference, and"
+        " MiniLM's vector, when it comes in time, scores the memories found from their stored"
+        " vectors). Figures: benchmarks/results/embedding-turns-2026-12-06.md §5. Stored texts are"
+        " always MiniLM fp32, so every choice reads the same memories.",
     )
     embedding_stand_in_ms: float = _f(
         0.0,
-        "With minilm queries: how long a call waits for its query's MiniLM vector before it"
-        " searches with the static table's instead (the stand-in, said in the embed source's"
-        " detail); a query still queued then is not computed. 0: never, the call waits until its"
-        " cold deadline.",
+        "How long a call waits for its query's MiniLM vector before the static table's serves"
+        " instead: with minilm queries the vector search then runs with it (0: never, the call"
+        " waits until its cold deadline); with static-first its vector scores what the search"
+        " found (0: MiniLM's is waited for until the cold deadline). The embed source's detail"
+        " says so and ibex_context_embedding_stand_ins_total counts them; a query still queued by"
+        " then is not computed.",
         ge=0,
         le=1000,
     )

@@ -138,6 +138,18 @@ async def test_minilm_queries_with_a_stand_in_load_the_table_and_expire_queued_q
         await embedder.aclose()
 
 
-def test_static_queries_without_a_table_are_refused() -> None:
-    with pytest.raises(ConfigurationError, match="embedding_query_model"):
-        MiniLMEmbedder(object(), load_tokenizer(default_model_dir()), query_model="static")
+async def test_static_first_queries_are_minilms_with_the_table_beside_them() -> None:
+    embedder = MiniLMEmbedder.load(query_model="static-first")
+    try:
+        assert embedder.stand_in is not None and embedder.query_model == "static-first"
+        assert embedder.name == "all-MiniLM-L6-v2", "the cache holds MiniLM's vectors"
+        [vector] = embedder.submit_queries([QUESTION]).result(timeout=10)
+        assert np.array_equal(vector, embedder.embed_sync([QUESTION], query=True)[0])
+    finally:
+        await embedder.aclose()
+
+
+@pytest.mark.parametrize("model", ["static", "static-first"])
+def test_queries_that_need_the_table_without_it_are_refused(model: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"embedding_query_model: {model}"):
+        MiniLMEmbedder(object(), load_tokenizer(default_model_dir()), query_model=model)  # type: ignore[arg-type]

@@ -43,11 +43,16 @@ class _Cold:
         self.searches = 0
 
         self.embeddings: list[FloatVector] = []
+        self.with_vectors: list[bool] = []
+        self.found = Candidates.empty()
 
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int, *, with_vectors: bool = False
+    ) -> Candidates:
         self.searches += 1
         self.embeddings.append(embedding)
-        return Candidates.empty()
+        self.with_vectors.append(with_vectors)
+        return self.found
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
         return Candidates.empty()
@@ -133,15 +138,20 @@ class _StandInRecorder:
 
 
 async def _run_with_stand_in(
-    embedder: object, stand_in: _StandInRecorder, *, after: float
+    embedder: object,
+    stand_in: _StandInRecorder,
+    *,
+    after: float,
+    first: bool = False,
+    cold: _Cold | None = None,
 ) -> tuple[_Cold, RetrievalState]:
-    cold, state = _Cold(), RetrievalState()
+    cold, state = cold or _Cold(), RetrievalState()
     retriever = Retriever(
         directives=_Directives(),
         hot_memories=_Hot(),
         cold_memories=cold,
         embedder=embedder,  # type: ignore[arg-type]
-        stand_in=StandIn(stand_in, after),
+        stand_in=StandIn(stand_in, after, first=first),
     )
     plan = _plan(cold_timeout=5.0)
     retriever.begin_embedding(ORG, plan.query, state)
@@ -193,6 +203,55 @@ async def test_the_stand_in_embeds_the_text_the_query_cache_would_have() -> None
     tasks = retriever.start(plan, state)
     await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
     assert stand_in.texts == ["when does the warehouse open?"]
+
+
+def _cold_matches(similarity: float) -> Candidates:
+    """Two memories with their vectors, as the vector search returns them ``with_vectors``."""
+    n = 2
+    return Candidates(
+        ids=["m1", "m2"],
+        contents=["one", "two"],
+        categories=["fact", "fact"],
+        confidence=np.full(n, 0.8),
+        usefulness=np.full(n, 0.5),
+        retrieval_counts=np.zeros(n),
+        occurred_at=np.full(n, 1_700_000_000.0),
+        last_injected_at=np.full(n, np.nan),
+        token_counts=[{}, {}],
+        similarity=np.full(n, similarity),
+        lexical_score=np.full(n, np.nan),
+        sources=np.zeros(n, dtype=np.int8),
+        vectors=np.eye(n, 8, dtype=np.float32),
+        vector_rows=np.arange(n, dtype=np.intp),
+    )
+
+
+async def test_first_the_search_runs_at_once_with_the_stand_ins_vector_and_asks_for_the_winners_vectors() -> (
+    None
+):
+    stand_in, cold = _StandInRecorder(), _Cold()
+    cold.found = _cold_matches(similarity=0.3)
+    cold, state = await _run_with_stand_in(
+        CachedEmbedder(HashingEmbedder(8), 10), stand_in, after=5.0, first=True, cold=cold
+    )
+    assert cold.embeddings == [stand_in.vector] and cold.with_vectors == [True]
+    # The embedder's vector came in time: it scores the memories, from their vectors.
+    assert state.sources["embed"].status is SourceStatus.OK and state.sources["embed"].detail == ""
+    assert state.query_embedding is not None and state.query_embedding is not stand_in.vector
+    assert np.isnan(state.cold.similarity).all() and (state.cold.vector_rows >= 0).all()
+
+
+async def test_first_a_late_embedding_leaves_the_stand_ins_vector_and_similarities_and_says_so() -> None:
+    stand_in, cold = _StandInRecorder(), _Cold()
+    cold.found = _cold_matches(similarity=0.3)
+    started = time.perf_counter()
+    cold, state = await _run_with_stand_in(_StuckEmbedder(), stand_in, after=0.02, first=True, cold=cold)
+    assert time.perf_counter() - started < 4.0
+    assert state.sources["embed"].status is SourceStatus.OK
+    assert state.sources["embed"].detail == STAND_IN_DETAIL
+    assert state.sources["cold"].status is SourceStatus.OK
+    assert state.query_embedding is stand_in.vector
+    assert (state.cold.similarity == 0.3).all()
 
 
 class _PlannedCold(_Cold):

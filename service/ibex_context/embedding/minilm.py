@@ -128,8 +128,8 @@ class MiniLMEmbedder:
         a query still queued is not computed (its caller has moved on to the stand-in)."""
         if workers < 1:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
-        if query_model == "static" and static_queries is None:
-            raise ConfigurationError("embedding_query_model: static needs the static table")
+        if query_model != "minilm" and static_queries is None:
+            raise ConfigurationError(f"embedding_query_model: {query_model} needs the static table")
         self._static = static_queries
         self._query_model = query_model
         self._session = session
@@ -182,7 +182,7 @@ class MiniLMEmbedder:
         tokenizer = load_tokenizer(directory)
         static = (
             StaticQueries.load(ensure_table(directory, graphs), tokenizer)
-            if query_model == "static" or stand_in_after > 0
+            if query_model != "minilm" or stand_in_after > 0
             else None
         )
         _log.info(
@@ -202,13 +202,13 @@ class MiniLMEmbedder:
             observe=observe,
             static_queries=static,
             query_model=query_model,
-            query_expiry=stand_in_after if query_model == "minilm" and stand_in_after > 0 else None,
+            query_expiry=stand_in_after if query_model != "static" and stand_in_after > 0 else None,
         )
 
     @property
     def name(self) -> str:
         # The query cache's key: static query vectors are not MiniLM's.
-        return MODEL_NAME if self._query_model == "minilm" else f"{MODEL_NAME}/static"
+        return f"{MODEL_NAME}/static" if self._query_model == "static" else MODEL_NAME
 
     @property
     def dim(self) -> int:
@@ -262,9 +262,13 @@ class MiniLMEmbedder:
 
     @property
     def stand_in(self) -> StaticQueries | None:
-        """The static table standing in for a query's late MiniLM vector, when loaded
-        for that (None with static queries: they are never late)."""
-        return self._static if self._query_model == "minilm" else None
+        """The static table beside MiniLM's queries (the first stage, or the stand-in for a
+        late vector) when loaded for that; None with static queries: they are never late."""
+        return self._static if self._query_model != "static" else None
+
+    @property
+    def query_model(self) -> QueryModel:
+        return self._query_model
 
     def _embed_or_error(self, texts: list[str], query: bool) -> list[FloatVector]:
         try:

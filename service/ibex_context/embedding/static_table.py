@@ -14,7 +14,7 @@ embedded here is searched against every stored memory without re-embedding anyth
 query costs a tokenisation and a sum of a few rows: tens of microseconds, no worker
 thread, no queue. It is not MiniLM: its cosines to the stored vectors run lower (about
 0.6 times MiniLM's on LoCoMo), and which queries it serves is the quality benchmark's
-call (benchmarks/results/static-queries-2026-12-06.md).
+call (benchmarks/results/embedding-turns-2026-12-06.md §5).
 
 The table (30,522 x 384 float32, 47 MB) is built once like the graphs: at image build
 (``python -m ibex_context.embedding.minilm_graph DIR`` writes it beside them) or at the
@@ -42,8 +42,10 @@ from ibex_context.models import FloatVector
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-# What embeds a minilm embedder's queries (``IBEX_EMBEDDING_QUERY_MODEL``).
-QueryModel = Literal["minilm", "static"]
+# What embeds a minilm embedder's queries (``IBEX_EMBEDDING_QUERY_MODEL``): MiniLM; the
+# table alone; or the table first (the vector search starts with its vector at once) and
+# MiniLM's vector, when in time, scoring what that search found (``pipeline.retrieval``).
+QueryModel = Literal["minilm", "static", "static-first"]
 
 # Bump when the table's computation changes: cached tables are rebuilt.
 TABLE_VERSION = 1

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
+import numpy as np
+
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder, embed_for_org
@@ -89,11 +91,17 @@ class RetrievalState:
 
 @dataclass(frozen=True, slots=True)
 class StandIn:
-    """A cheaper query embedder (MiniLM's static table) a call searches with when its
-    embedder's vector is not there ``after`` seconds into retrieval, or failed."""
+    """A cheaper query embedder (MiniLM's static table) beside the call's embedder.
+
+    ``first``: the vector search runs at once with its vector, beside the embedder's
+    inference, and asks for the winners' vectors; the embedder's vector, when it comes
+    within ``after`` seconds of retrieval's start, scores them (and the other sources'
+    memories), else the stand-in's does. Otherwise the call waits up to ``after`` for the
+    embedder's vector and searches with the stand-in's only when it is late or failed."""
 
     embed: Callable[[Sequence[str]], list[FloatVector]]
     after: float
+    first: bool = False
 
 
 class _QueryVector(NamedTuple):
@@ -210,6 +218,9 @@ class Retriever:
             _skip(state, SourceName.EMBED, _NO_QUERY)
             _skip(state, SourceName.COLD, _NO_QUERY)
             return
+        if self._stand_in is not None and self._stand_in.first:
+            await self._search_first(plan, state, deadline, self._stand_in)
+            return
         try:
             found = await _run_source(
                 state,
@@ -243,6 +254,66 @@ class Retriever:
         if not isinstance(cold, _Failed):
             state.cold = cold
 
+    async def _search_first(
+        self, plan: RetrievalPlan, state: RetrievalState, deadline: float, stand_in: StandIn
+    ) -> None:
+        """The vector search with the stand-in's vector at once, the embedder's inference
+        beside it; the embedder's vector, when in time, is the one the memories are scored
+        with (the search's similarities are dropped: scoring computes them from the
+        winners' vectors), else the stand-in's."""
+        [first] = stand_in.embed([self._embedded_text(plan.query)])
+        search: asyncio.Task[Candidates | _Failed] | None = None
+        if not (why_not := _why_not_search(plan, plan.cold_limit, "cold_limit")):
+            search = asyncio.create_task(
+                self._search_with_vectors(plan, state, deadline, first), name="retrieve-cold-first"
+            )
+        else:
+            _skip(state, SourceName.COLD, why_not)
+        try:
+            started = time.perf_counter()
+            vectors = await _run_source(
+                state,
+                SourceName.EMBED,
+                min(stand_in.after, deadline - started),
+                lambda: self._query_embedding(plan.org_id, plan.query, state),
+                count=len,
+            )
+            cold = await search if search is not None else _FAILED
+        except asyncio.CancelledError:
+            if search is not None:
+                search.cancel()
+            raise
+        if isinstance(vectors, _Failed) or not vectors:
+            # Late or failed: the call goes on with the stand-in's vector, and says so.
+            state.sources[SourceName.EMBED] = state.sources[SourceName.EMBED]._replace(
+                status=SourceStatus.OK, found=1, detail=STAND_IN_DETAIL
+            )
+            state.query_embedding = first
+        else:
+            state.query_embedding = vectors[0]
+            if not isinstance(cold, _Failed):
+                cold.similarity = np.full(len(cold), np.nan)  # scored from their vectors
+        if not isinstance(cold, _Failed):
+            state.cold = cold
+
+    async def _search_with_vectors(
+        self, plan: RetrievalPlan, state: RetrievalState, deadline: float, vector: FloatVector
+    ) -> Candidates | _Failed:
+        def search() -> Awaitable[Candidates]:
+            return self._cold.search(plan.org_id, plan.agent_id, vector, plan.cold_limit, with_vectors=True)
+
+        return await _run_source(
+            state,
+            SourceName.COLD,
+            deadline - time.perf_counter(),
+            search,
+            count=len,
+            describe=_chosen_plan,
+        )
+
+    def _embedded_text(self, query: str) -> str:
+        return self._begin_text(query) if self._begin_text is not None else query
+
     async def _query_vector(self, plan: RetrievalPlan, state: RetrievalState) -> _QueryVector:
         """The query's vector: the embedder's, or the stand-in's when the embedder's is not
         there after ``StandIn.after`` or failed (its computation goes on for the cache,
@@ -256,8 +327,7 @@ class Retriever:
                 [vector] = await self._query_embedding(plan.org_id, plan.query, state)
             return _QueryVector(vector)
         except (TimeoutError, EmbeddingError):
-            text = self._begin_text(plan.query) if self._begin_text is not None else plan.query
-            [vector] = stand_in.embed([text])
+            [vector] = stand_in.embed([self._embedded_text(plan.query)])
             return _QueryVector(vector, STAND_IN_DETAIL)
 
     async def _query_embedding(self, org_id: str, query: str, state: RetrievalState) -> list[FloatVector]:

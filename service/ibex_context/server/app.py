@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -488,8 +489,14 @@ async def _warm_up(assembler: Assembler, deadlines: DeadlinePolicy) -> None:
 
 
 def _stand_in(embedder: Embedder, settings: Settings) -> StandIn | None:
-    """MiniLM's static table as the stand-in for late query vectors, when configured."""
+    """MiniLM's static table beside its queries: searched with first (the static-first
+    query model), or standing in for late query vectors (IBEX_EMBEDDING_STAND_IN_MS)."""
     table = embedder.stand_in if isinstance(embedder, MiniLMEmbedder) else None
-    if table is None or settings.embedding_stand_in_ms <= 0:
+    if table is None:
         return None
-    return StandIn(table.embed, settings.embedding_stand_in_ms / 1000)
+    first = settings.embedding_query_model == "static-first"
+    if not first and settings.embedding_stand_in_ms <= 0:
+        return None
+    # First, without a bound: MiniLM's vector is waited for until the cold deadline.
+    after = settings.embedding_stand_in_ms / 1000 if settings.embedding_stand_in_ms > 0 else math.inf
+    return StandIn(table.embed, after, first=first)

@@ -193,7 +193,12 @@ class HotMemoryReader(Protocol):
 
 
 class ColdMemorySearch(Protocol):
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates: ...
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int, *, with_vectors: bool = False
+    ) -> Candidates:
+        """The nearest memories by cosine with their ``similarity``; ``with_vectors``: with
+        their stored vectors too, for scoring with another query vector."""
+        ...
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates: ...
 

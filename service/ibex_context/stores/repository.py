@@ -127,11 +127,17 @@ class ContextRepository:
             return Candidates.empty()
         return records
 
-    async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
+    async def search(
+        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int, *, with_vectors: bool = False
+    ) -> Candidates:
         if self._routing is None:
-            return await self._postgres.search(org_id, agent_id, embedding, limit)
+            return await self._postgres.search(org_id, agent_id, embedding, limit, with_vectors=with_vectors)
         return await self._routing.routed(
-            org_id, agent_id, lambda on: self._postgres.search(org_id, agent_id, embedding, limit, on=on)
+            org_id,
+            agent_id,
+            lambda on: self._postgres.search(
+                org_id, agent_id, embedding, limit, with_vectors=with_vectors, on=on
+            ),
         )
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:

@@ -20,6 +20,7 @@ from ibex_context.stores.postgres.searches import (
     LEXICAL_SQL,
     SEARCH_ARRAYS_SQL,
     SEARCH_SQL,
+    SEARCH_WITH_VECTORS_SQL,
 )
 from ibex_context.stores.postgres.store import prepare_request_path
 
@@ -109,6 +110,45 @@ async def test_each_function_returns_what_the_statement_it_replaced_returned(
         assert all(_same(a, b) for a, b in zip(new, old, strict=True)), (function, args[2:])
         if args[0] == org and (function != LEXICAL_ARRAYS_SQL or args[2] == "Berlin trains"):
             assert new[0] is not None and len(new[0]) == min(args[3], 60), (function, args[2:])
+
+
+async def test_with_vectors_each_plan_returns_its_arrays_and_each_winners_stored_vector_in_order(
+    pg_store: PostgresMemoryStore,
+    one_connection: asyncpg.Connection,
+    tenant: Tenant,
+    new_tenant: Any,
+    make_memory: MakeMemory,
+) -> None:
+    await _seed(pg_store, tenant, make_memory, 30)
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    query = unit_vector(3)
+    for plan in (ColdPlan.EXACT, ColdPlan.HNSW):
+        for limit in (1, 7, 50):
+            plain = await one_connection.fetchrow(SEARCH_ARRAYS_SQL[plan], org, agent, query, limit)
+            with_vectors = await one_connection.fetchrow(
+                SEARCH_WITH_VECTORS_SQL[plan], org, agent, query, limit
+            )
+            assert plain is not None and with_vectors is not None
+            assert all(_same(a, b) for a, b in zip(with_vectors[:-1], plain, strict=True)), (plan, limit)
+            stored = {
+                str(r["id"]): r["v"]
+                for r in await one_connection.fetch(
+                    "SELECT id, vector_send(embedding) AS v FROM memories"
+                    " WHERE org_id = $1 AND agent_id = $2",
+                    org,
+                    agent,
+                )
+            }
+            assert with_vectors[-1] == [stored[i] for i in with_vectors[0]], (plan, limit)
+    nobody = new_tenant()
+    empty = await one_connection.fetchrow(
+        SEARCH_WITH_VECTORS_SQL[ColdPlan.EXACT],
+        uuid.UUID(nobody.org_id),
+        uuid.UUID(nobody.agent_id),
+        query,
+        5,
+    )
+    assert empty is not None and empty[0] is None and empty[-1] is None
 
 
 async def _index_scans(conn: asyncpg.Connection, indexes: Sequence[str]) -> dict[str, int]:

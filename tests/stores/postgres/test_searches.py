@@ -7,6 +7,7 @@ import time
 import uuid
 
 import asyncpg
+import numpy as np
 import pytest
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.postgres import (
@@ -47,6 +48,25 @@ async def test_cold_search_returns_the_top_k_nearest_first_even_above_ef_search(
     assert found[0].token_counts == {"o200k_base": 2}
     assert found[0].occurred_at is not None and abs(found[0].occurred_at - time.time()) < 60
     assert len(records(await pg_store.search(tenant.org_id, tenant.agent_id, query, 80))) == 60
+
+
+async def test_a_search_with_vectors_gives_each_winner_its_stored_vector_and_the_same_answer(
+    pg_store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    query = unit_vector(2)
+    batch = [
+        make_memory(f"memory {i}", embedding=at_similarity(query, 0.9 - 0.02 * i, seed=200 + i))
+        for i in range(12)
+    ]
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, batch)
+    plain = await pg_store.search(tenant.org_id, tenant.agent_id, query, 8)
+    found = await pg_store.search(tenant.org_id, tenant.agent_id, query, 8, with_vectors=True)
+    assert list(found.ids) == list(plain.ids) and (found.similarity == plain.similarity).all()
+    assert plain.vectors.shape[0] == 0, "without the flag no vector travels"
+    stored = {m.id: m.embedding for m in batch}
+    for i, memory_id in enumerate(found.ids):
+        vector = found.embedding(i)
+        assert vector is not None and np.array_equal(vector, np.asarray(stored[memory_id], dtype=np.float32))
 
 
 async def test_the_hnsw_plan_fills_the_limit_for_a_small_tenant_sharing_a_large_ones_partition(

@@ -52,6 +52,12 @@ SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPl
 SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
     plan: f"SELECT * FROM ibex_cold_{plan.value}_arrays($1, $2, $3, $4)" for plan in ColdPlan
 }
+# The same searches with the winners' vectors (migration 0018), for a call that scores
+# them with a query vector other than the one it searched with (the static table's first
+# stage, ``pipeline.retrieval``).
+SEARCH_WITH_VECTORS_SQL: Mapping[ColdPlan, str] = {
+    plan: f"SELECT * FROM ibex_cold_{plan.value}_arrays_with_vectors($1, $2, $3, $4)" for plan in ColdPlan
+}
 # Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
 # The agent's memory count and whether it has a graph of its own.
@@ -117,7 +123,7 @@ class MemorySearches:
     async def prepare(conn: asyncpg.Connection, probe: FloatVector) -> None:
         """Runs the searches' statements on ``conn`` for a tenant that does not exist."""
         nobody = uuid.UUID(int=0)
-        for statement in SEARCH_ARRAYS_SQL.values():
+        for statement in (*SEARCH_ARRAYS_SQL.values(), *SEARCH_WITH_VECTORS_SQL.values()):
             await conn.fetch(statement, nobody, nobody, probe, 1)
         await conn.fetchrow(AGENT_SIZE_SQL, nobody, nobody)
         await conn.fetch(LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
@@ -130,12 +136,14 @@ class MemorySearches:
         embedding: FloatVector,
         limit: int,
         *,
+        with_vectors: bool = False,
         on: asyncpg.Pool | None = None,
     ) -> Candidates:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
-        their ``similarity``: a ``ColdMatches`` that names the plan chosen for the
-        agent's size (``stores.cold_plan``). ``on``: a read replica's pool with the
-        same session settings (``stores.postgres.read_routing``); default this store's pool."""
+        their ``similarity`` (and their vectors, ``with_vectors``): a ``ColdMatches`` that
+        names the plan chosen for the agent's size (``stores.cold_plan``). ``on``: a read
+        replica's pool with the same session settings (``stores.postgres.read_routing``);
+        default this store's pool."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
@@ -144,7 +152,7 @@ class MemorySearches:
             plan = choose_plan(
                 size, self._exact_max_memories, own_graph=self._agent_sizes.has_own_graph((org, agent))
             )
-            statement = SEARCH_ARRAYS_SQL[plan]
+            statement = (SEARCH_WITH_VECTORS_SQL if with_vectors else SEARCH_ARRAYS_SQL)[plan]
             ef_search = self._graph_width.for_agent(size, limit)
             if plan is not ColdPlan.EXACT and ef_search != self._ef_search:
                 # A large agent, or more rows than the session's ef_search: for this search only.
@@ -155,8 +163,10 @@ class MemorySearches:
                 row = await conn.fetchrow(statement, org, agent, embedding, limit)
         if row is None or row[0] is None:  # no rows: every aggregate is NULL
             return ColdMatches.of(Candidates.empty(), plan)
-        (distances,), found = candidate_columns(row, self._token_counts)
+        (distances, *embeddings), found = candidate_columns(row, self._token_counts)
         similarity = found.similarity = 1.0 - np.array(distances, dtype=np.float64)
+        if embeddings:
+            found.vectors, found.vector_rows = decode_vectors(embeddings[0])
         if (np.diff(similarity) > 0).any():
             # relaxed_order iterative scans may return rows slightly out of order.
             found = found.take(np.argsort(-similarity, kind="stable"))

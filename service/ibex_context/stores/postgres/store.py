@@ -190,10 +190,13 @@ class PostgresMemoryStore:
         embedding: FloatVector,
         limit: int,
         *,
+        with_vectors: bool = False,
         on: asyncpg.Pool | None = None,
     ) -> Candidates:
         """``on``: a pool from ``open_read_pool``; default the primary's."""
-        return await self.searches.search(org_id, agent_id, embedding, limit, on=on)
+        return await self.searches.search(
+            org_id, agent_id, embedding, limit, with_vectors=with_vectors, on=on
+        )
 
     async def search_lexical(
         self, org_id: str, agent_id: str, query: str, limit: int, *, on: asyncpg.Pool | None = None
