@@ -360,7 +360,11 @@ async def test_the_narrow_exact_ranking_returns_what_the_wide_one_did(empty_data
             ],
         )
         queries = ["[1,1,0,0,0,0,0,1]", "[7,0,2,0,1,0,0,3]", "[0,0,0,0,2,0,0,0]"]
-        search = "SELECT * FROM ibex_cold_exact($1, $2, $3::text::vector, $4)"
+        # 0008's columns (0018 adds each row's vector after them).
+        search = (
+            "SELECT id, content, category, confidence, usefulness, occurred_at, created_at, token_counts,"
+            " distance FROM ibex_cold_exact($1, $2, $3::text::vector, $4)"
+        )
         source = "SELECT prosrc FROM pg_proc WHERE proname = 'ibex_cold_exact'"
 
         async def answers() -> list[list[tuple[object, ...]]]:
