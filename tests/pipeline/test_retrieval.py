@@ -44,6 +44,7 @@ class _Cold:
 
         self.embeddings: list[FloatVector] = []
         self.with_vectors: list[bool] = []
+        self.limits: list[int] = []
         self.found = Candidates.empty()
 
     async def search(
@@ -52,6 +53,7 @@ class _Cold:
         self.searches += 1
         self.embeddings.append(embedding)
         self.with_vectors.append(with_vectors)
+        self.limits.append(limit)
         return self.found
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
@@ -235,6 +237,8 @@ async def test_first_the_search_runs_at_once_with_the_stand_ins_vector_and_asks_
         CachedEmbedder(HashingEmbedder(8), 10), stand_in, after=5.0, first=True, cold=cold
     )
     assert cold.embeddings == [stand_in.vector] and cold.with_vectors == [True]
+    # Twice the call's limit (5): MiniLM ranks a wider pool than the table would keep.
+    assert cold.limits == [10]
     # The embedder's vector came in time: it scores the memories, from their vectors.
     assert state.sources["embed"].status is SourceStatus.OK and state.sources["embed"].detail == ""
     assert state.query_embedding is not None and state.query_embedding is not stand_in.vector

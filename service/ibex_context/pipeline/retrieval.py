@@ -104,6 +104,14 @@ class StandIn:
     first: bool = False
 
 
+# The first stage asks the table's search for this many times the call's cold limit, for
+# MiniLM to rank: the table's own top 100 held 65.6 % of the dev conversations' evidence
+# where MiniLM's held 70.3 %; its top 200 ranked by MiniLM, 68.7 % in the first 100.
+FIRST_STAGE_POOL = 2
+# pgvector's hnsw.ef_search tops out at 1,000 (the assembler's MAX_SEARCH_LIMIT).
+_MOST_ROWS = 1000
+
+
 class _QueryVector(NamedTuple):
     vector: FloatVector
     detail: str = ""
@@ -299,8 +307,10 @@ class Retriever:
     async def _search_with_vectors(
         self, plan: RetrievalPlan, state: RetrievalState, deadline: float, vector: FloatVector
     ) -> Candidates | _Failed:
+        limit = min(plan.cold_limit * FIRST_STAGE_POOL, max(plan.cold_limit, _MOST_ROWS))
+
         def search() -> Awaitable[Candidates]:
-            return self._cold.search(plan.org_id, plan.agent_id, vector, plan.cold_limit, with_vectors=True)
+            return self._cold.search(plan.org_id, plan.agent_id, vector, limit, with_vectors=True)
 
         return await _run_source(
             state,
