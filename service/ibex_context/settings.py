@@ -350,7 +350,7 @@ class Settings(BaseSettings):
         "What embeds the queries of the minilm embedder: minilm (the graph of"
         " IBEX_EMBEDDING_QUERY_PRECISION, in a worker thread); static (a word-piece table distilled"
         " from MiniLM's weights: ~0.03 ms a query on the event loop, no worker; about half the"
-        " service's CPU a call, but 3.3-3.9 points less recall on LoCoMo); or static-first (the"
+        " service's CPU a call, but 3.3-4.4 points less recall on LoCoMo); or static-first (the"
         " vector search starts at once with the table's vector, beside MiniLM's inference, and"
         " MiniLM's vector, when it comes in time, scores the memories found from their stored"
         " vectors). Figures: benchmarks/results/embedding-turns-2026-12-06.md §5. Stored texts are"
