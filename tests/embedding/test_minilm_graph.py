@@ -16,12 +16,17 @@ from ibex_context.embedding.minilm_graph import (
     main,
 )
 from ibex_context.embedding.minilm_reference import default_model_dir
+from ibex_context.embedding.static_table import table_file_name
 
 
-def test_every_precisions_graph_is_built_into_the_directory_and_runs(tmp_path: Path) -> None:
+def test_every_precisions_graph_and_the_static_table_are_built_into_the_directory_and_run(
+    tmp_path: Path,
+) -> None:
     main([str(tmp_path)])
     built = sorted(p.name for p in tmp_path.iterdir())
-    assert built == sorted(graph_file_name(precision) for precision in PRECISIONS)
+    assert built == sorted([*(graph_file_name(precision) for precision in PRECISIONS), table_file_name()])
+    # Readable by every user, as the graphs (below).
+    assert (tmp_path / table_file_name()).stat().st_mode & 0o777 == 0o644
     assert graph_file_name("fp32").endswith(f"-g{GRAPH_VERSION}.onnx")
     assert graph_file_name("int8").endswith(f"-g{GRAPH_VERSION}-int8.onnx")
     for precision in PRECISIONS:
