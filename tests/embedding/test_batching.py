@@ -172,6 +172,26 @@ def test_a_query_queued_past_its_expiry_is_not_computed_and_fails_as_expired(rec
         queue.close()
 
 
+def test_a_flooding_orgs_backlog_expires_behind_itself_not_a_quiet_orgs_query(recorder: Recorder) -> None:
+    queue = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed", query_expiry=0.05)
+    try:
+        recorder.hold()
+        first = queue.submit(["first"], query=True, tenant="flood")
+        assert recorder.started.wait(WAIT)
+        flood = [queue.submit([f"f{i}"], query=True, tenant="flood") for i in range(12)]
+        time.sleep(0.1)  # the flood's backlog is past its expiry
+        quiet = queue.submit(["quiet"], query=True, tenant="quiet")
+        recorder.release.set()
+        assert lengths(first) == [5] and lengths(quiet) == [5]
+        for future in flood:
+            with pytest.raises(QueryExpired):
+                future.result(WAIT)
+        assert all(f"f{i}" not in turn for turn in recorder.turns for i in range(12))
+    finally:
+        recorder.release.set()
+        queue.close()
+
+
 def test_without_an_expiry_a_query_waits_as_long_as_it_takes(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
