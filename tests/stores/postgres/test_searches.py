@@ -171,9 +171,12 @@ async def test_cancelling_a_blocked_search_cancels_the_query_on_the_server(
     pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
     store = PostgresMemoryStore(pool, ef_search=EF_SEARCH)
     observer = await asyncpg.connect(private_postgres_dsn)
+    # pg_stat_activity spans the cluster: count only this test's database, since another
+    # test's search can still be running in its own (a backend finishes a query whose
+    # client has gone before it notices).
     waiting_sql = (
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ibex-context'"
-        " AND state = 'active' AND query LIKE '%ibex_cold_%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'ibex-context' AND state = 'active' AND query LIKE '%ibex_cold_%'"
     )
 
     async def searches_waiting(expected: int) -> int:
