@@ -69,14 +69,46 @@ class Index:
     method: str  # "hnsw" | "ivfflat"
     options: str  # the index's WITH (...)
     knob: str  # "hnsw.ef_search" | "ivfflat.probes"
+    # What the graph holds: the vectors as stored, in half precision, or one bit a
+    # dimension (binary_quantize, Hamming distance), whose candidates an exact re-rank orders.
+    quantised: str = "vector"  # "vector" | "halfvec" | "bit"
+    rerank: int = 0  # bit: candidates taken from the graph and re-ranked exactly
 
     @property
     def tag(self) -> str:
         return (
             self.method
+            + ("" if self.quantised == "vector" else f"_{self.quantised}")
             + "_"
             + "_".join("".join(ch for ch in part if ch.isalnum()) for part in self.options.split(","))
         )
+
+    def describe(self) -> str:
+        quantised = {"vector": "", "halfvec": " on halfvec", "bit": f" on bits, top {self.rerank} re-ranked"}
+        return f"{self.method} ({self.options}){quantised[self.quantised]}"
+
+    def indexed(self, dim: int) -> str:
+        """The index's expression and operator class."""
+        if self.quantised == "halfvec":
+            return f"((embedding::halfvec({dim})) halfvec_cosine_ops)"
+        if self.quantised == "bit":
+            return f"((binary_quantize(embedding)::bit({dim})) bit_hamming_ops)"
+        return "(embedding vector_cosine_ops)"
+
+    def statement(self, table: str, dim: int) -> str:
+        """The top-``LIMIT`` search of ``$1`` (a vector) through this index."""
+        if self.quantised == "halfvec":
+            return (
+                f"SELECT id FROM {table} ORDER BY embedding::halfvec({dim}) <=> $1::vector::halfvec({dim})"
+                f" LIMIT {LIMIT}"
+            )
+        if self.quantised == "bit":
+            return (
+                f"SELECT id FROM (SELECT id, embedding FROM {table} ORDER BY"
+                f" binary_quantize(embedding)::bit({dim}) <~> binary_quantize($1::vector)::bit({dim})"
+                f" LIMIT {self.rerank or LIMIT}) AS candidates ORDER BY embedding <=> $1 LIMIT {LIMIT}"
+            )
+        return f"SELECT id FROM {table} ORDER BY embedding <=> $1 LIMIT {LIMIT}"
 
 
 SERVICE_GRAPH = Index("hnsw", GRAPH_OPTIONS, "hnsw.ef_search")
@@ -178,8 +210,7 @@ async def ensure_table(
     await conn.execute("SET max_parallel_maintenance_workers = 1")
     started = time.perf_counter()
     await conn.execute(
-        f"CREATE INDEX ON {table}_partial USING {index.method} (embedding vector_cosine_ops)"
-        f" WITH ({index.options})"
+        f"CREATE INDEX ON {table}_partial USING {index.method} {index.indexed(dim)} WITH ({index.options})"
     )
     seconds = time.perf_counter() - started
     await conn.execute(f"ALTER TABLE {table}_partial RENAME TO {table}")
@@ -208,7 +239,12 @@ async def measure(
     pool: asyncpg.Pool, data: DataSet, index: Index, exact: np.ndarray, ef_search: int | None
 ) -> Measured:
     """The index's search at ``ef_search`` (its knob's value), or (None) the exact scan of every row."""
-    statement = f"SELECT id FROM {data.name}_{index.tag} ORDER BY embedding <=> $1 LIMIT {LIMIT}"
+    table = f"{data.name}_{index.tag}"
+    statement = (
+        f"SELECT id FROM {table} ORDER BY embedding <=> $1 LIMIT {LIMIT}"
+        if ef_search is None
+        else index.statement(table, data.vectors.shape[1])
+    )
     async with pool.acquire() as conn:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         # The planner takes a sequential scan once it costs a wide graph search above it
@@ -234,7 +270,7 @@ async def measure(
     walls.sort()
     recalls.sort()
     return Measured(
-        data=data.label if index == SERVICE_GRAPH else f"{data.label}; {index.method} ({index.options})",
+        data=data.label if index == SERVICE_GRAPH else f"{data.label}; {index.describe()}",
         ef_search=ef_search,
         median_ms=statistics.median(walls),
         p95_ms=walls[int(0.95 * (len(walls) - 1))],
@@ -326,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--index-options", default="", help=f"the index's WITH (...); default for hnsw: {GRAPH_OPTIONS}"
     )
+    p.add_argument(
+        "--quantised",
+        choices=("vector", "halfvec", "bit"),
+        default="vector",
+        help="what the graph holds: the stored vectors, halfvec, or bits (binary_quantize) re-ranked exactly",
+    )
+    p.add_argument("--rerank", type=int, default=400, help="--quantised bit: candidates re-ranked")
     p.add_argument("--ef", default=",".join(map(str, DEFAULT_EF)), help="the index's knob's values")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument(
@@ -359,11 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     for spec in filter(None, args.real.split(",")):
         name, memories = spec.split(":")
         data_sets.append(real_data(args.queries, name, int(memories)))
-    if args.index == "hnsw" and not args.index_options:
+    if args.index == "hnsw" and not args.index_options and args.quantised == "vector":
         index = SERVICE_GRAPH
     else:
         knob = "hnsw.ef_search" if args.index == "hnsw" else "ivfflat.probes"
-        index = Index(args.index, args.index_options or "lists = 100", knob)
+        default_options = GRAPH_OPTIONS if args.index == "hnsw" else "lists = 100"
+        index = Index(
+            args.index,
+            args.index_options or default_options,
+            knob,
+            quantised=args.quantised,
+            rerank=args.rerank if args.quantised == "bit" else 0,
+        )
     args.data_dir.mkdir(parents=True, exist_ok=True)
     postgres = start_postgres(args.data_dir)
     try:
@@ -393,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 " Command: `python -m benchmarks.agent_graph"
                 f" {' '.join(argv if argv is not None else sys.argv[1:])}`.",
                 "",
-                f"Setup: {index.method} index `{index.options}`"
+                f"Setup: {index.describe()}"
                 f"{' (the service own-graph options)' if index == SERVICE_GRAPH else ''};"
                 f" knob `{index.knob}`; PostgreSQL"
                 f" {PG_SETTINGS}; the service's session settings; {args.queries} questions a data set, one"

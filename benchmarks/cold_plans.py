@@ -93,6 +93,8 @@ def service_width() -> GraphSearchWidth:
         ef_search=fields["hnsw_ef_search"].default,
         large_agent_ef_search=fields["hnsw_ef_search_large_agents"].default,
         large_agent_memories=fields["cold_large_agent_memories"].default,
+        own_graph_ef_search=fields["hnsw_ef_search_own_graph"].default,
+        own_graph_large_agent_ef_search=fields["hnsw_ef_search_own_graph_large_agents"].default,
     )
 
 
@@ -108,7 +110,7 @@ async def _timed(
     width the service would use for this agent (``SET LOCAL`` in a transaction, as the
     service does, when it differs from the session's)."""
     args = (agent["org_id"], agent["agent_id"], query, LIMIT)
-    ef_search = width.for_agent(agent["memories"], LIMIT)
+    ef_search = width.for_agent(agent["memories"], LIMIT, plan)
     start = time.perf_counter()
     if plan is not ColdPlan.EXACT and ef_search != session_ef_search:
         async with conn.transaction():
@@ -191,8 +193,8 @@ async def measure(
     # Agents with a graph of their own (migration 0013): that graph's cost and recall.
     own = Measured("own graph (agents that have one)")
     with_graph = {
-        (r["org_id"], r["agent_id"])
-        for r in await conn.fetch("SELECT org_id, agent_id FROM agent_graphs WHERE ready")
+        (r["org_id"], r["agent_id"]): ColdPlan.AGENT_HALFVEC if r["halfvec"] else ColdPlan.AGENT
+        for r in await conn.fetch("SELECT org_id, agent_id, halfvec FROM agent_graphs WHERE ready")
     }
     # A mixed data set also gets the rows of each agent size apart: the service's plan
     # differs by size, and so do its cost and recall.
@@ -206,14 +208,14 @@ async def measure(
     }
     exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
 
-    def has_own(agent: asyncpg.Record) -> bool:
-        return (agent["org_id"], agent["agent_id"]) in with_graph
+    def own_graph(agent: asyncpg.Record) -> ColdPlan | None:
+        return with_graph.get((agent["org_id"], agent["agent_id"]))
 
     for agent in agents:
-        chosen = choose_plan(agent["memories"], exact_max, own_graph=has_own(agent))
+        chosen = choose_plan(agent["memories"], exact_max, own_graph=own_graph(agent))
         service.plans[chosen.value] += 1
-        if has_own(agent):
-            own.plans["agent"] += 1
+        if own_graph(agent) is not None:
+            own.plans[chosen.value] += 1
         if agent["memories"] in by_size:
             by_size[agent["memories"]][0].plans["hnsw"] += 1
             by_size[agent["memories"]][1].plans[chosen.value] += 1
@@ -226,11 +228,11 @@ async def measure(
             hnsw.milliseconds.append(hnsw_ms)
             matched = recall(truth, found)
             hnsw.recall.append(matched)
-            chosen = choose_plan(agent["memories"], exact_max, own_graph=has_own(agent))
+            chosen = choose_plan(agent["memories"], exact_max, own_graph=own_graph(agent))
             chosen_ms = exact_ms if chosen is ColdPlan.EXACT else hnsw_ms
             chosen_recall = 1.0 if chosen is ColdPlan.EXACT else matched
-            if chosen is ColdPlan.AGENT:
-                chosen_ms, found = await _timed(conn, ColdPlan.AGENT, agent, q, width, width.ef_search)
+            if chosen in (ColdPlan.AGENT, ColdPlan.AGENT_HALFVEC):
+                chosen_ms, found = await _timed(conn, chosen, agent, q, width, width.ef_search)
                 chosen_recall = recall(truth, found)
                 own.milliseconds.append(chosen_ms)
                 own.recall.append(chosen_recall)

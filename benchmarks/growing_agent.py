@@ -681,7 +681,7 @@ async def measure_recall(
     """Recall@50 of the statement of the plan the service would choose for the agent now,
     against the exact scan, for ``queries`` shaped queries about its stored vectors."""
     from ibex_context.stores.postgres import create_pool
-    from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL
+    from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, own_graph_plan
 
     width = service_width()
     shape = VectorShape.load(fitted_shape())
@@ -694,8 +694,8 @@ async def measure_recall(
                 agent["org_id"],
                 agent["agent_id"],
             )
-            memories, own_graph = await conn.fetchrow(AGENT_STATE_SQL, record["org_id"], record["agent_id"])
-            plan = choose_plan(memories, threshold, own_graph=own_graph)
+            state = await conn.fetchrow(AGENT_STATE_SQL, record["org_id"], record["agent_id"])
+            plan = choose_plan(state[0], threshold, own_graph=own_graph_plan(state))
             rows = await conn.fetch(
                 "SELECT embedding FROM memories WHERE org_id = $1 AND agent_id = $2 ORDER BY id LIMIT 400",
                 record["org_id"],
@@ -713,7 +713,7 @@ async def measure_recall(
                 values.append(recall(truth, found))
     finally:
         await pool.close()
-    return RecallFigures(plan.value, int(memories), tuple(values))
+    return RecallFigures(plan.value, int(state[0]), tuple(values))
 
 
 # --------------------------------------------------------------------------- I/O: the parts
@@ -796,7 +796,8 @@ def run_promotion(options: argparse.Namespace, setup: dict[str, str]) -> Promoti
                 time.sleep(options.after)
             s.mark(END)
     rows = phases(caller.calls, s.marks)
-    first_own = min((c.at for c in caller.calls if c.plan == ColdPlan.AGENT.value), default=None)
+    own_plans = (ColdPlan.AGENT.value, ColdPlan.AGENT_HALFVEC.value)
+    first_own = min((c.at for c in caller.calls if c.plan in own_plans), default=None)
     named = {r.name: r for r in rows}
     if ready is None or building is None:
         verdict = Verdict(

@@ -238,16 +238,33 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = _f(
         200,
         "pgvector hnsw.ef_search: candidates the graph search keeps (raised to cold_limit), for"
-        " agents up to cold_large_agent_memories. At 200 a 10k-memory agent's own graph on MiniLM"
+        " agents up to cold_large_agent_memories on the partitions' graphs and on own graphs built"
+        " before migration 0019. At 200 a 10k-memory agent's full-precision own graph on MiniLM"
         " vectors gives recall@50 0.994 mean / 0.98 p5 against exact search in 1.9 ms (ADR-0015).",
         ge=1,
         le=1000,
     )
     hnsw_ef_search_large_agents: int = _f(
         400,
-        "hnsw.ef_search for agents with more than cold_large_agent_memories memories: a 100k-memory"
-        " agent's own graph on MiniLM vectors gives recall@50 0.974 mean / 0.88 p5 in 10 ms at 400,"
-        " 0.940 / 0.64 in 6 ms at 200 (ADR-0015).",
+        "hnsw.ef_search for agents with more than cold_large_agent_memories memories, on the same"
+        " graphs: a 100k-memory agent's full-precision own graph on MiniLM vectors gives recall@50"
+        " 0.969-0.974 mean / 0.84-0.88 p5 at 400, 0.940-0.943 / 0.64-0.72 at 200 (ADR-0015).",
+        ge=1,
+        le=1000,
+    )
+    hnsw_ef_search_own_graph: int = _f(
+        100,
+        "hnsw.ef_search on an agent's own graph in half precision (m 48, built since migration"
+        " 0019) for agents up to cold_large_agent_memories: at 10k MiniLM memories 100 gives"
+        " recall@50 0.995 mean / 0.98 p5 in 2.4 ms, 200 0.998 / 1.00 in 3.9 ms (ADR-0015).",
+        ge=1,
+        le=1000,
+    )
+    hnsw_ef_search_own_graph_large_agents: int = _f(
+        200,
+        "hnsw.ef_search on an agent's own graph in half precision for agents with more than"
+        " cold_large_agent_memories memories: at 100k MiniLM memories 200 gives recall@50 0.978"
+        " mean / 0.90 p5, 400 0.988 / 0.96 at 1.4-1.5 times the time (ADR-0015).",
         ge=1,
         le=1000,
     )

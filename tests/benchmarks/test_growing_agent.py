@@ -194,5 +194,5 @@ def test_a_small_run_against_the_real_service_measures_both_parts(tmp_path: Path
     assert build is not None, "the agent's own graph was not built"
     before = re.search(r"\| before \| [0-9.]+ \| (\d+) \|", text)
     assert before is not None and int(before.group(1)) > 0
-    recall = re.findall(r"\| (?:baseline|with writes) \| agent \| [0-9,]+ \| ([0-9.]+) \|", text)
+    recall = re.findall(r"\| (?:baseline|with writes) \| agent_halfvec \| [0-9,]+ \| ([0-9.]+) \|", text)
     assert len(recall) == 2 and all(0.0 <= float(r) <= 1.0 for r in recall)

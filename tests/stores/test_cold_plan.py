@@ -15,27 +15,32 @@ def test_agents_up_to_the_limit_are_searched_exactly_and_larger_ones_through_the
 
 
 def test_an_agent_with_a_graph_of_its_own_is_searched_through_it_whatever_its_size() -> None:
-    assert choose_plan(5_001, 5_000, own_graph=True) is ColdPlan.AGENT
-    assert choose_plan(10, 5_000, own_graph=True) is ColdPlan.AGENT
+    assert choose_plan(5_001, 5_000, own_graph=ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
+    assert choose_plan(10, 5_000, own_graph=ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
+    # A graph built before migration 0019 (full precision) keeps its own function.
+    assert choose_plan(5_001, 5_000, own_graph=ColdPlan.AGENT) is ColdPlan.AGENT
 
 
-def test_whether_an_agent_has_its_own_graph_is_cached_with_its_size() -> None:
+def test_an_agents_own_graph_is_cached_with_its_size() -> None:
     now = [100.0]
     sizes = AgentSizes(ttl=60, clock=lambda: now[0])
-    sizes.put(("org", "big"), 9_000, own_graph=True)
+    sizes.put(("org", "big"), 9_000, own_graph=ColdPlan.AGENT_HALFVEC)
+    sizes.put(("org", "old"), 9_000, own_graph=ColdPlan.AGENT)
     sizes.put(("org", "small"), 10)
-    assert sizes.has_own_graph(("org", "big")) and not sizes.has_own_graph(("org", "small"))
-    assert not sizes.has_own_graph(("org", "unknown"))
+    assert sizes.own_graph(("org", "big")) is ColdPlan.AGENT_HALFVEC
+    assert sizes.own_graph(("org", "old")) is ColdPlan.AGENT
+    assert sizes.own_graph(("org", "small")) is None
+    assert sizes.own_graph(("org", "unknown")) is None
     now[0] += 60
-    assert not sizes.has_own_graph(("org", "big"))  # expired: read again with the size
+    assert sizes.own_graph(("org", "big")) is None  # expired: read again with the size
 
 
 def test_a_forgotten_agent_is_read_again() -> None:
     sizes = AgentSizes(ttl=60)
-    sizes.put(("org", "grown"), 5_001)
+    sizes.put(("org", "grown"), 5_001, own_graph=ColdPlan.AGENT_HALFVEC)
     sizes.forget(("org", "grown"))
     sizes.forget(("org", "never cached"))
-    assert sizes.get(("org", "grown")) is None and not sizes.has_own_graph(("org", "grown"))
+    assert sizes.get(("org", "grown")) is None and sizes.own_graph(("org", "grown")) is None
 
 
 def test_agents_above_the_large_size_get_the_wider_graph_search() -> None:
@@ -43,6 +48,25 @@ def test_agents_above_the_large_size_get_the_wider_graph_search() -> None:
     assert width.for_agent(10_000, 50) == 200
     assert width.for_agent(50_000, 50) == 200
     assert width.for_agent(50_001, 50) == 400
+
+
+def test_an_own_graph_in_half_precision_gets_its_own_widths() -> None:
+    width = GraphSearchWidth(
+        ef_search=200,
+        large_agent_ef_search=400,
+        large_agent_memories=50_000,
+        own_graph_ef_search=100,
+        own_graph_large_agent_ef_search=200,
+    )
+    assert width.for_agent(10_000, 50, ColdPlan.AGENT_HALFVEC) == 100
+    assert width.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC) == 200
+    assert width.for_agent(100_000, 300, ColdPlan.AGENT_HALFVEC) == 300  # never below the limit
+    # A full-precision own graph, and the partition's graph, keep the general widths.
+    assert width.for_agent(10_000, 50, ColdPlan.AGENT) == 200
+    assert width.for_agent(100_000, 50, ColdPlan.HNSW) == 400
+    # Without own-graph widths, every graph gets the general ones.
+    plain = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
+    assert plain.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC) == 400
 
 
 def test_the_graph_search_keeps_at_least_the_rows_asked_for_and_at_most_pgvectors_limit() -> None:

@@ -30,15 +30,17 @@ class ColdPlan(enum.StrEnum):
 
     EXACT = "exact"
     HNSW = "hnsw"
-    # The agent's own graph (migration 0013, ``stores.postgres.graphs``).
+    # The agent's own graph (``stores.postgres.graphs``): of its vectors in half precision
+    # (migration 0019), or as stored for a graph built before (0013).
+    AGENT_HALFVEC = "agent_halfvec"
     AGENT = "agent"
 
 
-def choose_plan(memories: int, exact_max_memories: int, *, own_graph: bool = False) -> ColdPlan:
-    """The agent's own graph once it has one; else exact up to ``exact_max_memories``
+def choose_plan(memories: int, exact_max_memories: int, *, own_graph: ColdPlan | None = None) -> ColdPlan:
+    """The agent's own graph's plan once it has one; else exact up to ``exact_max_memories``
     memories and the partition's HNSW graph beyond (while its own is being built)."""
-    if own_graph:
-        return ColdPlan.AGENT
+    if own_graph is not None:
+        return own_graph
     return ColdPlan.EXACT if memories <= exact_max_memories else ColdPlan.HNSW
 
 
@@ -48,22 +50,34 @@ MAX_EF_SEARCH = 1000
 
 @dataclass(frozen=True, slots=True)
 class GraphSearchWidth:
-    """How many candidates the graph search keeps (``hnsw.ef_search``), by the agent's size.
+    """How many candidates the graph search keeps (``hnsw.ef_search``), by the graph and
+    the agent's size.
 
-    A larger agent needs a wider search for the same recall: on an agent's own graph of
-    MiniLM vectors ef_search 200 gives recall@50 0.994 mean / 0.98 p5 at 10k memories in
-    1.9 ms, while a 100k-memory agent needs 400 for 0.974 / 0.88 (10 ms; at 200 it gets
-    0.940 / 0.64): ADR-0015. 400 would cost the 10k agents more for nothing.
+    A larger agent needs a wider search for the same recall. The partitions' graphs and
+    agents' own graphs built before migration 0019 (full precision, m 32): 200 gives
+    recall@50 0.994 mean / 0.98 p5 at 10k MiniLM memories, a 100k-memory agent needs 400
+    for 0.969-0.974 / 0.84-0.88. An own graph in half precision (m 48, 0019) holds more
+    per candidate: 100 gives 0.995 / 0.98 at 10k, 200 gives 0.978 / 0.90 at 100k
+    (ADR-0015). A wider search than needed costs time for nothing.
     """
 
     ef_search: int
     large_agent_ef_search: int
     large_agent_memories: int
+    # The own graphs in half precision; by default as wide as the others.
+    own_graph_ef_search: int | None = None
+    own_graph_large_agent_ef_search: int | None = None
 
-    def for_agent(self, memories: int, limit: int) -> int:
-        """The ef_search for a search of ``limit`` rows among ``memories``: never below
-        ``limit`` (the graph keeps at most ef_search candidates), at most pgvector's 1000."""
-        width = self.large_agent_ef_search if memories > self.large_agent_memories else self.ef_search
+    def for_agent(self, memories: int, limit: int, plan: ColdPlan | None = None) -> int:
+        """The ef_search for a search of ``limit`` rows among ``memories`` through
+        ``plan``'s graph: never below ``limit`` (the graph keeps at most ef_search
+        candidates), at most pgvector's 1000."""
+        large = memories > self.large_agent_memories
+        if plan is ColdPlan.AGENT_HALFVEC:
+            own = self.own_graph_large_agent_ef_search if large else self.own_graph_ef_search
+            if own is not None:
+                return min(MAX_EF_SEARCH, max(own, limit))
+        width = self.large_agent_ef_search if large else self.ef_search
         return min(MAX_EF_SEARCH, max(width, limit))
 
 
@@ -90,7 +104,7 @@ _CANDIDATE_FIELDS = tuple(f.name for f in fields(Candidates))
 @dataclass(slots=True)
 class _Entry:
     memories: int
-    own_graph: bool
+    own_graph: ColdPlan | None
     expires_at: float
 
 
@@ -119,16 +133,17 @@ class AgentSizes:
         self._entries.move_to_end(key)
         return entry.memories
 
-    def has_own_graph(self, key: tuple[object, object]) -> bool:
-        """Whether the agent had a graph of its own when its count was read (False when not cached)."""
+    def own_graph(self, key: tuple[object, object]) -> ColdPlan | None:
+        """The plan of the agent's own graph when its count was read (None: it had none,
+        or it is not cached)."""
         entry = self._entries.get(key)
-        return entry is not None and entry.own_graph and entry.expires_at > self._clock()
+        return entry.own_graph if entry is not None and entry.expires_at > self._clock() else None
 
     def forget(self, key: tuple[object, object]) -> None:
         """Drops the agent's entry, if cached: its next lookup reads the store again."""
         self._entries.pop(key, None)
 
-    def put(self, key: tuple[object, object], memories: int, *, own_graph: bool = False) -> None:
+    def put(self, key: tuple[object, object], memories: int, *, own_graph: ColdPlan | None = None) -> None:
         self._entries[key] = _Entry(memories, own_graph, self._clock() + self._ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:

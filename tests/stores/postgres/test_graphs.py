@@ -1,4 +1,4 @@
-"""Large agents' own graphs (migration 0013, ``stores.postgres.graphs``), on the real PostgreSQL."""
+"""Large agents' own graphs (migrations 0013, 0019, ``stores.postgres.graphs``), on the real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
-from ibex_context.stores.postgres.graphs import graph_index_name
+from ibex_context.stores.postgres.graphs import GRAPH_OPTIONS, graph_index_name
 from ibex_context.stores.postgres.pool import GRAPH_BUILD_APPLICATION
 
-from tests.conftest import Tenant
+from tests.conftest import TEST_EMBEDDING_DIM, Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
 
 LIMIT = 20  # past it, an agent gets its own graph
@@ -78,9 +78,17 @@ async def test_an_agent_that_grows_past_the_limit_gets_its_own_graph_and_searche
     assert graph_index_name(org, agent) in graph["definition"]
     assert f"'{tenant.agent_id}'::uuid" in graph["definition"]  # its predicate is the tenant
     found = await graph_store.search(tenant.org_id, tenant.agent_id, query, 10)
-    exact = await conn.fetch("SELECT id::text FROM ibex_cold_exact($1, $2, $3, 10)", org, agent, query)
-    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT
+    exact = await conn.fetch(
+        "SELECT id::text, distance FROM ibex_cold_exact($1, $2, $3, 10)", org, agent, query
+    )
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
     assert found.ids == [r["id"] for r in exact] and all(c.startswith("mine") for c in found.contents)
+    # Half precision orders the walk; the similarities are the stored vectors' own.
+    exact_distances = [r["distance"] for r in exact]
+    assert found.similarity.tolist() == pytest.approx([1.0 - d for d in exact_distances], abs=1e-9)
+    # The graph holds the vectors in half precision, each linked to 48 neighbours.
+    assert f"(embedding)::halfvec({TEST_EMBEDDING_DIM})" in graph["definition"]
+    assert "halfvec_cosine_ops" in graph["definition"] and "m='48'" in graph["definition"]
     # The plan walks the agent's own index, not the partition's graph.
     async with conn.transaction():
         for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):
@@ -90,11 +98,49 @@ async def test_an_agent_that_grows_past_the_limit_gets_its_own_graph_and_searche
             for r in await conn.fetch(
                 "EXPLAIN SELECT id FROM memories"
                 f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
-                " ORDER BY embedding <=> $1 LIMIT 10",
+                f" ORDER BY embedding::halfvec({TEST_EMBEDDING_DIM})"
+                f" <=> $1::vector::halfvec({TEST_EMBEDDING_DIM}) LIMIT 10",
                 query,
             )
         )
     assert graph_index_name(org, agent) in plan
+
+
+async def test_a_graph_built_before_half_precision_is_still_searched_through_it(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """A graph of full-precision vectors (built before migration 0019) stays in use, through
+    the function that walks it, until it is built again."""
+    query = unit_vector(7)
+    memories = [make_memory(f"old {i}", embedding=near(query, 1.0, seed=i)) for i in range(LIMIT + 5)]
+    await PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH).upsert_memories(
+        tenant.org_id, tenant.agent_id, memories
+    )
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    name = graph_index_name(org, agent)
+    partition = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1",
+        org,
+        agent,
+    )
+    # As stores.postgres.graphs built it before 0019, and recorded as such.
+    await conn.execute(
+        f"CREATE INDEX {name} ON {partition} USING hnsw (embedding vector_cosine_ops)"
+        f" WITH ({GRAPH_OPTIONS}) WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
+    )
+    await conn.execute(
+        "INSERT INTO agent_graphs (org_id, agent_id, index_name, ready) VALUES ($1, $2, $3, true)",
+        org,
+        agent,
+        name,
+    )
+    recorded = "SELECT halfvec FROM agent_graphs WHERE org_id = $1 AND agent_id = $2"
+    assert await conn.fetchval(recorded, org, agent) is False
+
+    found = await graph_store.search(tenant.org_id, tenant.agent_id, query, 10)
+    exact = await conn.fetch("SELECT id::text FROM ibex_cold_exact($1, $2, $3, 10)", org, agent, query)
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT
+    assert found.ids == [r["id"] for r in exact]
 
 
 async def test_after_its_graph_is_built_here_the_agents_next_search_walks_it_at_once(
@@ -111,7 +157,7 @@ async def test_after_its_graph_is_built_here_the_agents_next_search_walks_it_at_
     await graph_store.upsert_memories(tenant.org_id, tenant.agent_id, memories[LIMIT:])
     await asyncio.wait_for(graph_store.promotions_idle(), 60)
     after = await graph_store.search(tenant.org_id, tenant.agent_id, query, 5)
-    assert isinstance(after, ColdMatches) and after.plan is ColdPlan.AGENT
+    assert isinstance(after, ColdMatches) and after.plan is ColdPlan.AGENT_HALFVEC
 
 
 @pytest.mark.parametrize("workers", [0, 3])

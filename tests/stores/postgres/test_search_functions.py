@@ -204,7 +204,7 @@ async def test_each_plans_function_walks_that_plans_index_though_planned_first_f
     expected = {
         ColdPlan.EXACT: {graph: 0, own: 0},
         ColdPlan.HNSW: {graph: 1, own: 0},
-        ColdPlan.AGENT: {graph: 0, own: 1},
+        ColdPlan.AGENT_HALFVEC: {graph: 0, own: 1},
     }
     for plan, scans in expected.items():
         async with one_connection.transaction():

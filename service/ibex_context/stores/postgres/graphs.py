@@ -1,13 +1,14 @@
-"""Large agents' own graphs: a partial HNSW index per agent on its partition (migration 0013).
+"""Large agents' own graphs: a partial HNSW index per agent on its partition (migration 0013),
+of its vectors in half precision (0019).
 
 An agent past the exact scan's limit (``cold_exact_max_memories``) is promoted: its
 graph is built with ``CREATE INDEX CONCURRENTLY`` (writes and searches go on) and
 recorded ready in ``agent_graphs``; its searches then walk only its own vectors
-(``ibex_cold_agent``). Until then it keeps the partition's graph. The store starts a
-promotion in the background when a write leaves the agent past the limit
-(``PostgresMemoryStore.upsert_memories``: queued, one build at a time per process, on
-the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
-promotes every such agent, e.g. after a bulk load.
+(``ibex_cold_agent_halfvec``; ``ibex_cold_agent`` for a graph built before 0019). Until
+then it keeps the partition's graph. The store starts a promotion in the background
+when a write leaves the agent past the limit (``PostgresMemoryStore.upsert_memories``:
+queued, one build at a time per process, on the pool of ``pool.create_graph_pool``, never
+a request connection); ``promote_grown`` promotes every such agent, e.g. after a bulk load.
 
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
@@ -22,11 +23,18 @@ from datetime import timedelta
 
 import asyncpg
 
+from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.postgres.codecs import as_uuid
+from ibex_context.stores.postgres.migrate import recorded_embedding_dim
 from ibex_context.stores.postgres.pool import store_errors
 
-# The partitions' graphs' parameters (migration 0010).
+# The partitions' graphs' parameters (migration 0010), and the agents' own graphs' before 0019.
 GRAPH_OPTIONS = "m = 32, ef_construction = 128"
+# An agent's own graph (migration 0019): its vectors in half precision, each linked to more
+# neighbours. On 100k MiniLM memories of one agent, at ef_search 200: recall@50 0.978 mean /
+# 0.90 p5 in 8.3 ms, against 0.943 / 0.72 in 7.0 ms for the previous graph (which needed
+# ef_search 400, 13.7 ms, for 0.969 / 0.84); 164 MB against 212 MB (ADR-0015).
+AGENT_GRAPH_OPTIONS = "m = 48, ef_construction = 256"
 
 _CLAIM_SQL = """
     INSERT INTO agent_graphs AS g (org_id, agent_id, index_name) VALUES ($1, $2, $3)
@@ -34,6 +42,7 @@ _CLAIM_SQL = """
         WHERE NOT g.ready AND g.requested_at < now() - $4::interval
     RETURNING true
 """
+_READY_SQL = "UPDATE agent_graphs SET ready = true, halfvec = true WHERE org_id = $1 AND agent_id = $2"
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
 _GROWN_SQL = """
     SELECT s.org_id::text, s.agent_id::text FROM memory_stats AS s
@@ -41,11 +50,19 @@ _GROWN_SQL = """
       AND NOT EXISTS (SELECT 1 FROM agent_graphs AS g WHERE g.org_id = s.org_id AND g.agent_id = s.agent_id)
     ORDER BY s.memories DESC
 """
-AGENT_STATE_SQL = """
+# The agent's memory count and the plan that searches its own graph once that is ready
+# (``ColdPlan.AGENT_HALFVEC`` or, built before migration 0019, ``ColdPlan.AGENT``), else NULL.
+AGENT_STATE_SQL: str = f"""
     SELECT s.memories,
-           coalesce((SELECT g.ready FROM agent_graphs AS g WHERE g.org_id = $1 AND g.agent_id = $2), false)
+           (SELECT CASE WHEN g.halfvec THEN '{ColdPlan.AGENT_HALFVEC.value}' ELSE '{ColdPlan.AGENT.value}' END
+            FROM agent_graphs AS g WHERE g.org_id = $1 AND g.agent_id = $2 AND g.ready)
     FROM memory_stats AS s WHERE s.org_id = $1 AND s.agent_id = $2
 """
+
+
+def own_graph_plan(state: asyncpg.Record | None) -> ColdPlan | None:
+    """The plan of the agent's own graph from its ``AGENT_STATE_SQL`` row (None: none ready)."""
+    return ColdPlan(state[1]) if state is not None and state[1] is not None else None
 
 
 def graph_index_name(org: uuid.UUID, agent: uuid.UUID) -> str:
@@ -75,21 +92,21 @@ class AgentGraphs:
             built = False
             try:
                 partition = await conn.fetchval(_PARTITION_SQL, org, agent)
-                if partition is not None:
+                dim = await recorded_embedding_dim(conn)
+                if partition is not None and dim is not None:
                     # A build takes seconds to minutes: past the pool's statement timeout.
                     await conn.execute("SET statement_timeout = 0")
                     try:
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
                         await conn.execute(
                             f"CREATE INDEX CONCURRENTLY {name} ON {partition}"
-                            f" USING hnsw (embedding vector_cosine_ops) WITH ({GRAPH_OPTIONS})"
+                            f" USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops)"
+                            f" WITH ({AGENT_GRAPH_OPTIONS})"
                             f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
                         )
                     finally:
                         await conn.execute("RESET statement_timeout")
-                    await conn.execute(
-                        "UPDATE agent_graphs SET ready = true WHERE org_id = $1 AND agent_id = $2", org, agent
-                    )
+                    await conn.execute(_READY_SQL, org, agent)
                     built = True
             finally:
                 if not built:

@@ -18,14 +18,15 @@ from ibex_context.candidates import Candidates
 from ibex_context.models import FloatVector
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder, as_uuid, decode_vectors
-from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL
+from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, own_graph_plan
 from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, candidate_columns
 
 
 # The nearest rows come from the plan's function (``ibex_cold_exact`` or
 # ``ibex_cold_hnsw``, migration 0008, each with its plan fixed by its settings;
-# ``ibex_cold_agent``, 0013, the agent's own graph; ``stores.cold_plan`` chooses),
+# ``ibex_cold_agent_halfvec``, 0019, or ``ibex_cold_agent``, 0013, the agent's own
+# graph; ``stores.cold_plan`` chooses),
 # then each of those K rows looks up its counters by primary key. The
 # lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
 # join it could plan as a hash join over the agent's whole usage table (a generic
@@ -150,10 +151,10 @@ class MemorySearches:
         async with (on or self._pool).acquire() as conn:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(
-                size, self._exact_max_memories, own_graph=self._agent_sizes.has_own_graph((org, agent))
+                size, self._exact_max_memories, own_graph=self._agent_sizes.own_graph((org, agent))
             )
             statement = (SEARCH_WITH_VECTORS_SQL if with_vectors else SEARCH_ARRAYS_SQL)[plan]
-            ef_search = self._graph_width.for_agent(size, limit)
+            ef_search = self._graph_width.for_agent(size, limit, plan)
             if plan is not ColdPlan.EXACT and ef_search != self._ef_search:
                 # A large agent, or more rows than the session's ef_search: for this search only.
                 async with conn.transaction():
@@ -185,7 +186,7 @@ class MemorySearches:
         if size is None:
             row = await conn.fetchrow(AGENT_SIZE_SQL, org, agent)
             size = int(row[0]) if row is not None else 0
-            self._agent_sizes.put(key, size, own_graph=row is not None and bool(row[1]))
+            self._agent_sizes.put(key, size, own_graph=own_graph_plan(row))
         return size
 
     @store_errors

@@ -149,6 +149,8 @@ class PostgresMemoryStore:
                 ef_search=settings.hnsw_ef_search,
                 large_agent_ef_search=settings.hnsw_ef_search_large_agents,
                 large_agent_memories=settings.cold_large_agent_memories,
+                own_graph_ef_search=settings.hnsw_ef_search_own_graph,
+                own_graph_large_agent_ef_search=settings.hnsw_ef_search_own_graph_large_agents,
             ),
         )
 
