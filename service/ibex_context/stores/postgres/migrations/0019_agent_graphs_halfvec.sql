@@ -14,7 +14,11 @@
 --
 -- Graphs built before this migration stay as they are and are still searched through
 -- ibex_cold_agent; agent_graphs.halfvec says which kind each agent has (set when its
--- build finishes), and the store picks the function from it (stores.cold_plan).
+-- build finishes), and the store picks the function from it (stores.cold_plan). During a
+-- rollout a process of the previous build searches a new graph's agent through
+-- ibex_cold_agent, which cannot use a halfvec index: it walks the partition's graph, as
+-- before the agent had one of its own (slower, still the agent's nearest memories), until
+-- the process is replaced.
 
 ALTER TABLE agent_graphs ADD COLUMN IF NOT EXISTS halfvec boolean NOT NULL DEFAULT false;
 
