@@ -128,7 +128,8 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
         for (name, labels), value in values(metrics).items()
         if name == "ibex_context_cold_search_plans_total"
     }
-    assert plans == {"exact": 1, "hnsw": 2, "agent": 0, OTHER: 1}  # every plan a series from the start
+    # Every plan a series from the start.
+    assert plans == {"exact": 1, "hnsw": 2, "agent_halfvec": 0, "agent": 0, OTHER: 1}
 
 
 def test_calls_searched_with_the_stand_ins_vector_are_counted() -> None:
