@@ -42,6 +42,7 @@ from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan
 from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
+from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, own_graph_plan
 
 from loadtest import corpus
 from loadtest.vectors import VectorShape, fitted_shape
@@ -192,9 +193,12 @@ async def measure(
     exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
     # Agents with a graph of their own (migration 0013): that graph's cost and recall.
     own = Measured("own graph (agents that have one)")
+    # Which plan searches each agent's own graph: read as the service reads it.
     with_graph = {
-        (r["org_id"], r["agent_id"]): ColdPlan.AGENT_HALFVEC if r["halfvec"] else ColdPlan.AGENT
-        for r in await conn.fetch("SELECT org_id, agent_id, halfvec FROM agent_graphs WHERE ready")
+        (agent["org_id"], agent["agent_id"]): own_graph_plan(
+            await conn.fetchrow(AGENT_STATE_SQL, agent["org_id"], agent["agent_id"])
+        )
+        for agent in agents
     }
     # A mixed data set also gets the rows of each agent size apart: the service's plan
     # differs by size, and so do its cost and recall.
