@@ -200,8 +200,7 @@ def statement_classifier() -> Callable[[str], str]:
     from ibex_context.stores.postgres import reads, searches
 
     known = {
-        searches.SEARCH_ARRAYS_SQL[ColdPlan.EXACT]: "vector search (exact plan)",
-        searches.SEARCH_ARRAYS_SQL[ColdPlan.HNSW]: "vector search (HNSW plan)",
+        **{searches.SEARCH_ARRAYS_SQL[plan]: f"vector search ({plan.value} plan)" for plan in ColdPlan},
         searches.LEXICAL_ARRAYS_SQL: "lexical search (BM25)",
         searches.AGENT_SIZE_SQL: "agent size (memory_stats)",
         reads.DIRECTIVE_SQL: "directive read (cache fill)",

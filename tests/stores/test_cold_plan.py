@@ -101,3 +101,7 @@ def test_the_least_recently_used_agent_leaves_a_full_cache_first() -> None:
     sizes.put(("o", "c"), 3)
     assert sizes.get(("o", "b")) is None
     assert (sizes.get(("o", "a")), sizes.get(("o", "c"))) == (1, 3)
+
+
+def test_every_plan_but_the_exact_scan_walks_a_graph_and_takes_a_width() -> None:
+    assert [plan for plan in ColdPlan if not plan.walks_graph] == [ColdPlan.EXACT]

@@ -35,6 +35,12 @@ class ColdPlan(enum.StrEnum):
     AGENT_HALFVEC = "agent_halfvec"
     AGENT = "agent"
 
+    @property
+    def walks_graph(self) -> bool:
+        """Whether the plan walks an HNSW graph, whose width the search passes
+        (``GraphSearchWidth``); the exact scan computes every distance."""
+        return self is not ColdPlan.EXACT
+
 
 def choose_plan(memories: int, exact_max_memories: int, *, own_graph: ColdPlan | None = None) -> ColdPlan:
     """The agent's own graph's plan once it has one; else exact up to ``exact_max_memories``

@@ -66,6 +66,12 @@ async def _seed(store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMem
     )
 
 
+def _width(plan: ColdPlan) -> tuple[int, ...]:
+    """The width argument a plan's function takes (migration 0020): the session's, so
+    the functions and the row statements they replaced walk alike."""
+    return (EF_SEARCH,) if plan.walks_graph else ()
+
+
 def _same(left: Sequence[Any] | None, right: Sequence[Any] | None) -> bool:
     """Arrays equal element by element (NaN, the never-injected time, equals NaN)."""
     if left is None or right is None:
@@ -95,7 +101,7 @@ async def test_each_function_returns_what_the_statement_it_replaced_returned(
                     (
                         SEARCH_ARRAYS_SQL[plan],
                         as_arrays(SEARCH_SQL[plan], ("distance",)),
-                        (*who, query, limit),
+                        (*who, query, limit, *_width(plan)),
                     )
                 )
             for words in ("Berlin trains", "seats copy 3", "nothing matches zebra"):
@@ -104,7 +110,7 @@ async def test_each_function_returns_what_the_statement_it_replaced_returned(
                 )
     for function, statement, args in cases:
         new = await one_connection.fetchrow(function, *args)
-        old = await one_connection.fetchrow(statement, *args)
+        old = await one_connection.fetchrow(statement, *args[:4])
         assert new is not None and old is not None
         assert len(new) == len(old), function
         assert all(_same(a, b) for a, b in zip(new, old, strict=True)), (function, args[2:])
@@ -124,9 +130,11 @@ async def test_with_vectors_each_plan_returns_its_arrays_and_each_winners_stored
     query = unit_vector(3)
     for plan in (ColdPlan.EXACT, ColdPlan.HNSW):
         for limit in (1, 7, 50):
-            plain = await one_connection.fetchrow(SEARCH_ARRAYS_SQL[plan], org, agent, query, limit)
+            plain = await one_connection.fetchrow(
+                SEARCH_ARRAYS_SQL[plan], org, agent, query, limit, *_width(plan)
+            )
             with_vectors = await one_connection.fetchrow(
-                SEARCH_WITH_VECTORS_SQL[plan], org, agent, query, limit
+                SEARCH_WITH_VECTORS_SQL[plan], org, agent, query, limit, *_width(plan)
             )
             assert plain is not None and with_vectors is not None
             assert all(_same(a, b) for a, b in zip(with_vectors[:-1], plain, strict=True)), (plan, limit)
@@ -174,16 +182,8 @@ async def _partition_indexes(conn: asyncpg.Connection, org: uuid.UUID, agent: uu
     return str(row["graph"])
 
 
-async def test_each_plans_function_walks_that_plans_index_though_planned_first_for_nobody(
-    postgres_dsn: str,
-    one_connection: asyncpg.Connection,
-    tenant: Tenant,
-    make_memory: MakeMemory,
-) -> None:
-    """A generic plan made on the connection's first call (a tenant with no rows) serves
-    every agent: the exact scan reads the agent's rows by its key and walks no graph, the
-    partition's graph plan walks the partition's graph once, the agent's own plan its own graph
-    and not the partition's."""
+async def _seed_with_own_graph(postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory) -> None:
+    """``LIMIT + 10`` memories of ``tenant``'s agent, which the writes give a graph of its own."""
     pool = await create_pool(postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
     store = PostgresMemoryStore(
         pool,
@@ -198,6 +198,19 @@ async def test_each_plans_function_walks_that_plans_index_though_planned_first_f
         assert await store.graphs.promote(tenant.org_id, tenant.agent_id) is False  # built by the write
     finally:
         await store.aclose()
+
+
+async def test_each_plans_function_walks_that_plans_index_though_planned_first_for_nobody(
+    postgres_dsn: str,
+    one_connection: asyncpg.Connection,
+    tenant: Tenant,
+    make_memory: MakeMemory,
+) -> None:
+    """A generic plan made on the connection's first call (a tenant with no rows) serves
+    every agent: the exact scan reads the agent's rows by its key and walks no graph, the
+    partition's graph plan walks the partition's graph once, the agent's own plan its own graph
+    and not the partition's."""
+    await _seed_with_own_graph(postgres_dsn, tenant, make_memory)
     org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
     graph = await _partition_indexes(one_connection, org, agent)
     own = graph_index_name(org, agent)
@@ -209,11 +222,44 @@ async def test_each_plans_function_walks_that_plans_index_though_planned_first_f
     for plan, scans in expected.items():
         async with one_connection.transaction():
             before = await _index_scans(one_connection, [graph, own])
-            row = await one_connection.fetchrow(SEARCH_ARRAYS_SQL[plan], org, agent, unit_vector(3), 10)
+            row = await one_connection.fetchrow(
+                SEARCH_ARRAYS_SQL[plan], org, agent, unit_vector(3), 10, *_width(plan)
+            )
             after = await _index_scans(one_connection, [graph, own])
         counted = {name: after[name] - before[name] for name in after}
         assert row is not None and len(row[0]) == 10, plan
         assert {name: counted[name] for name in scans} == scans, plan
+
+
+async def test_a_graph_search_walks_at_the_width_it_is_given_for_that_search_alone(
+    postgres_dsn: str,
+    one_connection: asyncpg.Connection,
+    tenant: Tenant,
+    make_memory: MakeMemory,
+) -> None:
+    """The width argument (migration 0020) is the search's ``hnsw.ef_search``: without
+    iterative scans a graph returns the rows of at most that many vectors (the seed's
+    memories come in pairs with one vector, which pgvector keeps as one element). It
+    holds for that search alone: the caller's setting is the same afterwards, inside the
+    caller's transaction too (where a ``SET LOCAL`` would have lasted to its end)."""
+    await _seed_with_own_graph(postgres_dsn, tenant, make_memory)
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    found: dict[int, set[int]] = {}
+    async with one_connection.transaction():
+        await one_connection.execute("SET LOCAL hnsw.iterative_scan = off")
+        for width in (3, 7, 25):
+            for statements in (SEARCH_ARRAYS_SQL, SEARCH_WITH_VECTORS_SQL):
+                row = await one_connection.fetchrow(
+                    statements[ColdPlan.AGENT_HALFVEC], org, agent, unit_vector(3), 20, width
+                )
+                assert row is not None
+                found.setdefault(width, set()).add(len(row[0]))
+            assert await one_connection.fetchval("SHOW hnsw.ef_search") == str(EF_SEARCH)
+    # The connection's 64 would give 20 rows every time.
+    assert len(found[3]) == len(found[7]) == 1, found
+    (narrow,), (wider,) = found[3], found[7]
+    assert 3 <= narrow <= 6 and 7 <= wider <= 14, found
+    assert found[25] == {20}, found
 
 
 async def test_the_functions_generic_plans_probe_every_row_by_its_primary_key(
@@ -228,7 +274,7 @@ async def test_the_functions_generic_plans_probe_every_row_by_its_primary_key(
         "SELECT proname, prosrc, proargnames[1:pronargs] AS inputs, proconfig,"
         " ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t) AS types FROM pg_proc"
         " WHERE proname IN ('ibex_cold_exact_arrays', 'ibex_cold_hnsw_arrays', 'ibex_cold_agent_arrays',"
-        " 'ibex_bm25_arrays')"
+        " 'ibex_bm25_arrays') AND pronargs = 4"  # not the graph searches' width wrappers (0020)
     )
     assert len(functions) == 4
     for function in functions:

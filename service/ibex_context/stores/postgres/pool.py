@@ -6,9 +6,10 @@ before it is warm, whether it was opened at start, to grow the pool, or to repla
 that broke) with session settings:
 
 * ``hnsw.ef_search``: HNSW returns at most ef_search rows, so a smaller value
-  silently truncates the top K. A search asking for more, or of a large agent
-  (``stores.cold_plan.GraphSearchWidth``), sets its own with ``SET LOCAL`` for that
-  one transaction.
+  silently truncates the top K. The service's graph searches do not read it: each
+  passes its own width (``stores.cold_plan.GraphSearchWidth``) to its function, which
+  sets it for that search alone (migration 0020); the session value serves statements
+  run by hand and the benchmarks' row statements.
 * ``hnsw.iterative_scan = relaxed_order``: with the tenant filter applied after the
   index scan, the scan continues until LIMIT rows pass the filter. Rows may come
   back slightly out of order; the vector search re-sorts them by distance.

@@ -45,19 +45,27 @@ def _search_sql(plan: ColdPlan) -> str:
 
 # Public: benchmarks/cold_plans.py times exactly these statements (the rows).
 SEARCH_SQL: Mapping[ColdPlan, str] = {plan: _search_sql(plan) for plan in ColdPlan}
+
+
+def _function_call(plan: ColdPlan, suffix: str) -> str:
+    """The bare call of the plan's function: (org, agent, query, limit), and for a plan
+    that walks a graph its width, ``hnsw.ef_search`` (migration 0020: the function sets
+    it for the search alone, no transaction or session setting around it)."""
+    width = ", $5" if plan.walks_graph else ""
+    return f"SELECT * FROM ibex_cold_{plan.value}_{suffix}($1, $2, $3, $4{width})"
+
+
 # What the store runs: ``ibex_cold_<plan>_arrays`` (migration 0015) is ``SEARCH_SQL``
 # aggregated by ``rows.as_arrays`` with ``distance`` (tested equal), in a SQL function
 # whose settings keep its plan generic. The pool's ``force_custom_plan`` then replans only
 # this bare call (the rows' plan cannot depend on the agent: the plan's function fixes the
 # ranking, every other read is a primary-key probe): 90 us less backend CPU a search.
-SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {
-    plan: f"SELECT * FROM ibex_cold_{plan.value}_arrays($1, $2, $3, $4)" for plan in ColdPlan
-}
+SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {plan: _function_call(plan, "arrays") for plan in ColdPlan}
 # The same searches with the winners' vectors (migration 0018), for a call that scores
 # them with a query vector other than the one it searched with (the static table's first
 # stage, ``pipeline.retrieval``).
 SEARCH_WITH_VECTORS_SQL: Mapping[ColdPlan, str] = {
-    plan: f"SELECT * FROM ibex_cold_{plan.value}_arrays_with_vectors($1, $2, $3, $4)" for plan in ColdPlan
+    plan: _function_call(plan, "arrays_with_vectors") for plan in ColdPlan
 }
 # Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
@@ -98,8 +106,9 @@ LEXICAL_ARRAYS_SQL = "SELECT * FROM ibex_bm25_arrays($1, $2, $3, $4)"
 class MemorySearches:
     """The vector and the lexical search of one agent's memories (``ColdMemorySearch``).
 
-    ``ef_search`` must equal the pool's session setting (``pool.create_pool``);
-    searches with a larger limit, or of a large agent, raise it per transaction.
+    Each graph search passes its width (``hnsw.ef_search``) from ``graph_width`` for the
+    agent's size and plan, never below its limit; without ``graph_width`` every graph
+    search keeps ``ef_search``. The connections' session setting plays no part.
     """
 
     def __init__(
@@ -113,8 +122,6 @@ class MemorySearches:
         token_counts: TokenCountsDecoder | None = None,
     ) -> None:
         self._pool = pool
-        self._ef_search = ef_search
-        # Without one, every agent's graph search keeps the session's ef_search.
         self._graph_width = graph_width or GraphSearchWidth(ef_search, ef_search, 0)
         self._exact_max_memories = exact_max_memories
         self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
@@ -124,8 +131,10 @@ class MemorySearches:
     async def prepare(conn: asyncpg.Connection, probe: FloatVector) -> None:
         """Runs the searches' statements on ``conn`` for a tenant that does not exist."""
         nobody = uuid.UUID(int=0)
-        for statement in (*SEARCH_ARRAYS_SQL.values(), *SEARCH_WITH_VECTORS_SQL.values()):
-            await conn.fetch(statement, nobody, nobody, probe, 1)
+        for plan in ColdPlan:
+            width = (1,) if plan.walks_graph else ()
+            for statements in (SEARCH_ARRAYS_SQL, SEARCH_WITH_VECTORS_SQL):
+                await conn.fetch(statements[plan], nobody, nobody, probe, 1, *width)
         await conn.fetchrow(AGENT_SIZE_SQL, nobody, nobody)
         await conn.fetch(LEXICAL_ARRAYS_SQL, nobody, nobody, "warm up", 1)
 
@@ -154,14 +163,8 @@ class MemorySearches:
                 size, self._exact_max_memories, own_graph=self._agent_sizes.own_graph((org, agent))
             )
             statement = (SEARCH_WITH_VECTORS_SQL if with_vectors else SEARCH_ARRAYS_SQL)[plan]
-            ef_search = self._graph_width.for_agent(size, limit, plan)
-            if plan is not ColdPlan.EXACT and ef_search != self._ef_search:
-                # A large agent, or more rows than the session's ef_search: for this search only.
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-                    row = await conn.fetchrow(statement, org, agent, embedding, limit)
-            else:
-                row = await conn.fetchrow(statement, org, agent, embedding, limit)
+            width = (self._graph_width.for_agent(size, limit, plan),) if plan.walks_graph else ()
+            row = await conn.fetchrow(statement, org, agent, embedding, limit, *width)
         if row is None or row[0] is None:  # no rows: every aggregate is NULL
             return ColdMatches.of(Candidates.empty(), plan)
         (distances, *embeddings), found = candidate_columns(row, self._token_counts)

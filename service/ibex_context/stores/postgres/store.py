@@ -68,7 +68,9 @@ class PostgresMemoryStore:
 
     Injection counters live in ``memory_usage`` (migration 0003), LEFT JOINed by every
     memory read; recording injections never rewrites a ``memories`` row.
-    ``ef_search`` must equal the pool's session setting (see ``create_pool``).
+    ``ef_search``: the pool's session setting (see ``create_pool``), given to the pools
+    this store opens (a read replica's); graph searches pass their own width
+    (``graph_width``).
     """
 
     def __init__(
