@@ -14,6 +14,7 @@ import asyncpg
 import redis.asyncio as aioredis
 from ibex_context.devtools.embedded import (
     RedisProcess,
+    _fallback_for,
     _postgres_data_root,
     embedded_stores,
     start_redis,
@@ -83,6 +84,35 @@ def test_a_path_other_users_cannot_traverse_falls_back_under_tmp(tmp_path: Path)
         assert root == _postgres_data_root(private / "data")[0]  # stable for the same path
     else:
         assert not is_fallback and root == private / "data"
+
+
+def test_a_fallback_whose_data_dir_is_gone_is_removed_when_the_next_is_claimed(tmp_path: Path) -> None:
+    """A fallback is named after its data dir's inode: once that dir is deleted nothing
+    can reach the cluster again, so claiming the next fallback under the same parent
+    removes it. One whose dir remains, one whose server still runs, and one without a
+    record of its dir (being created, or older) stay."""
+    parent = tmp_path / "tmp"
+    owners = {name: tmp_path / name for name in ("gone", "kept", "running")}
+    for owner in owners.values():
+        owner.mkdir()
+    fallbacks = {name: _fallback_for(owner / "data", parent) for name, owner in owners.items()}
+    for fallback in fallbacks.values():
+        (fallback / "postgres").mkdir()
+        (fallback / "postgres" / "PG_VERSION").write_text("18\n")
+    running_pid = fallbacks["running"] / "postgres" / "postmaster.pid"
+    running_pid.write_text(f"{os.getpid()}\n{fallbacks['running']}\n")
+    unrecorded = parent / "ibex-pgdata-0123456789abcdef"
+    unrecorded.mkdir()
+    owners["gone"].rmdir()
+    owners["running"].rmdir()
+
+    claimed = _fallback_for(tmp_path / "next" / "data", parent)
+
+    assert not fallbacks["gone"].exists()
+    assert fallbacks["kept"].exists() and fallbacks["running"].exists() and unrecorded.exists()
+    assert claimed.exists() and claimed != fallbacks["kept"]
+    # The same dir, the same cluster.
+    assert _fallback_for(owners["kept"] / "data", parent) == fallbacks["kept"]
 
 
 def test_embedded_stores_start_both_and_stop_both(tmp_path: Path) -> None:

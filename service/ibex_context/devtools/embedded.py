@@ -269,16 +269,71 @@ def _postgres_data_root(data_dir: Path) -> tuple[Path, bool]:
     """
     if os.geteuid() != 0 or _traversable_by_others(data_dir):
         return data_dir, False
-    # The inode tells a re-created directory of the same name from the old one.
-    existing = next(p for p in [data_dir, *data_dir.parents] if p.exists())
-    digest = hashlib.sha256(f"{data_dir}-{existing.stat().st_ino}".encode()).hexdigest()[:16]
-    fallback = Path("/tmp") / f"ibex-pgdata-{digest}"
+    fallback = _fallback_for(data_dir, Path("/tmp"))
     _log.warning(
         "postgres data dir is not traversable by the 'pgserver' user; using %s instead of %s",
         fallback,
         data_dir,
     )
     return fallback, True
+
+
+# In a fallback directory: the inode and path of the directory its name was derived from.
+_FALLBACK_OWNER = "ibex-requested-dir"
+
+
+def _fallback_for(data_dir: Path, parent: Path) -> Path:
+    """The fallback directory under ``parent`` standing for ``data_dir``, claimed for it,
+    after removing the fallbacks nothing can reach any more.
+
+    The name comes from the path and the inode of ``data_dir`` (or of its nearest existing
+    ancestor), so a directory re-created under the same name gets a new cluster, and the
+    old one could never be reached again: without the pruning every test run and
+    benchmark with a private temporary data dir left a 77 MB cluster in /tmp behind.
+    """
+    existing = next(p for p in [data_dir, *data_dir.parents] if p.exists())
+    inode = existing.stat().st_ino
+    digest = hashlib.sha256(f"{data_dir}-{inode}".encode()).hexdigest()[:16]
+    fallback = parent / f"ibex-pgdata-{digest}"
+    _remove_unreachable_fallbacks(parent, keep=fallback)
+    fallback.mkdir(parents=True, exist_ok=True)
+    (fallback / _FALLBACK_OWNER).write_text(f"{inode}\n{existing}\n")
+    return fallback
+
+
+def _remove_unreachable_fallbacks(parent: Path, *, keep: Path) -> None:
+    """Removes each fallback under ``parent`` whose directory is gone (or is another one
+    by now) and whose server is not running. A fallback with no record (being created, or
+    made before records were kept) is left alone."""
+    for candidate in parent.glob("ibex-pgdata-*"):
+        if candidate == keep:
+            continue
+        try:
+            inode, owner = (candidate / _FALLBACK_OWNER).read_text().splitlines()[:2]
+            recorded = int(inode)
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(OSError):
+            if Path(owner).stat().st_ino == recorded:
+                continue  # still reachable
+        if _postmaster_running(candidate / "postgres"):
+            continue
+        _log.info("removing a postgres fallback whose data dir is gone", extra={"path": str(candidate)})
+        shutil.rmtree(candidate, ignore_errors=True)
+
+
+def _postmaster_running(pgdata: Path) -> bool:
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class PostgresProcess:
