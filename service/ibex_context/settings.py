@@ -286,6 +286,15 @@ class Settings(BaseSettings):
         " built concurrently): its searches then walk only its own vectors (migration 0013). Builds"
         " queue for one connection of their own per process, never a request connection.",
     )
+    graph_build_memory_mb: int = _f(
+        1024,
+        "The most memory one build of an agent's own graph may take (its maintenance_work_mem):"
+        " a build asks for ~4 kB a memory of the agent, up to this. A graph that outgrows it is"
+        " finished on disk, many times slower (PostgreSQL's default 64 MB holds ~35k memories'"
+        " graph: benchmarks/results/large-agents-2026-12-06.md).",
+        ge=64,
+        le=65536,
+    )
     graph_build_parallel_workers: int = _f(
         0,
         "Parallel workers PostgreSQL may add to one agent's graph build (its"

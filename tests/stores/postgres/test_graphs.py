@@ -11,7 +11,7 @@ import pytest
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
-from ibex_context.stores.postgres.graphs import GRAPH_OPTIONS, graph_index_name
+from ibex_context.stores.postgres.graphs import GRAPH_OPTIONS, AgentGraphs, build_memory_mb, graph_index_name
 from ibex_context.stores.postgres.pool import GRAPH_BUILD_APPLICATION
 
 from tests.conftest import TEST_EMBEDDING_DIM, Tenant
@@ -171,6 +171,54 @@ async def test_a_graph_build_gets_parallel_workers_only_when_configured(
         assert await pool.fetchval("SHOW max_parallel_maintenance_workers") == str(workers)
     finally:
         await pool.close()
+
+
+def test_a_build_asks_for_the_memory_its_agents_graph_needs_within_the_cap() -> None:
+    # PostgreSQL's default 64 MB at least; ~4 kB a memory; never past the cap.
+    assert build_memory_mb(5_000, 1024) == 64
+    assert build_memory_mb(100_000, 1024) == 391
+    assert build_memory_mb(1_000_000, 1024) == 1024
+    assert build_memory_mb(1_000_000, 8192) == 3907
+
+
+async def test_a_build_runs_with_its_memory_and_leaves_the_connections_setting_as_it_was(
+    postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """pgvector finishes a graph on disk, many times slower, once it outgrows
+    maintenance_work_mem (PostgreSQL's default 64 MB: a 100k-memory agent's graph took ~4x as
+    long): each build sets its own for its statement and resets it after."""
+    statements: list[str] = []
+    pool = await asyncpg.create_pool(
+        postgres_dsn,
+        min_size=1,
+        max_size=1,
+        init=lambda connection: _log_queries(connection, statements),
+    )
+    try:
+        plain = PostgresMemoryStore(
+            await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=EF_SEARCH), ef_search=EF_SEARCH
+        )
+        try:
+            await plain.upsert_memories(
+                tenant.org_id,
+                tenant.agent_id,
+                [make_memory(f"m {i}", embedding=unit_vector(i)) for i in range(LIMIT + 3)],
+            )
+        finally:
+            await plain.aclose()
+        graphs = AgentGraphs(pool, min_memories=LIMIT, build_memory_mb=96)
+        assert await graphs.promote(tenant.org_id, tenant.agent_id)
+        sets = [q for q in statements if "maintenance_work_mem" in q]
+        build = next(i for i, q in enumerate(statements) if q.startswith("CREATE INDEX CONCURRENTLY"))
+        assert sets == ["SET maintenance_work_mem = '64MB'", "RESET maintenance_work_mem"]
+        assert statements.index(sets[0]) < build < statements.index(sets[1])
+        assert await pool.fetchval("SHOW maintenance_work_mem") == "64MB"
+    finally:
+        await pool.close()
+
+
+async def _log_queries(connection: asyncpg.Connection, statements: list[str]) -> None:
+    connection.add_query_logger(lambda record: statements.append(record.query))
 
 
 async def test_a_promotion_is_claimed_once_and_a_stale_claim_is_taken_over(

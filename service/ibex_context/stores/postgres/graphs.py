@@ -42,6 +42,7 @@ _CLAIM_SQL = """
         WHERE NOT g.ready AND g.requested_at < now() - $4::interval
     RETURNING true
 """
+_MEMORIES_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
 _READY_SQL = "UPDATE agent_graphs SET ready = true, halfvec = true WHERE org_id = $1 AND agent_id = $2"
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
 _GROWN_SQL = """
@@ -70,15 +71,39 @@ def graph_index_name(org: uuid.UUID, agent: uuid.UUID) -> str:
     return "memories_agent_" + hashlib.sha256(org.bytes + agent.bytes).hexdigest()[:16]
 
 
+# What a build asks for per memory of the agent (maintenance_work_mem): pgvector holds the
+# graph in memory while it fits, ~2.5 kB an element at 384 dimensions in half precision with
+# m 48 (the vector, 96 neighbours on the lowest layer), with a margin.
+BUILD_BYTES_PER_MEMORY = 4096
+# PostgreSQL's smallest useful maintenance_work_mem for a build (and its default).
+MIN_BUILD_MEMORY_MB = 64
+DEFAULT_BUILD_MEMORY_MB = 1024
+
+
+def build_memory_mb(memories: int, cap_mb: int) -> int:
+    """maintenance_work_mem for a build of ``memories`` memories' graph: enough to hold it
+    (past that pgvector finishes the graph on disk, many times slower), at most ``cap_mb``."""
+    need = -(-memories * BUILD_BYTES_PER_MEMORY // 2**20)
+    return max(MIN_BUILD_MEMORY_MB, min(cap_mb, need))
+
+
 class AgentGraphs:
-    """Builds and records large agents' own graphs, through the primary's pool."""
+    """Builds and records large agents' own graphs, through the primary's pool.
+
+    ``build_memory_mb``: the most memory one build may take (``build_memory_mb``)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, *, min_memories: int, stale_after: timedelta = timedelta(hours=1)
+        self,
+        pool: asyncpg.Pool,
+        *,
+        min_memories: int,
+        stale_after: timedelta = timedelta(hours=1),
+        build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
     ) -> None:
         self._pool = pool
         self.min_memories = min_memories
         self._stale_after = stale_after
+        self._build_memory_mb = build_memory_mb
 
     @store_errors
     async def promote(self, org_id: str, agent_id: str) -> bool:
@@ -96,6 +121,9 @@ class AgentGraphs:
                 if partition is not None and dim is not None:
                     # A build takes seconds to minutes: past the pool's statement timeout.
                     await conn.execute("SET statement_timeout = 0")
+                    memories = await conn.fetchval(_MEMORIES_SQL, org, agent) or 0
+                    memory_mb = build_memory_mb(int(memories), self._build_memory_mb)
+                    await conn.execute(f"SET maintenance_work_mem = '{memory_mb}MB'")
                     try:
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
                         await conn.execute(
@@ -106,6 +134,7 @@ class AgentGraphs:
                         )
                     finally:
                         await conn.execute("RESET statement_timeout")
+                        await conn.execute("RESET maintenance_work_mem")
                     await conn.execute(_READY_SQL, org, agent)
                     built = True
             finally:

@@ -35,7 +35,7 @@ from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
-from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, AgentGraphs
+from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, DEFAULT_BUILD_MEMORY_MB, AgentGraphs
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
@@ -83,6 +83,7 @@ class PostgresMemoryStore:
         graph_width: GraphSearchWidth | None = None,
         agent_graphs: bool = False,
         graph_pool: asyncpg.Pool | None = None,
+        graph_build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
         quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
     ) -> None:
@@ -111,7 +112,9 @@ class PostgresMemoryStore:
         # Builds run on ``graph_pool`` (one connection: one build at a time per
         # process), never on a request connection: a build holds its connection for
         # seconds to minutes, and 16 of them had filled the request pool.
-        self.graphs = AgentGraphs(graph_pool or pool, min_memories=exact_max_memories)
+        self.graphs = AgentGraphs(
+            graph_pool or pool, min_memories=exact_max_memories, build_memory_mb=graph_build_memory_mb
+        )
         # Agents whose size is to be checked (and graph built), in order; one task works
         # through them.
         self._promotions: dict[tuple[str, str], None] = {}
@@ -147,6 +150,7 @@ class PostgresMemoryStore:
             ef_search=ef_search,
             exact_max_memories=settings.cold_exact_max_memories,
             agent_graphs=settings.cold_agent_graphs,
+            graph_build_memory_mb=settings.graph_build_memory_mb,
             graph_width=GraphSearchWidth(
                 ef_search=settings.hnsw_ef_search,
                 large_agent_ef_search=settings.hnsw_ef_search_large_agents,
