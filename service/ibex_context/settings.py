@@ -290,8 +290,8 @@ class Settings(BaseSettings):
         1024,
         "The most memory one build of an agent's own graph may take (its maintenance_work_mem):"
         " a build asks for ~4 kB a memory of the agent, up to this. A graph that outgrows it is"
-        " finished on disk, many times slower (PostgreSQL's default 64 MB holds ~35k memories'"
-        " graph: benchmarks/results/large-agents-2026-12-06.md).",
+        " finished on disk, many times slower (PostgreSQL's default 64 MB holds ~25k memories'"
+        " graph in half precision at m 48: benchmarks/results/large-agents-2026-12-06.md).",
         ge=64,
         le=65536,
     )
