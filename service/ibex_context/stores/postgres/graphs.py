@@ -42,7 +42,6 @@ _CLAIM_SQL = """
         WHERE NOT g.ready AND g.requested_at < now() - $4::interval
     RETURNING true
 """
-_MEMORIES_SQL = "SELECT memories FROM memory_stats WHERE org_id = $1 AND agent_id = $2"
 _READY_SQL = "UPDATE agent_graphs SET ready = true, halfvec = true WHERE org_id = $1 AND agent_id = $2"
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
 _GROWN_SQL = """
@@ -121,7 +120,8 @@ class AgentGraphs:
                 if partition is not None and dim is not None:
                     # A build takes seconds to minutes: past the pool's statement timeout.
                     await conn.execute("SET statement_timeout = 0")
-                    memories = await conn.fetchval(_MEMORIES_SQL, org, agent) or 0
+                    # The agent's size from the state query the searches read.
+                    memories = await conn.fetchval(AGENT_STATE_SQL, org, agent) or 0
                     memory_mb = build_memory_mb(int(memories), self._build_memory_mb)
                     await conn.execute(f"SET maintenance_work_mem = '{memory_mb}MB'")
                     try:
