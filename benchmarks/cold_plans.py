@@ -15,10 +15,10 @@ connection, sequential, after a warm-up round of at least 30 calls), and writes
 
 * **exact**: ``ibex_cold_exact``: the agent's rows by the tenant key, every distance
   computed, top-K sorted;
-* **HNSW**: ``ibex_cold_hnsw``: the agent's partition's HNSW graph, filtered by tenant
-  with iterative scan; recall@50 against the exact answer of the same query;
-* **service**: the plan ``choose_plan`` picks from the agent's ``memory_stats`` count
-  (counted per plan).
+* **own graph**: for agents that have one (``stores.postgres.graphs``), the walk of
+  their graph; recall@50 against the exact answer of the same query;
+* **service**: the plan ``choose_plan`` picks (the agent's own graph once ready, else
+  exact; counted per plan).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan
-from ibex_context.stores.postgres import DEFAULT_EXACT_MAX_MEMORIES, SEARCH_SQL, create_pool
+from ibex_context.stores.postgres import SEARCH_SQL, create_pool
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, own_graph_plan
 
 from loadtest import corpus
@@ -137,7 +137,6 @@ async def measure(
     conn: asyncpg.Connection,
     agents: list[asyncpg.Record],
     calls: int,
-    exact_max: int,
     dim: int,
     queries: str,
     width: GraphSearchWidth,
@@ -186,13 +185,6 @@ async def measure(
             vector = rng.standard_normal(dim).astype(np.float32)
         return np.asarray(vector / np.linalg.norm(vector), dtype=np.float32)
 
-    for i in range(max(len(agents), WARM_UP_CALLS)):
-        agent = agents[i % len(agents)]
-        for plan in ColdPlan:
-            await _timed(conn, plan, agent, query(agent), width, width.ef_search)
-    exact, hnsw, service = Measured("exact"), Measured("HNSW"), Measured("service's choice")
-    # Agents with a graph of their own (migration 0013): that graph's cost and recall.
-    own = Measured("own graph (agents that have one)")
     # Which plan searches each agent's own graph: read as the service reads it.
     with_graph = {
         (agent["org_id"], agent["agent_id"]): own_graph_plan(
@@ -200,42 +192,38 @@ async def measure(
         )
         for agent in agents
     }
-    # A mixed data set also gets the rows of each agent size apart: the service's plan
-    # differs by size, and so do its cost and recall.
-    sizes = sorted({int(agent["memories"]) for agent in agents})
-    by_size = {
-        size: (
-            Measured(f"HNSW, {size:,}-memory agents"),
-            Measured(f"service's choice, {size:,}-memory agents"),
-        )
-        for size in (sizes if len(sizes) > 1 else [])
-    }
-    exact.plans["exact"] = hnsw.plans["hnsw"] = len(agents)
 
     def own_graph(agent: asyncpg.Record) -> ColdPlan | None:
         return with_graph.get((agent["org_id"], agent["agent_id"]))
 
+    for i in range(max(len(agents), WARM_UP_CALLS)):
+        agent = agents[i % len(agents)]
+        for plan in {ColdPlan.EXACT, choose_plan(own_graph(agent))}:
+            await _timed(conn, plan, agent, query(agent), width, width.ef_search)
+    exact, service = Measured("exact"), Measured("service's choice")
+    # Agents with a graph of their own (migration 0013): that graph's cost and recall.
+    own = Measured("own graph (agents that have one)")
+    # A mixed data set also gets the rows of each agent size apart: the service's plan
+    # differs by size, and so do its cost and recall.
+    sizes = sorted({int(agent["memories"]) for agent in agents})
+    mixed = sizes if len(sizes) > 1 else []
+    by_size = {size: Measured(f"service's choice, {size:,}-memory agents") for size in mixed}
+    exact.plans["exact"] = len(agents)
     for agent in agents:
-        chosen = choose_plan(agent["memories"], exact_max, own_graph=own_graph(agent))
+        chosen = choose_plan(own_graph(agent))
         service.plans[chosen.value] += 1
-        if own_graph(agent) is not None:
+        if chosen is not ColdPlan.EXACT:
             own.plans[chosen.value] += 1
         if agent["memories"] in by_size:
-            by_size[agent["memories"]][0].plans["hnsw"] += 1
-            by_size[agent["memories"]][1].plans[chosen.value] += 1
+            by_size[agent["memories"]].plans[chosen.value] += 1
     for _ in range(calls):
         for agent in agents:
             q = query(agent)
             exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q, width, width.ef_search)
-            hnsw_ms, found = await _timed(conn, ColdPlan.HNSW, agent, q, width, width.ef_search)
             exact.milliseconds.append(exact_ms)
-            hnsw.milliseconds.append(hnsw_ms)
-            matched = recall(truth, found)
-            hnsw.recall.append(matched)
-            chosen = choose_plan(agent["memories"], exact_max, own_graph=own_graph(agent))
-            chosen_ms = exact_ms if chosen is ColdPlan.EXACT else hnsw_ms
-            chosen_recall = 1.0 if chosen is ColdPlan.EXACT else matched
-            if chosen in (ColdPlan.AGENT, ColdPlan.AGENT_HALFVEC):
+            chosen = choose_plan(own_graph(agent))
+            chosen_ms, chosen_recall = exact_ms, 1.0
+            if chosen is not ColdPlan.EXACT:
                 chosen_ms, found = await _timed(conn, chosen, agent, q, width, width.ef_search)
                 chosen_recall = recall(truth, found)
                 own.milliseconds.append(chosen_ms)
@@ -243,23 +231,12 @@ async def measure(
             service.milliseconds.append(chosen_ms)
             service.recall.append(chosen_recall)
             if agent["memories"] in by_size:
-                graph, choice = by_size[agent["memories"]]
-                graph.milliseconds.append(hnsw_ms)
-                graph.recall.append(matched)
-                choice.milliseconds.append(chosen_ms)
-                choice.recall.append(chosen_recall)
-    return [
-        exact,
-        hnsw,
-        service,
-        *([own] if own.milliseconds else []),
-        *(m for pair in by_size.values() for m in pair),
-    ]
+                by_size[agent["memories"]].milliseconds.append(chosen_ms)
+                by_size[agent["memories"]].recall.append(chosen_recall)
+    return [exact, service, *([own] if own.milliseconds else []), *by_size.values()]
 
 
-async def run(
-    data_dir: Path, agents_wanted: int, calls: int, ef_search: int | None, exact_max: int, queries: str
-) -> str:
+async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int | None, queries: str) -> str:
     # The service's width by agent size, unless one width is asked for every agent.
     width = service_width() if ef_search is None else GraphSearchWidth(ef_search, ef_search, 0)
     postgres = start_postgres(data_dir)
@@ -291,7 +268,7 @@ async def run(
                 partitions = await conn.fetchval(
                     "SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass"
                 )
-                measured = await measure(conn, agents, calls, exact_max, dim, queries, width)
+                measured = await measure(conn, agents, calls, dim, queries, width)
         finally:
             await pool.close()
     finally:
@@ -303,7 +280,7 @@ async def run(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
         f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}"
         f"{'' if ef_search is None else f' --ef-search {ef_search}'}"
-        f" --exact-max {exact_max} --queries {queries}).",
+        f" --queries {queries}).",
         "",
         f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
         f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
@@ -313,9 +290,9 @@ async def run(
             if width.large_agent_ef_search != width.ef_search
             else ""
         )
-        + f", iterative scan relaxed; exact up to {exact_max:,} memories);"
-        f" queries: {QUERIES[queries]}; each under both plans back to back, recall@50 of HNSW against"
-        " the exact answer (mean / 5th percentile / min; agents with a graph of their own: that graph's);"
+        + f"; exact until an agent's own graph is ready); queries: {QUERIES[queries]}; each exactly"
+        " and, for an agent with a graph of its own, through it, back to back: recall@50 of the graph"
+        " against the exact answer (mean / 5th percentile / min);"
         " one pooled connection, sequential, after >= 30 warm-up calls per plan;"
         f" wall time per call including the Unix-socket round trip. Load average {os.getloadavg()[0]:.2f}"
         f" (2 vCPUs shared). {platform.machine()}; {versions}.",
@@ -339,7 +316,6 @@ def main() -> None:
         default=None,
         help="one hnsw.ef_search for every agent (default: the service's, by agent size)",
     )
-    parser.add_argument("--exact-max", type=int, default=DEFAULT_EXACT_MAX_MEMORIES)
     parser.add_argument(
         "--queries",
         choices=sorted(QUERIES),
@@ -352,9 +328,7 @@ def main() -> None:
         # The seed's plan, in the data set's agents file, says how its vectors were made.
         plan = json.loads((args.data_dir / "agents.json").read_text())["plan"]
         args.queries = "shaped" if plan.get("vectors") == "shaped" else "questions"
-    report = asyncio.run(
-        run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.exact_max, args.queries)
-    )
+    report = asyncio.run(run(args.data_dir.resolve(), args.agents, args.calls, args.ef_search, args.queries))
     RESULTS.mkdir(exist_ok=True)
     shape = args.data_dir.name.split("-")[0]
     path = RESULTS / f"cold_plans-{shape}{'-' + args.label if args.label else ''}.md"

@@ -11,8 +11,8 @@ little under the exact scan's limit (``cold_exact_max_memories``); AssembleConte
 at ``--rps`` (Poisson arrivals, each call with the client deadline ``--deadline-ms`` and a
 question about one of its memories); then UpsertMemories push it ``--cross-by`` past the
 limit, so the service builds the agent's own graph (``stores.postgres.graphs``:
-``CREATE INDEX CONCURRENTLY`` on the graph pool's one connection; searched through its
-partition's graph, or still exactly on a cached count, until ``agent_graphs.ready``).
+``CREATE INDEX CONCURRENTLY`` on the graph pool's one connection; searched exactly until
+``agent_graphs.ready`` and the service's cached state of the agent expires).
 The calls go on through the build and ``--after`` seconds past it. Per phase (before,
 the crossing writes, during the build, after ready): calls, FULL %, degradation reasons,
 client p50/p99, the plans the calls used (``SourceOutcome.detail`` of the cold source),
@@ -675,9 +675,7 @@ async def promote_if_grown(dsn: str, threshold: int) -> int:
         await pool.close()
 
 
-async def measure_recall(
-    dsn: str, agent: dict[str, Any], queries: int, threshold: int, seed: int
-) -> RecallFigures:
+async def measure_recall(dsn: str, agent: dict[str, Any], queries: int, seed: int) -> RecallFigures:
     """Recall@50 of the statement of the plan the service would choose for the agent now,
     against the exact scan, for ``queries`` shaped queries about its stored vectors."""
     from ibex_context.stores.postgres import create_pool
@@ -695,7 +693,7 @@ async def measure_recall(
                 agent["agent_id"],
             )
             state = await conn.fetchrow(AGENT_STATE_SQL, record["org_id"], record["agent_id"])
-            plan = choose_plan(state[0], threshold, own_graph=own_graph_plan(state))
+            plan = choose_plan(own_graph_plan(state))
             rows = await conn.fetch(
                 "SELECT embedding FROM memories WHERE org_id = $1 AND agent_id = $2 ORDER BY id LIMIT 400",
                 record["org_id"],
@@ -853,9 +851,7 @@ def run_writes(options: argparse.Namespace, setup: dict[str, str]) -> WritesResu
             time.sleep(options.baseline)
             s.mark(RECALL_CHECK)
             recalls = {
-                BASELINE: asyncio.run(
-                    measure_recall(s.dsn, s.agent, options.recall_queries, options.threshold, options.seed)
-                )
+                BASELINE: asyncio.run(measure_recall(s.dsn, s.agent, options.recall_queries, options.seed))
             }
             s.mark(WRITES)
             try:
@@ -867,7 +863,7 @@ def run_writes(options: argparse.Namespace, setup: dict[str, str]) -> WritesResu
                     writer.stop()
             s.mark(RECALL_CHECK)
             recalls[WRITES] = asyncio.run(
-                measure_recall(s.dsn, s.agent, options.recall_queries, options.threshold, options.seed)
+                measure_recall(s.dsn, s.agent, options.recall_queries, options.seed)
             )
             s.mark(END)
     rows = phases(caller.calls, s.marks)

@@ -19,19 +19,18 @@ What it does, in order:
    hashing embedder in one vectorised batch per slice), drawn from the model of
    MiniLM's vectors (``--vectors shaped``, ``loadtest.vectors``) or random unit vectors; each
    worker encodes its rows straight to binary COPY tuples (``loadtest.pgcopy``);
-3. drops the HNSW index and streams the tuples to ``COPY ... (FORMAT binary)`` in
-   (org_id, agent_id) order: on an emptied table that lays every agent's rows out
-   contiguously, which is what ``CLUSTER`` would do (grpc_stack digest §4: an
-   unclustered 1k-row agent costs ~12.7 ms p99 per search instead of ~1.9 ms)
-   without CLUSTER's cost (it rebuilds the HNSW index: 209 s per 100k rows);
+3. streams the tuples to ``COPY ... (FORMAT binary)`` in (org_id, agent_id) order: on
+   an emptied table that lays every agent's rows out contiguously, which is what
+   ``CLUSTER`` would do (grpc_stack digest §4: an unclustered 1k-row agent costs
+   ~12.7 ms p99 per search instead of ~1.9 ms) without CLUSTER's cost;
    copies the directives and the usage counters;
-4. side by side on two connections (``--sequential``: one after the other):
-   every posting in one ``INSERT ... SELECT`` with the postings' index dropped and
+4. every posting in one ``INSERT ... SELECT`` with the postings' index dropped and
    rebuilt by sorting, the per-agent stats in one ``GROUP BY`` (the same rows the
-   triggers would write: ``tests/loadtest/test_bulkload.py``); and the HNSW
-   graphs (one per partition, migration 0008) with ``maintenance_work_mem`` sized
-   to the largest agent and one parallel worker, then ANALYZE; then VACUUM of the
-   postings and the memories, once both are done (``_vacuum_postings`` says why not earlier);
+   triggers would write: ``tests/loadtest/test_bulkload.py``), then ANALYZE; then VACUUM
+   of the postings and the memories (``_vacuum_postings`` says why once everything else
+   has ended); then a graph of its own for every agent past the exact scan's limit, as
+   the service builds it (``stores.postgres.graphs``; the partitions have no shared
+   graph since migration 0021);
 5. writes the agents file the locustfile reads: org/agent ids, memory counts and a
    few sample queries per agent derived from its own memories.
 
@@ -75,14 +74,15 @@ from loadtest import vectors as vectors_module
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 
 MIN_TOKENS, MAX_TOKENS = 50, 400
-# The vector index is dropped for the COPY and built again afterwards exactly as the
-# migrations define it (its definition is read from the catalog before the drop), so
-# its parameters (migration 0010: m 32, ef_construction 128) have one source.
-GRAPH_INDEX = "memories_embedding_hnsw"
 _PARTS_SIZE_SQL = """
     SELECT coalesce(sum(CASE $2::text WHEN 'pg_table_size' THEN pg_table_size(inhrelid)
                                      ELSE pg_relation_size(inhrelid) END), 0)::float8
     FROM pg_inherits WHERE inhparent = $1::text::regclass
+"""
+# The agents' own graphs (``stores.postgres.graphs.graph_index_name``).
+_OWN_GRAPHS_SIZE_SQL = """
+    SELECT coalesce(sum(pg_relation_size(g.index_name::regclass)), 0)::float8
+    FROM agent_graphs AS g WHERE g.ready
 """
 MEMORY_COLUMNS: tuple[str, ...] = (
     "org_id",
@@ -399,18 +399,8 @@ def _ordered_results(
 # Rows per COPY statement: each is fed from the workers as they finish agents, so the
 # statements only bound how much one carries (and space the progress lines).
 COPY_CHUNK_ROWS = 50_000
-# Per index build; builds run two at a time (the postings' and the graphs).
+# The postings' index build (the agents' own graphs size theirs: ``graphs.build_memory_mb``).
 MAINTENANCE_WORK_MEM_MB = 1024
-# An HNSW build slows down many times once its graph outgrows maintenance_work_mem
-# (pgvector's notice): ~2.2 kB per 384-d element here, with a margin.
-HNSW_BYTES_PER_ROW = 3072
-
-
-def graph_work_mem_mb(plan: SeedPlan) -> int:
-    """maintenance_work_mem for the graphs: the largest agent's graph must fit (one
-    partition holds it whole: 1 x 1M needs ~3 GB, more than the default)."""
-    largest = max((plan.memories_of(i) for i in range(plan.agents)), default=0)
-    return max(MAINTENANCE_WORK_MEM_MB, -(-largest * HNSW_BYTES_PER_ROW // 2**20))
 
 
 @dataclass(slots=True)
@@ -442,7 +432,7 @@ class SeedReport:
             )
         lines += [
             f"  total {self.total_seconds:.1f} s",
-            f"  heap {self.heap_mb:.0f} MB, HNSW index {self.index_mb:.0f} MB",
+            f"  heap {self.heap_mb:.0f} MB, agents' own graphs {self.index_mb:.0f} MB",
         ]
         if self.agent_graphs:
             lines.append(f"  {self.agent_graphs} agents' own graphs")
@@ -550,15 +540,6 @@ async def _build_postings(conn: asyncpg.Connection) -> int:
     return count
 
 
-async def _build_graphs(conn: asyncpg.Connection, index_sql: str, work_mem_mb: int) -> None:
-    # Each partition has its own graph (migration 0008), built one after another,
-    # each by this backend and a parallel worker.
-    await conn.execute(f"SET maintenance_work_mem = '{work_mem_mb}MB'")
-    await conn.execute("SET max_parallel_maintenance_workers = 1")
-    await conn.execute(index_sql)
-    await conn.execute("ANALYZE memories")
-
-
 async def _server_pid(conn: asyncpg.Connection) -> int | None:
     """The server's pid when it runs on this machine and the role may see where."""
     try:
@@ -576,21 +557,17 @@ async def seed(
     jobs: int,
     reset: bool,
     embedding_storage: str = "schema",
-    sequential: bool = False,
     slice_memories: int = SLICE_MEMORIES,
     shape: Path | None = None,
     log: Any = print,
 ) -> SeedReport:
-    """Seeds the plan. ``sequential``: the postings and the graphs are built one after
-    the other instead of side by side (slower; each phase's CPU figures are its own).
-    ``shape``: the model the ``shaped`` vectors are drawn from (default: the one fitted
+    """Seeds the plan. ``shape``: the model the ``shaped`` vectors are drawn from (default: the one fitted
     to MiniLM's, ``loadtest.vectors.fitted_shape``)."""
     from ibex_context.stores.postgres.migrate import migrate
 
     started = time.perf_counter()
     await migrate(dsn, plan.dim)
     conn = await asyncpg.connect(dsn)
-    side_conn: asyncpg.Connection | None = None
     report = SeedReport(agents=plan.agents)
     clock = PhaseClock(await _server_pid(conn))
     try:
@@ -606,13 +583,6 @@ async def seed(
                 log("seed: this role may not turn triggers off: they keep the postings (slower)")
         else:
             log("seed: --no-reset: rows are appended, agents' rows are not guaranteed to be contiguous")
-        graph_index_sql = await conn.fetchval("SELECT pg_get_indexdef(to_regclass($1))", GRAPH_INDEX)
-        if graph_index_sql is None:
-            raise SystemExit(f"seed: the migrated schema has no {GRAPH_INDEX} index to rebuild")
-        # A partitioned index's definition reads "ON ONLY": run as it is, that makes an
-        # empty, invalid parent with no graph in any partition.
-        graph_index_sql = graph_index_sql.replace(" ON ONLY ", " ON ", 1)
-        await conn.execute(f"DROP INDEX {GRAPH_INDEX}")
         if embedding_storage == "plain":
             # An experiment, not the migrated schema: see loadtest/pgcheck.py.
             await conn.execute("ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN")
@@ -652,18 +622,9 @@ async def seed(
             )
             await conn.execute("ANALYZE memory_usage")
             await conn.execute("ANALYZE directives")
-        postings = _build_postings(conn) if report.triggers_off else _count_postings(conn)
-        if sequential:
-            with clock.phase("postings + stats, their index"):
-                report.postings = await postings
-            with clock.phase("HNSW graphs, ANALYZE memories"):
-                await _build_graphs(conn, graph_index_sql, graph_work_mem_mb(plan))
-        else:
-            # Two backends, each with a parallel worker: both cores stay busy.
-            side_conn = await asyncpg.connect(dsn)
-            graphs = _build_graphs(side_conn, graph_index_sql, graph_work_mem_mb(plan))
-            with clock.phase("postings + stats | HNSW graphs, side by side"):
-                report.postings, _ = await asyncio.gather(postings, graphs)
+        with clock.phase("postings + stats, their index, ANALYZE memories"):
+            report.postings = await (_build_postings(conn) if report.triggers_off else _count_postings(conn))
+            await conn.execute("ANALYZE memories")
         with clock.phase("VACUUM postings and memories"):
             await _vacuum_postings(conn)
         if max(plan.memories, plan.large_memories) > DEFAULT_EXACT_MAX_MEMORIES:
@@ -671,11 +632,9 @@ async def seed(
                 report.agent_graphs = await _agent_graphs(dsn)
         # Partitioned (0008): the sizes are the partitions' sums.
         report.heap_mb = (await conn.fetchval(_PARTS_SIZE_SQL, "memories", "pg_table_size")) / 1e6
-        report.index_mb = (await conn.fetchval(_PARTS_SIZE_SQL, GRAPH_INDEX, "pg_relation_size")) / 1e6
+        report.index_mb = (await conn.fetchval(_OWN_GRAPHS_SIZE_SQL)) / 1e6
     finally:
         await conn.close()
-        if side_conn is not None:
-            await side_conn.close()
 
     loaded.tokens.sort()
     if loaded.tokens:
@@ -714,9 +673,10 @@ async def _vacuum_postings(conn: asyncpg.Connection) -> None:
 
     A running installation's postings are vacuumed by autovacuum (migration 0005 tunes
     it); a bulk load is vacuumed here, and only once every other transaction of the seed
-    has ended: a VACUUM run while the graph build's transaction is still open cannot mark
-    rows inserted after that transaction began as visible to all, and an insert-only table
-    is not vacuumed again. That left a seeded 1,000 x 1k data set's postings unmarked: one
+    has ended: a VACUUM run while another transaction is still open (a graph build's, when
+    the partitions' graphs were built beside the postings) cannot mark rows inserted after
+    that transaction began as visible to all, and an insert-only table is not vacuumed
+    again. That left a seeded 1,000 x 1k data set's postings unmarked: one
     heap fetch per posting, 1,860 buffers and 12-15 ms per search instead of ~2.5 ms.
     """
     await conn.execute("VACUUM (ANALYZE) memory_terms")
@@ -760,11 +720,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="schema",
         help="plain: EXPERIMENT, embedding column STORAGE PLAIN (inline, not TOASTed) before loading",
     )
-    p.add_argument(
-        "--sequential",
-        action="store_true",
-        help="build the postings and the HNSW graphs one after the other (each phase's CPU on its own)",
-    )
     args = p.parse_args(argv)
     if not args.dsn:
         p.error("--dsn (or IBEX_POSTGRES_DSN) is required")
@@ -798,7 +753,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs=args.jobs,
             reset=args.reset,
             embedding_storage=args.embedding_storage,
-            sequential=args.sequential,
         )
     )
     for line in report.lines():

@@ -238,8 +238,8 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = _f(
         200,
         "pgvector hnsw.ef_search: candidates the graph search keeps (raised to cold_limit), for"
-        " agents up to cold_large_agent_memories on the partitions' graphs and on own graphs built"
-        " before migration 0019. At 200 a 10k-memory agent's full-precision own graph on MiniLM"
+        " agents up to cold_large_agent_memories on their own graphs built before migration 0019"
+        " (full precision, m 32). At 200 a 10k-memory agent's full-precision own graph on MiniLM"
         " vectors gives recall@50 0.994 mean / 0.98 p5 against exact search in 1.9 ms (ADR-0015).",
         ge=1,
         le=1000,
@@ -276,15 +276,16 @@ class Settings(BaseSettings):
     cold_exact_max_memories: int = _f(
         5_000,
         "Agents with at most this many memories are searched exactly, larger ones through their"
-        " own HNSW graph, built when they grow past it (cold_agent_graphs; the partition's graph"
-        " until it is ready; ADR-0009: where the exact scan's cost reaches the graph's).",
+        " own HNSW graph, built when they grow past it (cold_agent_graphs), and exactly until it is"
+        " ready (ADR-0009: where the exact scan's cost reaches the graph's).",
         ge=0,
     )
     cold_agent_graphs: bool = _f(
         True,
         "Build each agent past cold_exact_max_memories a graph of its own (a partial HNSW index,"
         " built concurrently): its searches then walk only its own vectors (migration 0013). Builds"
-        " queue for one connection of their own per process, never a request connection.",
+        " queue for one connection of their own per process, never a request connection. Off:"
+        " every agent is searched exactly (a 100k-memory agent ~47 ms, past the cold stage's share).",
     )
     graph_build_memory_mb: int = _f(
         1024,

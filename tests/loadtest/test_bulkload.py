@@ -110,14 +110,12 @@ async def test_a_seed_stores_the_postings_stats_and_counts_the_service_would(
     conn = await asyncpg.connect(private_postgres_dsn)
     try:
         seeded = await _snapshot(conn)
-        # The vector index, dropped for the COPY, is back as the migrations define it
-        # (0010's parameters) on every partition, and valid.
-        graph = await conn.fetchrow(
-            "SELECT c.reloptions::text[] AS options, i.indisvalid AS valid,"
-            " (SELECT count(*) FROM pg_inherits WHERE inhparent = c.oid) AS partitions"
-            " FROM pg_class AS c JOIN pg_index AS i ON i.indexrelid = c.oid"
-            " WHERE c.relname = 'memories_embedding_hnsw'"
+        # Agents this small are searched exactly: no graph (the partitions have none since 0021),
+        # and every index the migrations define is valid.
+        graphs = await conn.fetchval(
+            "SELECT count(*) FROM pg_class AS c JOIN pg_am AS a ON a.oid = c.relam WHERE a.amname = 'hnsw'"
         )
+        invalid = await conn.fetchval("SELECT count(*) FROM pg_index WHERE NOT indisvalid")
         rows = await conn.fetch(
             "SELECT org_id, agent_id, id, content, category, confidence, usefulness, metadata"
             " FROM memories ORDER BY org_id, agent_id, id"
@@ -137,12 +135,7 @@ async def test_a_seed_stores_the_postings_stats_and_counts_the_service_would(
     assert postings_scan["Node Type"] == "Index Only Scan"
     assert postings_scan["Actual Rows"] > 0
     assert postings_scan["Heap Fetches"] == 0
-    assert graph is not None
-    assert (graph["options"], graph["valid"], graph["partitions"]) == (
-        ["m=32", "ef_construction=128"],
-        True,
-        64,
-    )
+    assert (graphs, invalid) == (0, 0)
     assert len(seeded["memories"]) == PLAN.total_memories
     assert [s[2] for s in seeded["stats"]] == [PLAN.memories] * PLAN.agents
     assert len(seeded["postings"]) > 20 * PLAN.total_memories

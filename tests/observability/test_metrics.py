@@ -109,7 +109,12 @@ def test_failed_sources_count_by_source_and_kind_and_ok_ones_do_not() -> None:
 
 def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> None:
     metrics = Metrics(CollectorRegistry())
-    for detail in (plan_detail("hnsw"), plan_detail("hnsw"), plan_detail("exact"), plan_detail("guess")):
+    for detail in (
+        plan_detail("agent_halfvec"),
+        plan_detail("agent_halfvec"),
+        plan_detail("exact"),
+        plan_detail("hnsw"),  # the partitions' graphs' plan, gone since migration 0021
+    ):
         metrics.record_assembly(
             an_assembly(sources=(SourceResult("cold", SourceStatus.OK, detail=detail),)), ()
         )
@@ -129,7 +134,7 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
         if name == "ibex_context_cold_search_plans_total"
     }
     # Every plan a series from the start.
-    assert plans == {"exact": 1, "hnsw": 2, "agent_halfvec": 0, "agent": 0, OTHER: 1}
+    assert plans == {"exact": 1, "agent_halfvec": 2, "agent": 0, OTHER: 1}
 
 
 def test_calls_searched_with_the_stand_ins_vector_are_counted() -> None:

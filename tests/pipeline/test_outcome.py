@@ -59,7 +59,7 @@ def test_the_outcome_label_of_each_degradation(
 
 
 def test_the_plan_travels_in_the_cold_source_detail_and_back() -> None:
-    assert plan_of(plan_detail("hnsw")) == "hnsw"
+    assert plan_of(plan_detail("agent_halfvec")) == "agent_halfvec"
     assert plan_of("") is None and plan_of("timed out after 35 ms") is None
 
 

@@ -263,7 +263,7 @@ class _PlannedCold(_Cold):
 
     async def search(self, org_id: str, agent_id: str, embedding: FloatVector, limit: int) -> Candidates:
         self.searches += 1
-        return ColdMatches.of(Candidates.empty(), ColdPlan.HNSW)
+        return ColdMatches.of(Candidates.empty(), ColdPlan.AGENT_HALFVEC)
 
 
 async def test_the_cold_sources_detail_names_the_plan_the_store_chose() -> None:
@@ -275,7 +275,7 @@ async def test_the_cold_sources_detail_names_the_plan_the_store_chose() -> None:
     await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
     assert cold.searches == 1
     assert state.sources["cold"].status is SourceStatus.OK
-    assert state.sources["cold"].detail == "plan: hnsw"
+    assert state.sources["cold"].detail == "plan: agent_halfvec"
 
 
 async def _skips(plan: RetrievalPlan) -> dict[str, str]:

@@ -7,18 +7,15 @@ from ibex_context.models import MemoryRecord
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 
 
-def test_agents_up_to_the_limit_are_searched_exactly_and_larger_ones_through_the_graph() -> None:
-    assert choose_plan(0, 5_000) is ColdPlan.EXACT
-    assert choose_plan(5_000, 5_000) is ColdPlan.EXACT
-    assert choose_plan(5_001, 5_000) is ColdPlan.HNSW
-    assert choose_plan(1, 0) is ColdPlan.HNSW
+def test_an_agent_without_a_ready_graph_of_its_own_is_searched_exactly() -> None:
+    # No shared graph waits between the exact scan and an agent's own (migration 0021).
+    assert choose_plan(None) is ColdPlan.EXACT
 
 
-def test_an_agent_with_a_graph_of_its_own_is_searched_through_it_whatever_its_size() -> None:
-    assert choose_plan(5_001, 5_000, own_graph=ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
-    assert choose_plan(10, 5_000, own_graph=ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
+def test_an_agent_with_a_graph_of_its_own_is_searched_through_it() -> None:
+    assert choose_plan(ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
     # A graph built before migration 0019 (full precision) keeps its own function.
-    assert choose_plan(5_001, 5_000, own_graph=ColdPlan.AGENT) is ColdPlan.AGENT
+    assert choose_plan(ColdPlan.AGENT) is ColdPlan.AGENT
 
 
 def test_an_agents_own_graph_is_cached_with_its_size() -> None:
@@ -61,9 +58,9 @@ def test_an_own_graph_in_half_precision_gets_its_own_widths() -> None:
     assert width.for_agent(10_000, 50, ColdPlan.AGENT_HALFVEC) == 100
     assert width.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC) == 200
     assert width.for_agent(100_000, 300, ColdPlan.AGENT_HALFVEC) == 300  # never below the limit
-    # A full-precision own graph, and the partition's graph, keep the general widths.
+    # A full-precision own graph keeps the general widths.
     assert width.for_agent(10_000, 50, ColdPlan.AGENT) == 200
-    assert width.for_agent(100_000, 50, ColdPlan.HNSW) == 400
+    assert width.for_agent(100_000, 50, ColdPlan.AGENT) == 400
     # Without own-graph widths, every graph gets the general ones.
     plain = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
     assert plain.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC) == 400
@@ -78,9 +75,9 @@ def test_the_graph_search_keeps_at_least_the_rows_asked_for_and_at_most_pgvector
 
 def test_matches_are_candidates_that_name_their_plan() -> None:
     found = Candidates.from_records([MemoryRecord("m", "c", "factual", similarity=0.9)])
-    matches = ColdMatches.of(found, ColdPlan.HNSW)
+    matches = ColdMatches.of(found, ColdPlan.AGENT_HALFVEC)
     assert isinstance(matches, Candidates) and matches.ids == ["m"]
-    assert matches.plan is ColdPlan.HNSW
+    assert matches.plan is ColdPlan.AGENT_HALFVEC
 
 
 def test_a_cached_size_expires_after_its_ttl() -> None:

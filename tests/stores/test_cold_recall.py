@@ -4,11 +4,10 @@
 A small synthetic set in the shape of the load test's (templated memories of one agent,
 hashing-embedder vectors, questions quoting a span of a memory), so it runs in CI in
 seconds. At this size a graph walk still reaches most of the agent's vectors, so the
-test pins the contract (each plan, chosen by the agent's size with the service's default
-ef_search, meets the bound; the filtered graph fills the limit with the agent's own rows),
-not the graph's parameters: the shapes where 0008's graphs missed it (10k-100k memories
-per agent) are measured by ``benchmarks.cold_plans`` (ADR-0009), and migration 0010's
-parameters are pinned by ``test_migrate``.
+test pins the contract (each plan the store chooses, with the service's default widths,
+meets the bound; the agent's own graph fills the limit with its rows), not the graph's
+parameters: the shapes where graphs missed it (10k-100k memories per agent) are
+measured by ``benchmarks.cold_plans`` (ADR-0009, ADR-0015).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import uuid
 import numpy as np
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
-from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
+from ibex_context.stores.cold_plan import ColdMatches, ColdPlan, GraphSearchWidth
 from ibex_context.stores.postgres import PostgresMemoryStore, create_pool
 
 from benchmarks.cold_plans import recall
@@ -44,16 +43,26 @@ async def test_both_plans_the_store_chooses_find_the_exact_nearest_50(
 ) -> None:
     rng = random.Random(20261126)
     embedder = HashingEmbedder(DIM)
-    # The service's own ef_search default; agents above 300 memories take their
-    # partition's graph, the others the exact plan.
-    ef_search = Settings.model_fields["hnsw_ef_search"].default
+    # The service's own widths; agents above 300 memories are promoted to a graph of their
+    # own, the others searched exactly.
+    fields = Settings.model_fields
+    ef_search = fields["hnsw_ef_search"].default
+    width = GraphSearchWidth(
+        ef_search=ef_search,
+        large_agent_ef_search=fields["hnsw_ef_search_large_agents"].default,
+        large_agent_memories=fields["cold_large_agent_memories"].default,
+        own_graph_ef_search=fields["hnsw_ef_search_own_graph"].default,
+        own_graph_large_agent_ef_search=fields["hnsw_ef_search_own_graph_large_agents"].default,
+    )
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=ef_search)
-    store = PostgresMemoryStore(pool, ef_search=ef_search, exact_max_memories=300)
+    store = PostgresMemoryStore(pool, ef_search=ef_search, exact_max_memories=300, graph_width=width)
     try:
-        for size, plan in ((600, ColdPlan.HNSW), (200, ColdPlan.EXACT)):
+        for size, plan in ((600, ColdPlan.AGENT_HALFVEC), (200, ColdPlan.EXACT)):
             org, agent = str(uuid.uuid4()), str(uuid.uuid4())
             texts = _texts(rng, size)
             await store.upsert_memories(org, agent, [make_memory(text) for text in texts])
+            if size > store.graphs.min_memories:
+                assert await store.graphs.promote(org, agent)
             vectors = np.stack([embedder.embed_one(text) for text in texts])
             recalls = []
             for _ in range(QUESTIONS):

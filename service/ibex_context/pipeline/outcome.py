@@ -156,7 +156,7 @@ class Timings(NamedTuple):
 
 
 # The cold source's ``detail`` when it answered: which plan searched (stores.cold_plan),
-# e.g. "plan: hnsw". On the wire as SourceOutcome.detail; counted by plan in metrics.
+# e.g. "plan: agent_halfvec". On the wire as SourceOutcome.detail; counted by plan in metrics.
 _PLAN_PREFIX = "plan: "
 
 

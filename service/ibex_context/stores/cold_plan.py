@@ -1,12 +1,13 @@
 """Which plan runs an agent's vector (cold) search: the service decides, not the planner.
 
-Memories live in hash partitions on (org_id, agent_id), one HNSW graph per partition
-(migration 0008, ADR-0009). An agent with few memories is searched exactly: its rows
-by the tenant key, every distance computed (cost proportional to its size, exact
-answers). An agent with many memories is searched through its partition's graph,
-which it shares with at most a few other agents (cost roughly flat in its size,
-approximate answers, recall measured per data shape). The switch-over point is where
-the exact scan's cost reaches the graph's, measured (``Settings.cold_exact_max_memories``).
+An agent with few memories is searched exactly: its rows by the tenant key, every
+distance computed (cost proportional to its size, exact answers). An agent past the
+exact scan's limit (``Settings.cold_exact_max_memories``, where the exact scan's cost
+reaches a graph walk's, measured) gets an HNSW graph of its own (a partial index,
+``stores.postgres.graphs``) and is searched through it once it is ready (cost roughly
+flat in its size, approximate answers, recall measured per data shape); until then,
+exactly (ADR-0009). The partitions' shared graphs are gone (migration 0021): every write
+paid for them, and only agents waiting for their own graph walked them.
 
 The agent's size comes from ``memory_stats.memories``, which statement triggers keep
 true for every writer (migration 0005). The store caches it per agent for
@@ -29,7 +30,6 @@ class ColdPlan(enum.StrEnum):
     """The values are the plan's name in metadata and in the metric's label."""
 
     EXACT = "exact"
-    HNSW = "hnsw"
     # The agent's own graph (``stores.postgres.graphs``): of its vectors in half precision
     # (migration 0019), or as stored for a graph built before (0013).
     AGENT_HALFVEC = "agent_halfvec"
@@ -42,12 +42,10 @@ class ColdPlan(enum.StrEnum):
         return self is not ColdPlan.EXACT
 
 
-def choose_plan(memories: int, exact_max_memories: int, *, own_graph: ColdPlan | None = None) -> ColdPlan:
-    """The agent's own graph's plan once it has one; else exact up to ``exact_max_memories``
-    memories and the partition's HNSW graph beyond (while its own is being built)."""
-    if own_graph is not None:
-        return own_graph
-    return ColdPlan.EXACT if memories <= exact_max_memories else ColdPlan.HNSW
+def choose_plan(own_graph: ColdPlan | None) -> ColdPlan:
+    """The agent's own graph's plan once it has one (past the exact scan's limit, when its
+    build is done); else the exact scan, at any size."""
+    return own_graph if own_graph is not None else ColdPlan.EXACT
 
 
 # pgvector's largest hnsw.ef_search.
@@ -59,8 +57,8 @@ class GraphSearchWidth:
     """How many candidates the graph search keeps (``hnsw.ef_search``), by the graph and
     the agent's size.
 
-    A larger agent needs a wider search for the same recall. The partitions' graphs and
-    agents' own graphs built before migration 0019 (full precision, m 32): 200 gives
+    A larger agent needs a wider search for the same recall. Agents' own graphs built
+    before migration 0019 (full precision, m 32): 200 gives
     recall@50 0.994 mean / 0.98 p5 at 10k MiniLM memories, a 100k-memory agent needs 400
     for 0.969-0.974 / 0.84-0.88. An own graph in half precision (m 48, 0019) holds more
     per candidate: 100 gives 0.995 / 0.98 at 10k, 200 gives 0.978 / 0.90 at 100k

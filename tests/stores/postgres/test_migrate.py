@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from ibex_context.errors import ConfigurationError
+from ibex_context.stores.postgres.graphs import graph_index_name
 from ibex_context.stores.postgres.migrate import (
     apply_migrations,
     check_schema,
@@ -158,7 +159,9 @@ async def test_the_partitioning_migration_keeps_every_memory_and_what_is_derived
         derived_before = await conn.fetchrow(derived)
         nearest_before = [r["id"] for r in await conn.fetch(exact, *tenants[1])]
 
-        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 8]
+        # Up to 0020: the partitions' graphs as 0008-0020 kept them (0021 drops them).
+        until_0020 = [m for m in migrations if m.version <= 20]
+        assert await apply_migrations(conn, 8, until_0020) == [m.name for m in until_0020 if m.version >= 8]
 
         assert (
             await conn.fetchval(
@@ -256,7 +259,8 @@ async def test_the_recall_migration_rebuilds_every_partitions_graph_with_twice_t
         )
         assert {tuple(r["reloptions"]) for r in await conn.fetch(graphs)} == {("m=16", "ef_construction=64")}
 
-        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 10]
+        until_0020 = [m for m in migrations if m.version <= 20]
+        assert await apply_migrations(conn, 8, until_0020) == [m.name for m in until_0020 if m.version >= 10]
 
         rebuilt = await conn.fetch(graphs)
         assert [r["relname"] for r in rebuilt] == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
@@ -302,7 +306,7 @@ async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not
             " USING hnsw (embedding vector_cosine_ops) WITH (m = 32, ef_construction = 128)"
         )
         with pytest.raises(asyncpg.RaiseError, match="attach every partition"):
-            await apply_migrations(conn, 8)
+            await apply_migrations(conn, 8, [m for m in migrations if m.version <= 20])
         assert await conn.fetchval("SELECT max(version) FROM schema_migrations") == 9
         for n in range(64):
             await conn.execute(
@@ -317,7 +321,8 @@ async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not
             " WHERE inhparent = 'memories_embedding_hnsw_m32'::regclass"
         )
 
-        assert await apply_migrations(conn, 8) == [m.name for m in migrations if m.version >= 10]
+        until_0020 = [m for m in migrations if m.version <= 20]
+        assert await apply_migrations(conn, 8, until_0020) == [m.name for m in until_0020 if m.version >= 10]
 
         swapped = await conn.fetch(
             "SELECT inhrelid::oid AS oid, inhrelid::regclass::text AS name FROM pg_inherits"
@@ -325,6 +330,65 @@ async def test_graphs_built_beforehand_partition_by_partition_are_swapped_in_not
         )
         assert [r["oid"] for r in swapped] == built
         assert sorted(r["name"] for r in swapped) == [f"memories_p{n:02d}_embedding_idx" for n in range(64)]
+    finally:
+        await conn.close()
+
+
+async def test_the_partitions_graphs_are_dropped_and_the_previous_builds_search_still_answers(
+    empty_database_dsn: str,
+) -> None:
+    """0021: a database at 0020 with agents, one with a graph of its own, migrated: no
+    partition keeps a graph over every tenant, the agent's own graph stays, the rows are
+    untouched, and the partitions' graph search a process of the previous build still
+    calls during a rollout returns the exact answer."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version <= 20])
+        tenants = [(uuid.uuid4(), uuid.uuid4()) for _ in range(4)]
+        await conn.executemany(
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', $5::text::vector)",
+            [
+                (org, agent, f"note {n}", f"{agent}{n}".encode(), f"[{n + 1},1,{n % 3},0,0,0,0,{9 - n}]")
+                for org, agent in tenants
+                for n in range(10)
+            ],
+        )
+        org, agent = tenants[0]
+        partition = await conn.fetchval(
+            "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1",
+            org,
+            agent,
+        )
+        own = graph_index_name(org, agent)
+        await conn.execute(
+            f"CREATE INDEX {own} ON {partition} USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
+            f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
+        )
+        hnsw = (
+            "SELECT indexrelid::regclass::text FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+        )
+        hnsw += " WHERE c.relam = (SELECT oid FROM pg_am WHERE amname = 'hnsw') ORDER BY 1"
+        assert len(await conn.fetch(hnsw)) >= 64 + 1  # each partition's (and the parent's), the agent's
+        snapshot = "SELECT org_id, agent_id, id, content, embedding::text FROM memories ORDER BY 1, 2, 3"
+        before = [tuple(r) for r in await conn.fetch(snapshot)]
+
+        assert await apply_migrations(conn, 8) == ["0021_partition_graphs_dropped"]
+
+        assert [r[0] for r in await conn.fetch(hnsw)] == [own]
+        assert [tuple(r) for r in await conn.fetch(snapshot)] == before
+        for org, agent in tenants:
+            exact = await conn.fetch(
+                "SELECT id FROM memories WHERE org_id = $1 AND agent_id = $2"
+                " ORDER BY embedding <=> '[1,1,0,0,0,0,0,1]', id LIMIT 4",
+                org,
+                agent,
+            )
+            previous = await conn.fetchrow(
+                "SELECT * FROM ibex_cold_hnsw_arrays($1, $2, '[1,1,0,0,0,0,0,1]', 4, 40)", org, agent
+            )
+            assert previous is not None and [str(i) for i in previous[0]] == [str(r["id"]) for r in exact]
     finally:
         await conn.close()
 

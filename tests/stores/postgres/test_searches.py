@@ -69,41 +69,35 @@ async def test_a_search_with_vectors_gives_each_winner_its_stored_vector_and_the
         assert vector is not None and np.array_equal(vector, np.asarray(stored[memory_id], dtype=np.float32))
 
 
-async def test_the_hnsw_plan_fills_the_limit_for_a_small_tenant_sharing_a_large_ones_partition(
-    postgres_dsn: str, pg_store: PostgresMemoryStore, make_memory: MakeMemory
+async def test_an_agent_past_the_exact_limit_is_searched_exactly_until_its_own_graph_is_ready(
+    postgres_dsn: str, make_memory: MakeMemory
 ) -> None:
-    """The partition's graph holds both tenants' vectors; iterative scan keeps going until
-    LIMIT rows pass the tenant filter, and only the asking tenant's rows come back."""
+    """No shared graph serves it meanwhile (migration 0021): the exact scan, whatever
+    its size, and nothing of another tenant of its partition."""
     big = (str(uuid.uuid4()), str(uuid.uuid4()))
     query = unit_vector(7)
-    await pg_store.upsert_memories(
-        *big, [make_memory(f"big {i}", embedding=near(query, 0.3, seed=i)) for i in range(400)]
-    )
-    conn = await asyncpg.connect(postgres_dsn)
-    try:
-        small = await tenant_in_the_partition_of(conn, *big)
-    finally:
-        await conn.close()
-    await pg_store.upsert_memories(
-        *small, [make_memory(f"small {i}", embedding=near(query, 1.5, seed=5000 + i)) for i in range(30)]
-    )
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=20)
+    # Every agent with more than 0 memories is past the limit.
+    store = PostgresMemoryStore(pool, ef_search=20, exact_max_memories=0)
     try:
-        # Every agent with more than 0 memories takes the graph.
-        store = PostgresMemoryStore(pool, ef_search=20, exact_max_memories=0)
+        await store.upsert_memories(
+            *big, [make_memory(f"big {i}", embedding=near(query, 0.3, seed=i)) for i in range(400)]
+        )
+        async with pool.acquire() as conn:
+            small = await tenant_in_the_partition_of(conn, *big)
+        await store.upsert_memories(
+            *small, [make_memory(f"small {i}", embedding=near(query, 1.5, seed=5000 + i)) for i in range(30)]
+        )
         found = await store.search(*small, query, 25)
-        exact = await PostgresMemoryStore(pool, ef_search=20).search(*small, query, 25)
     finally:
-        await pool.close()
-    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
-    assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
+        await store.aclose()
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.EXACT
     assert len(found) == 25
     assert all(content.startswith("small") for content in found.contents)
-    # 25 of 30 from a graph of 430 vectors: the approximate answer is the exact one here.
-    assert found.ids == exact.ids
+    assert list(found.similarity) == sorted(found.similarity, reverse=True)
 
 
-async def test_the_plan_follows_the_agents_memory_count(
+async def test_the_plan_follows_the_agents_own_graph_once_it_is_ready(
     postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=EF_SEARCH)
@@ -115,22 +109,18 @@ async def test_the_plan_follows_the_agents_memory_count(
         await store.upsert_memories(
             tenant.org_id,
             tenant.agent_id,
-            [make_memory(f"m {i}", embedding=unit_vector(20 + i)) for i in range(3)],
+            [make_memory(f"m {i}", embedding=unit_vector(20 + i)) for i in range(5)],
         )
         first = await store.search(tenant.org_id, tenant.agent_id, query, 10)
-        assert isinstance(first, ColdMatches) and first.plan is ColdPlan.EXACT and len(first) == 3
-        await store.upsert_memories(
-            tenant.org_id,
-            tenant.agent_id,
-            [make_memory(f"n {i}", embedding=unit_vector(40 + i)) for i in range(2)],
-        )
-        # The count of 3 is cached: still exact (it finds the new memories all the same).
+        assert isinstance(first, ColdMatches) and first.plan is ColdPlan.EXACT and len(first) == 5
+        assert await store.graphs.promote(tenant.org_id, tenant.agent_id)
+        # The state read before the build is cached: still exact.
         cached = await store.search(tenant.org_id, tenant.agent_id, query, 10)
-        assert isinstance(cached, ColdMatches) and cached.plan is ColdPlan.EXACT and len(cached) == 5
+        assert isinstance(cached, ColdMatches) and cached.plan is ColdPlan.EXACT
         now[0] += 61
-        grown = await store.search(tenant.org_id, tenant.agent_id, query, 10)
-        assert isinstance(grown, ColdMatches) and grown.plan is ColdPlan.HNSW
-        assert grown.ids == cached.ids
+        own = await store.search(tenant.org_id, tenant.agent_id, query, 10)
+        assert isinstance(own, ColdMatches) and own.plan is ColdPlan.AGENT_HALFVEC
+        assert set(own.ids) == set(first.ids)
     finally:
         await store.aclose()
 
@@ -138,11 +128,15 @@ async def test_the_plan_follows_the_agents_memory_count(
 async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer(
     postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
-    """Above ``large_agent_memories`` the search sets its own ef_search for its
-    transaction; the connection's setting is untouched afterwards."""
+    """Above ``large_agent_memories`` the search passes its own graph the larger width;
+    the connection's setting is untouched afterwards."""
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=EF_SEARCH)
     width = GraphSearchWidth(
-        ef_search=EF_SEARCH, large_agent_ef_search=EF_SEARCH + 36, large_agent_memories=4
+        ef_search=EF_SEARCH,
+        large_agent_ef_search=EF_SEARCH,
+        large_agent_memories=4,
+        own_graph_ef_search=EF_SEARCH,
+        own_graph_large_agent_ef_search=EF_SEARCH + 36,
     )
     store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=0, graph_width=width)
     try:
@@ -152,11 +146,11 @@ async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer
             tenant.agent_id,
             [make_memory(f"w {i}", embedding=near(query, 0.2 * (i + 1), seed=900 + i)) for i in range(6)],
         )
+        exact = await store.search(tenant.org_id, tenant.agent_id, query, 5)
+        assert await store.graphs.promote(tenant.org_id, tenant.agent_id)
+        store.searches.forget_agent(tenant.org_id, tenant.agent_id)
         found = await store.search(tenant.org_id, tenant.agent_id, query, 5)
-        exact = await PostgresMemoryStore(pool, ef_search=EF_SEARCH).search(
-            tenant.org_id, tenant.agent_id, query, 5
-        )
-        assert isinstance(found, ColdMatches) and found.plan is ColdPlan.HNSW
+        assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
         assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
         assert list(found.contents) == list(exact.contents) == [f"w {i}" for i in range(5)]
         async with pool.acquire() as conn:

@@ -5,10 +5,11 @@ An agent past the exact scan's limit (``cold_exact_max_memories``) is promoted: 
 graph is built with ``CREATE INDEX CONCURRENTLY`` (writes and searches go on) and
 recorded ready in ``agent_graphs``; its searches then walk only its own vectors
 (``ibex_cold_agent_halfvec``; ``ibex_cold_agent`` for a graph built before 0019). Until
-then it keeps the partition's graph. The store starts a promotion in the background
-when a write leaves the agent past the limit (``PostgresMemoryStore.upsert_memories``:
-queued, one build at a time per process, on the pool of ``pool.create_graph_pool``, never
-a request connection); ``promote_grown`` promotes every such agent, e.g. after a bulk load.
+then it is searched exactly (the partitions' shared graphs are gone, migration 0021).
+The store starts a promotion in the background when a write leaves the agent past the
+limit (``PostgresMemoryStore.upsert_memories``: queued, one build at a time per process,
+on the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
+promotes every such agent, e.g. after a bulk load.
 
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
@@ -28,7 +29,7 @@ from ibex_context.stores.postgres.codecs import as_uuid
 from ibex_context.stores.postgres.migrate import recorded_embedding_dim
 from ibex_context.stores.postgres.pool import store_errors
 
-# The partitions' graphs' parameters (migration 0010), and the agents' own graphs' before 0019.
+# The agents' own graphs' parameters before migration 0019 (and the partitions' graphs', 0010-0021).
 GRAPH_OPTIONS = "m = 32, ef_construction = 128"
 # An agent's own graph (migration 0019): its vectors in half precision, each linked to more
 # neighbours. On 100k MiniLM memories of one agent, at ef_search 200: recall@50 0.978 mean /

@@ -10,8 +10,9 @@ that broke) with session settings:
   passes its own width (``stores.cold_plan.GraphSearchWidth``) to its function, which
   sets it for that search alone (migration 0020); the session value serves statements
   run by hand and the benchmarks' row statements.
-* ``hnsw.iterative_scan = relaxed_order``: with the tenant filter applied after the
-  index scan, the scan continues until LIMIT rows pass the filter. Rows may come
+* ``hnsw.iterative_scan = relaxed_order``: with a filter applied after the index scan
+  (a statement by hand on a graph shared by several agents; an agent's own graph holds
+  only its rows), the scan continues until LIMIT rows pass the filter. Rows may come
   back slightly out of order; the vector search re-sorts them by distance.
 * ``plan_cache_mode = force_custom_plan``: asyncpg prepares statements and PG would
   switch to a generic plan after five runs. The two searches do not depend on it:

@@ -23,10 +23,9 @@ from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, candidate_columns
 
 
-# The nearest rows come from the plan's function (``ibex_cold_exact`` or
-# ``ibex_cold_hnsw``, migration 0008, each with its plan fixed by its settings;
-# ``ibex_cold_agent_halfvec``, 0019, or ``ibex_cold_agent``, 0013, the agent's own
-# graph; ``stores.cold_plan`` chooses),
+# The nearest rows come from the plan's function (``ibex_cold_exact``, migration 0008,
+# its plan fixed by its settings; ``ibex_cold_agent_halfvec``, 0019, or
+# ``ibex_cold_agent``, 0013, the agent's own graph; ``stores.cold_plan`` chooses),
 # then each of those K rows looks up its counters by primary key. The
 # lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
 # join it could plan as a hash join over the agent's whole usage table (a generic
@@ -67,7 +66,8 @@ SEARCH_ARRAYS_SQL: Mapping[ColdPlan, str] = {plan: _function_call(plan, "arrays"
 SEARCH_WITH_VECTORS_SQL: Mapping[ColdPlan, str] = {
     plan: _function_call(plan, "arrays_with_vectors") for plan in ColdPlan
 }
-# Where the exact scan's cost reaches the HNSW graph's (ADR-0009); Settings overrides.
+# Where the exact scan's cost reaches an HNSW graph's (ADR-0009): agents past it get a
+# graph of their own (``stores.postgres.graphs``); Settings overrides.
 DEFAULT_EXACT_MAX_MEMORIES = 5_000
 # The agent's memory count and whether it has a graph of its own.
 AGENT_SIZE_SQL = AGENT_STATE_SQL
@@ -116,14 +116,12 @@ class MemorySearches:
         pool: asyncpg.Pool,
         *,
         ef_search: int,
-        exact_max_memories: int = DEFAULT_EXACT_MAX_MEMORIES,
         agent_sizes: AgentSizes | None = None,
         graph_width: GraphSearchWidth | None = None,
         token_counts: TokenCountsDecoder | None = None,
     ) -> None:
         self._pool = pool
         self._graph_width = graph_width or GraphSearchWidth(ef_search, ef_search, 0)
-        self._exact_max_memories = exact_max_memories
         self._agent_sizes = agent_sizes if agent_sizes is not None else AgentSizes()
         self._token_counts = token_counts or TokenCountsDecoder()
 
@@ -151,17 +149,15 @@ class MemorySearches:
     ) -> Candidates:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
         their ``similarity`` (and their vectors, ``with_vectors``): a ``ColdMatches`` that
-        names the plan chosen for the agent's size (``stores.cold_plan``). ``on``: a read
-        replica's pool with the same session settings (``stores.postgres.read_routing``);
-        default this store's pool."""
+        names the plan chosen for the agent (``stores.cold_plan``: its own graph once ready,
+        else the exact scan). ``on``: a read replica's pool with the same session settings
+        (``stores.postgres.read_routing``); default this store's pool."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with (on or self._pool).acquire() as conn:
             size = await self._agent_size(conn, org, agent)
-            plan = choose_plan(
-                size, self._exact_max_memories, own_graph=self._agent_sizes.own_graph((org, agent))
-            )
+            plan = choose_plan(self._agent_sizes.own_graph((org, agent)))
             statement = (SEARCH_WITH_VECTORS_SQL if with_vectors else SEARCH_ARRAYS_SQL)[plan]
             width = (self._graph_width.for_agent(size, limit, plan),) if plan.walks_graph else ()
             row = await conn.fetchrow(statement, org, agent, embedding, limit, *width)

@@ -98,7 +98,6 @@ class PostgresMemoryStore:
         self.searches = MemorySearches(
             pool,
             ef_search=ef_search,
-            exact_max_memories=exact_max_memories,
             agent_sizes=agent_sizes,
             graph_width=graph_width,
             token_counts=token_counts,

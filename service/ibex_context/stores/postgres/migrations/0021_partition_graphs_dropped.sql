@@ -1,0 +1,26 @@
+-- The partitions' HNSW graphs dropped (issue 40): every write paid for a graph that
+-- almost no search walked.
+--
+-- Since 0013 an agent past the exact scan's limit (Settings.cold_exact_max_memories,
+-- 5,000) is searched through a graph of its own; the partition's graph (0008, m 32
+-- since 0010, every agent of the partition in it) was walked only by an agent between
+-- crossing the limit and its own graph being ready, a few seconds. Yet every memory
+-- written by any agent was inserted into it. Measured (backend CPU a memory, 600
+-- upserts in batches of 10, MiniLM-shaped vectors; benchmarks/results/
+-- large-agents-2026-12-06.md section 13): a 1,000-memory agent's write 3.9-4.4 ms with
+-- the partition's graph, 1.10 ms without; a 10,000-memory agent with its own graph
+-- 15.6-19.2 ms, 11.5-12.3 ms without. The graphs also took 2.1 kB a memory of disk
+-- and of the buffers the writes dirtied.
+--
+-- Now an agent without a ready graph of its own is searched exactly at any size
+-- (stores.cold_plan.choose_plan): at 5-10k memories, the agents waiting for their
+-- build, the scan costs what the partition's graph did (2.7 ms at 10k; ADR-0009).
+--
+-- The search functions of the partitions' graphs (ibex_cold_hnsw*) stay: processes of
+-- the previous build call them during a rollout, and without the graph they return
+-- the exact answer (the agent's rows by the tenant key, sorted by distance).
+--
+-- Dropping a partitioned index takes an ACCESS EXCLUSIVE lock on the memories'
+-- partitions for the time it takes to unlink the files: milliseconds.
+
+DROP INDEX IF EXISTS memories_embedding_hnsw;
