@@ -22,7 +22,7 @@ from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.factory import build_embedder
 from ibex_context.embedding.minilm import MiniLMEmbedder
-from ibex_context.errors import ConfigurationError, failure_name
+from ibex_context.errors import ConfigurationError, StoreError, failure_name
 from ibex_context.memory_api.purge import TenantPurge
 from ibex_context.memory_api.reads import MemoryReadApi, hybrid_search
 from ibex_context.memory_api.throttle import RowRateLimit
@@ -169,6 +169,15 @@ class ContextService:
 
         postgres = await PostgresMemoryStore.from_settings(s)
         self._closers.append(postgres.aclose)
+        try:
+            # Agents that grew past the exact scan's limit without a graph of their own get
+            # it now, not at their next write (the builds run in the background).
+            queued = await postgres.queue_grown()
+        except StoreError as exc:
+            queued = 0
+            log.warning("finding agents without their own graph failed: %s", failure_name(exc))
+        if queued:
+            log.info("queued the graph builds of %d agents past the exact scan's limit", queued)
         redis = RedisContextCache.from_settings(s)
         self._closers.append(redis.aclose)
         read_routing = build_read_routing(

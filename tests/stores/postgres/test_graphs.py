@@ -324,3 +324,39 @@ async def test_graph_builds_run_one_at_a_time_on_their_own_connection_never_a_re
 def test_background_builds_need_a_pool_of_their_own(graph_store: PostgresMemoryStore) -> None:
     with pytest.raises(ValueError, match="graph_pool"):
         PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH, agent_graphs=True)
+
+
+async def test_at_start_the_agents_grown_without_a_graph_are_queued_and_built(
+    private_postgres_dsn: str, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
+) -> None:
+    """Agents past the limit without a graph (written while nothing promoted them: a build
+    that died, a database from a build that had none) would be searched exactly until
+    their next write: ``queue_grown`` queues their builds at start, largest first; an
+    agent at the limit and one with a graph already are left alone."""
+    pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
+    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
+    tenants = [new_tenant() for _ in range(3)]
+    for n, size in enumerate((LIMIT + 5, LIMIT, LIMIT + 9)):
+        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
+        await plain.upsert_memories(tenants[n].org_id, tenants[n].agent_id, memories)
+    assert await plain.queue_grown() == 0  # this store builds no graphs
+    store = PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(private_postgres_dsn, ef_search=EF_SEARCH),
+    )
+    conn = await asyncpg.connect(private_postgres_dsn)
+    try:
+        assert await store.graphs.promote(tenants[2].org_id, tenants[2].agent_id)  # one built already
+        assert await store.queue_grown() == 1
+        await asyncio.wait_for(store.promotions_idle(), 60)
+        built = [(await _graph(conn, t.org_id, t.agent_id)) for t in tenants]
+        assert [g is not None and g["ready"] and g["valid"] for g in built] == [True, False, True]
+        assert await store.queue_grown() == 0
+        found = await store.search(tenants[0].org_id, tenants[0].agent_id, unit_vector(3), 5)
+        assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
+    finally:
+        await conn.close()
+        await store.aclose()

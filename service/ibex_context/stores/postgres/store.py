@@ -107,7 +107,8 @@ class PostgresMemoryStore:
         self.feedback = FeedbackLog(pool)
         self.counters = InjectionCounters(pool)
         # An agent past the exact scan's limit gets a graph of its own (when
-        # ``agent_graphs``: queued by its writes; ``graphs.promote_grown`` otherwise).
+        # ``agent_graphs``: queued by its writes and by ``queue_grown`` at start;
+        # ``graphs.promote_grown`` otherwise).
         # Builds run on ``graph_pool`` (one connection: one build at a time per
         # process), never on a request connection: a build holds its connection for
         # seconds to minutes, and 16 of them had filled the request pool.
@@ -268,6 +269,19 @@ class PostgresMemoryStore:
             # This process's searches walk the new graph from their next call, not once the
             # agent's cached state has expired (other processes: within its ttl).
             self.searches.forget_agent(org_id, agent_id)
+
+    async def queue_grown(self) -> int:
+        """Queues a graph build for every agent past the limit without one, largest first
+        (at most ``MAX_QUEUED_PROMOTIONS``): such an agent is searched exactly until its
+        graph is ready (migration 0021), and its next write may be far off. There is one
+        after a migration from a build that had none, a build that died with no write
+        since, a restored database. Returns how many were queued."""
+        if not self._agent_graphs:
+            return 0
+        grown = (await self.graphs.grown())[:MAX_QUEUED_PROMOTIONS]
+        for org_id, agent_id in grown:
+            self._queue_promotion(org_id, agent_id)
+        return len(grown)
 
     async def promotions_idle(self) -> None:
         """Waits until the queued graph builds are done (tests, shutdown)."""
