@@ -5,7 +5,8 @@ recall@50 against exact, by ``hnsw.ef_search``, on vectors shaped like MiniLM's.
     .venv/bin/python -m benchmarks.agent_graph --memories 10000,100000,1000000
 
 Each data set is one agent's memories in a table of its own with the graph the service
-builds for an agent past ``cold_exact_max_memories`` (``stores.postgres.graphs.GRAPH_OPTIONS``),
+builds for an agent past ``cold_exact_max_memories`` (``stores.postgres.graphs.AGENT_GRAPH_OPTIONS``,
+its vectors in half precision),
 in an embedded PostgreSQL under ``loadtest/out/agent-graphs`` (kept: a 1M-memory graph
 takes long to build, later runs reuse it). The vectors:
 
@@ -40,7 +41,7 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
-from ibex_context.stores.postgres.graphs import GRAPH_OPTIONS
+from ibex_context.stores.postgres.graphs import AGENT_GRAPH_OPTIONS, GRAPH_OPTIONS
 from ibex_context.stores.postgres.pool import create_pool
 
 from loadtest import pgcopy
@@ -111,7 +112,9 @@ class Index:
         return f"SELECT id FROM {table} ORDER BY embedding <=> $1 LIMIT {LIMIT}"
 
 
-SERVICE_GRAPH = Index("hnsw", GRAPH_OPTIONS, "hnsw.ef_search")
+# The graph the service builds for an agent (migration 0019), and the one it built before.
+SERVICE_GRAPH = Index("hnsw", AGENT_GRAPH_OPTIONS, "hnsw.ef_search", quantised="halfvec")
+FULL_PRECISION_GRAPH = Index("hnsw", GRAPH_OPTIONS, "hnsw.ef_search")
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,13 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--index", choices=("hnsw", "ivfflat"), default="hnsw")
     p.add_argument(
-        "--index-options", default="", help=f"the index's WITH (...); default for hnsw: {GRAPH_OPTIONS}"
+        "--index-options",
+        default="",
+        help=f"the index's WITH (...); default for hnsw: the service's, {AGENT_GRAPH_OPTIONS}",
     )
     p.add_argument(
         "--quantised",
         choices=("vector", "halfvec", "bit"),
-        default="vector",
-        help="what the graph holds: the stored vectors, halfvec, or bits (binary_quantize) re-ranked exactly",
+        default="halfvec",
+        help="what the graph holds: the stored vectors, halfvec (the service's), or bits"
+        " (binary_quantize) re-ranked exactly",
     )
     p.add_argument("--rerank", type=int, default=400, help="--quantised bit: candidates re-ranked")
     p.add_argument("--ef", default=",".join(map(str, DEFAULT_EF)), help="the index's knob's values")
@@ -402,11 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     for spec in filter(None, args.real.split(",")):
         name, memories = spec.split(":")
         data_sets.append(real_data(args.queries, name, int(memories)))
-    if args.index == "hnsw" and not args.index_options and args.quantised == "vector":
+    if args.index == "hnsw" and not args.index_options and args.quantised == "halfvec":
         index = SERVICE_GRAPH
     else:
         knob = "hnsw.ef_search" if args.index == "hnsw" else "ivfflat.probes"
-        default_options = GRAPH_OPTIONS if args.index == "hnsw" else "lists = 100"
+        default_options = AGENT_GRAPH_OPTIONS if args.index == "hnsw" else "lists = 100"
         index = Index(
             args.index,
             args.index_options or default_options,

@@ -7,11 +7,19 @@ import numpy as np
 import pytest
 from ibex_context.stores.postgres.pool import create_pool
 
-from benchmarks.agent_graph import SERVICE_GRAPH, DataSet, Index, ensure_table, exact_top, measure
+from benchmarks.agent_graph import (
+    FULL_PRECISION_GRAPH,
+    SERVICE_GRAPH,
+    DataSet,
+    Index,
+    ensure_table,
+    exact_top,
+    measure,
+)
 
 GRAPHS = {
-    "vector": SERVICE_GRAPH,
-    "halfvec": Index("hnsw", "m = 16, ef_construction = 64", "hnsw.ef_search", quantised="halfvec"),
+    "vector": FULL_PRECISION_GRAPH,
+    "halfvec": SERVICE_GRAPH,
     "bit": Index("hnsw", "m = 16, ef_construction = 64", "hnsw.ef_search", quantised="bit", rerank=400),
 }
 
