@@ -236,6 +236,17 @@ async def measure(
     return [exact, service, *([own] if own.milliseconds else []), *by_size.values()]
 
 
+def _widths(width: GraphSearchWidth) -> str:
+    """The graph searches' hnsw.ef_search, as the setup line tells them."""
+    half = width.for_agent(0, LIMIT, ColdPlan.AGENT_HALFVEC)
+    half_large = width.for_agent(width.large_agent_memories + 1, LIMIT, ColdPlan.AGENT_HALFVEC)
+    full, full_large = width.for_agent(0, LIMIT), width.for_agent(width.large_agent_memories + 1, LIMIT)
+    return (
+        f" hnsw.ef_search on an own graph in half precision {half}, {half_large} above"
+        f" {width.large_agent_memories:,} memories; on one built before migration 0019 {full}, {full_large}"
+    )
+
+
 async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int | None, queries: str) -> str:
     # The service's width by agent size, unless one width is asked for every agent.
     width = service_width() if ef_search is None else GraphSearchWidth(ef_search, ef_search, 0)
@@ -284,12 +295,7 @@ async def run(data_dir: Path, agents_wanted: int, calls: int, ef_search: int | N
         "",
         f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
         f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
-        f" hnsw.ef_search {width.ef_search}"
-        + (
-            f" ({width.large_agent_ef_search} above {width.large_agent_memories:,} memories, as the service)"
-            if width.large_agent_ef_search != width.ef_search
-            else ""
-        )
+        + _widths(width)
         + f"; exact until an agent's own graph is ready); queries: {QUERIES[queries]}; each exactly"
         " and, for an agent with a graph of its own, through it, back to back: recall@50 of the graph"
         " against the exact answer (mean / 5th percentile / min);"
