@@ -268,6 +268,22 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
     )
+    hnsw_ef_search_sparse_graph: int = _f(
+        200,
+        "hnsw.ef_search on an agent's sparse own graph (m 16, cold_sparse_graph_max_memories): at"
+        " 10k MiniLM memories 200 gives recall@50 0.988 mean / 0.94 p5 in 1.9 ms of backend CPU,"
+        " 100 0.970 / 0.86 (large-agents-2026-12-06.md section 14).",
+        ge=1,
+        le=1000,
+    )
+    cold_sparse_graph_max_memories: int = _f(
+        20_000,
+        "Agents promoted with at most this many memories get a sparse own graph (m 16,"
+        " ef_construction 128: a memory's insertion ~2.8 ms of PostgreSQL's CPU against ~11 for the"
+        " dense m 48 graph, a 10k build 2 s against 9-10); past it the graph is rebuilt dense in the"
+        " background, the sparse one serving meanwhile. 0: every graph dense.",
+        ge=0,
+    )
     cold_large_agent_memories: int = _f(
         50_000,
         "Agents with more memories than this are searched with hnsw_ef_search_large_agents.",

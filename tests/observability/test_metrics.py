@@ -134,7 +134,7 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
         if name == "ibex_context_cold_search_plans_total"
     }
     # Every plan a series from the start.
-    assert plans == {"exact": 1, "agent_halfvec": 2, "agent": 0, OTHER: 1}
+    assert plans == {"exact": 1, "agent_halfvec": 2, "agent_sparse": 0, "agent": 0, OTHER: 1}
 
 
 def test_calls_searched_with_the_stand_ins_vector_are_counted() -> None:

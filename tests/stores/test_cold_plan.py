@@ -14,6 +14,7 @@ def test_an_agent_without_a_ready_graph_of_its_own_is_searched_exactly() -> None
 
 def test_an_agent_with_a_graph_of_its_own_is_searched_through_it() -> None:
     assert choose_plan(ColdPlan.AGENT_HALFVEC) is ColdPlan.AGENT_HALFVEC
+    assert choose_plan(ColdPlan.AGENT_SPARSE) is ColdPlan.AGENT_SPARSE
     # A graph built before migration 0019 (full precision) keeps its own function.
     assert choose_plan(ColdPlan.AGENT) is ColdPlan.AGENT
 
@@ -102,3 +103,25 @@ def test_the_least_recently_used_agent_leaves_a_full_cache_first() -> None:
 
 def test_every_plan_but_the_exact_scan_walks_a_graph_and_takes_a_width() -> None:
     assert [plan for plan in ColdPlan if not plan.walks_graph] == [ColdPlan.EXACT]
+
+
+def test_a_sparse_graph_is_searched_by_the_dense_graphs_function_at_its_own_width() -> None:
+    assert ColdPlan.AGENT_SPARSE.function == ColdPlan.AGENT_HALFVEC.function == "agent_halfvec"
+    assert [plan.function for plan in (ColdPlan.EXACT, ColdPlan.AGENT)] == ["exact", "agent"]
+    width = GraphSearchWidth(
+        ef_search=200,
+        large_agent_ef_search=400,
+        large_agent_memories=50_000,
+        own_graph_ef_search=100,
+        own_graph_large_agent_ef_search=200,
+        sparse_graph_ef_search=250,
+    )
+    assert width.for_agent(10_000, 50, ColdPlan.AGENT_SPARSE) == 250
+    assert width.for_agent(60_000, 50, ColdPlan.AGENT_SPARSE) == 250  # awaiting its dense rebuild
+    assert width.for_agent(10_000, 300, ColdPlan.AGENT_SPARSE) == 300  # never below the limit
+    assert width.for_agent(10_000, 50, ColdPlan.AGENT_HALFVEC) == 100
+    # Without a sparse width, a sparse graph is searched as a dense one.
+    dense_only = GraphSearchWidth(
+        200, 400, 50_000, own_graph_ef_search=100, own_graph_large_agent_ef_search=200
+    )
+    assert dense_only.for_agent(10_000, 50, ColdPlan.AGENT_SPARSE) == 100

@@ -31,9 +31,17 @@ class ColdPlan(enum.StrEnum):
 
     EXACT = "exact"
     # The agent's own graph (``stores.postgres.graphs``): of its vectors in half precision
-    # (migration 0019), or as stored for a graph built before (0013).
+    # (migration 0019), dense or, while the agent is small, sparse (0022); or as stored for
+    # a graph built before 0019 (0013).
     AGENT_HALFVEC = "agent_halfvec"
+    AGENT_SPARSE = "agent_sparse"
     AGENT = "agent"
+
+    @property
+    def function(self) -> str:
+        """The name of its SQL function, ``ibex_cold_<function>`` (a sparse graph is
+        searched by the same statement as a dense one, at its own width)."""
+        return ColdPlan.AGENT_HALFVEC.value if self is ColdPlan.AGENT_SPARSE else self.value
 
     @property
     def walks_graph(self) -> bool:
@@ -62,7 +70,8 @@ class GraphSearchWidth:
     recall@50 0.994 mean / 0.98 p5 at 10k MiniLM memories, a 100k-memory agent needs 400
     for 0.969-0.974 / 0.84-0.88. An own graph in half precision (m 48, 0019) holds more
     per candidate: 100 gives 0.995 / 0.98 at 10k, 200 gives 0.978 / 0.90 at 100k
-    (ADR-0015). A wider search than needed costs time for nothing.
+    (ADR-0015). A sparse one (m 16, 0022, agents up to ~20k) needs 200 at 10k for
+    0.988 / 0.94. A wider search than needed costs time for nothing.
     """
 
     ef_search: int
@@ -71,13 +80,17 @@ class GraphSearchWidth:
     # The own graphs in half precision; by default as wide as the others.
     own_graph_ef_search: int | None = None
     own_graph_large_agent_ef_search: int | None = None
+    # The sparse own graphs, whatever the agent's size; by default as the dense ones.
+    sparse_graph_ef_search: int | None = None
 
     def for_agent(self, memories: int, limit: int, plan: ColdPlan | None = None) -> int:
         """The ef_search for a search of ``limit`` rows among ``memories`` through
         ``plan``'s graph: never below ``limit`` (the graph keeps at most ef_search
         candidates), at most pgvector's 1000."""
         large = memories > self.large_agent_memories
-        if plan is ColdPlan.AGENT_HALFVEC:
+        if plan is ColdPlan.AGENT_SPARSE and self.sparse_graph_ef_search is not None:
+            return min(MAX_EF_SEARCH, max(self.sparse_graph_ef_search, limit))
+        if plan in (ColdPlan.AGENT_HALFVEC, ColdPlan.AGENT_SPARSE):
             own = self.own_graph_large_agent_ef_search if large else self.own_graph_ef_search
             if own is not None:
                 return min(MAX_EF_SEARCH, max(own, limit))

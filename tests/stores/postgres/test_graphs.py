@@ -5,13 +5,22 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import asyncpg
+import numpy as np
 import pytest
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
-from ibex_context.stores.postgres.graphs import GRAPH_OPTIONS, AgentGraphs, build_memory_mb, graph_index_name
+from ibex_context.stores.postgres.graphs import (
+    DENSE_GRAPH,
+    GRAPH_OPTIONS,
+    SPARSE_GRAPH,
+    AgentGraphs,
+    build_memory_mb,
+    graph_index_name,
+)
 from ibex_context.stores.postgres.pool import GRAPH_BUILD_APPLICATION
 
 from tests.conftest import TEST_EMBEDDING_DIM, Tenant
@@ -360,3 +369,154 @@ async def test_at_start_the_agents_grown_without_a_graph_are_queued_and_built(
     finally:
         await conn.close()
         await store.aclose()
+
+
+SPARSE_MAX = LIMIT + 20  # promoted with at most this many memories: a sparse graph
+
+
+@pytest.fixture
+async def sparse_store(postgres_dsn: str) -> AsyncIterator[PostgresMemoryStore]:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=REQUEST_POOL, ef_search=EF_SEARCH)
+    store = PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        sparse_graph_max_memories=SPARSE_MAX,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH),
+    )
+    yield store
+    await store.aclose()
+
+
+async def _links(conn: asyncpg.Connection, org_id: str, agent_id: str) -> tuple[int, str] | None:
+    row = await conn.fetchrow(
+        "SELECT links, index_name FROM agent_graphs WHERE org_id = $1 AND agent_id = $2 AND ready",
+        uuid.UUID(org_id),
+        uuid.UUID(agent_id),
+    )
+    return None if row is None else (row["links"], row["index_name"])
+
+
+async def _exact_similarities(
+    conn: asyncpg.Connection, tenant: Tenant, query: np.ndarray, limit: int
+) -> list[float]:
+    rows = await conn.fetch(
+        "SELECT distance FROM ibex_cold_exact($1, $2, $3, $4)",
+        uuid.UUID(tenant.org_id),
+        uuid.UUID(tenant.agent_id),
+        query,
+        limit,
+    )
+    return [1.0 - r["distance"] for r in rows]
+
+
+def _as_found(found: ColdMatches) -> object:
+    """The similarities found, to compare with the exact answer's: the graph orders its walk
+    by half-precision distances, so of two memories almost as near it may rank either
+    first; what it finds is as near."""
+    return pytest.approx(found.similarity.tolist(), abs=2e-3)
+
+
+async def test_a_small_agent_gets_a_sparse_graph_rebuilt_dense_once_it_grows_past_the_limit(
+    sparse_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    query = unit_vector(4)
+    memories = [
+        make_memory(f"grow {i}", embedding=near(query, 1.0, seed=300 + i)) for i in range(SPARSE_MAX + 5)
+    ]
+    await sparse_store.upsert_memories(tenant.org_id, tenant.agent_id, memories[: LIMIT + 5])
+    await asyncio.wait_for(sparse_store.promotions_idle(), 60)
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    sparse_name, dense_name = (graph_index_name(org, agent, b) for b in (SPARSE_GRAPH, DENSE_GRAPH))
+    assert await _links(conn, tenant.org_id, tenant.agent_id) == (16, sparse_name)
+    graph = await _graph(conn, tenant.org_id, tenant.agent_id)
+    assert (
+        graph is not None
+        and "m='16'" in graph["definition"]
+        and "ef_construction='128'" in graph["definition"]
+    )
+    found = await sparse_store.search(tenant.org_id, tenant.agent_id, query, 10)
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_SPARSE
+    assert await _exact_similarities(conn, tenant, query, 10) == _as_found(found)
+
+    # Past the sparse graph's limit: the next write queues its dense rebuild.
+    await sparse_store.upsert_memories(tenant.org_id, tenant.agent_id, memories[LIMIT + 5 :])
+    await asyncio.wait_for(sparse_store.promotions_idle(), 60)
+    assert await _links(conn, tenant.org_id, tenant.agent_id) == (48, dense_name)
+    graph = await _graph(conn, tenant.org_id, tenant.agent_id)
+    assert graph is not None and graph["valid"] and "m='48'" in graph["definition"]
+    assert await conn.fetchval("SELECT to_regclass($1) IS NULL", sparse_name)  # dropped
+    assert (
+        await conn.fetchval("SELECT rebuild_requested_at FROM agent_graphs WHERE index_name = $1", dense_name)
+        is None
+    )
+    # This process forgot the agent's state: its next search walks the dense graph.
+    found = await sparse_store.search(tenant.org_id, tenant.agent_id, query, 10)
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
+    assert await _exact_similarities(conn, tenant, query, 10) == _as_found(found)
+    assert not await sparse_store.graphs.build_due(tenant.org_id, tenant.agent_id)  # nothing left to build
+
+
+async def test_an_agent_promoted_past_the_sparse_limit_gets_the_dense_graph_at_once(
+    sparse_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    plain = PostgresMemoryStore(sparse_store.pool, ef_search=EF_SEARCH)
+    memories = [make_memory(f"bulk {i}", embedding=unit_vector(400 + i)) for i in range(SPARSE_MAX + 3)]
+    await plain.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+    assert await sparse_store.graphs.build_due(tenant.org_id, tenant.agent_id)
+    org, agent = uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id)
+    assert await _links(conn, tenant.org_id, tenant.agent_id) == (
+        48,
+        graph_index_name(org, agent, DENSE_GRAPH),
+    )
+
+
+async def test_a_rebuild_is_claimed_once_and_a_stale_claim_is_taken_over(
+    sparse_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    plain = PostgresMemoryStore(sparse_store.pool, ef_search=EF_SEARCH)
+    memories = [make_memory(f"claim {i}", embedding=unit_vector(500 + i)) for i in range(LIMIT + 3)]
+    await plain.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+    assert await sparse_store.graphs.promote(tenant.org_id, tenant.agent_id)
+    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    claim = (
+        "UPDATE agent_graphs SET rebuild_requested_at = now() - $3::interval"
+        " WHERE org_id = $1 AND agent_id = $2"
+    )
+    await conn.execute(claim, *key, timedelta(minutes=5))  # another process rebuilding it
+    assert not await sparse_store.graphs.densify(tenant.org_id, tenant.agent_id)
+    assert (await _links(conn, tenant.org_id, tenant.agent_id) or (0,))[0] == 16
+    await conn.execute(claim, *key, timedelta(hours=2))  # that process died
+    assert await sparse_store.graphs.densify(tenant.org_id, tenant.agent_id)
+    assert (await _links(conn, tenant.org_id, tenant.agent_id) or (0,))[0] == 48
+    assert not await sparse_store.graphs.densify(tenant.org_id, tenant.agent_id)  # dense already
+
+
+async def test_agents_due_a_build_are_those_past_a_limit_without_the_graph_it_calls_for(
+    sparse_store: PostgresMemoryStore,
+    conn: asyncpg.Connection,
+    new_tenant: Callable[[], Tenant],
+    make_memory: MakeMemory,
+) -> None:
+    """Without a graph past the exact scan's limit; on a sparse graph past the sparse
+    graph's; a dense graph or a sparse one within its limit is due nothing."""
+    plain = PostgresMemoryStore(sparse_store.pool, ef_search=EF_SEARCH)
+    tenants = [new_tenant() for _ in range(4)]
+    sizes = (LIMIT + 2, LIMIT + 4, SPARSE_MAX + 6, SPARSE_MAX + 8)
+    for n, (t, size) in enumerate(zip(tenants, sizes, strict=True)):
+        memories = [make_memory(f"due{n} {i}", embedding=unit_vector(600 + 50 * n + i)) for i in range(size)]
+        await plain.upsert_memories(t.org_id, t.agent_id, memories[: min(size, LIMIT + 4)])
+    # Sparse graphs for the last three, then two grow past the sparse limit.
+    for t in tenants[1:]:
+        assert await sparse_store.graphs.promote(t.org_id, t.agent_id)
+    for n, t in enumerate(tenants[2:], start=2):
+        rest = [
+            make_memory(f"due{n} more {i}", embedding=unit_vector(900 + 50 * n + i))
+            for i in range(sizes[n] - LIMIT - 4)
+        ]
+        await plain.upsert_memories(t.org_id, t.agent_id, rest)
+    assert await sparse_store.graphs.densify(tenants[3].org_id, tenants[3].agent_id)
+    due = await sparse_store.graphs.grown()
+    mine = [(t.org_id, t.agent_id) for t in tenants]
+    assert [d for d in due if d in mine] == [mine[2], mine[0]]  # largest first

@@ -374,7 +374,9 @@ async def test_the_partitions_graphs_are_dropped_and_the_previous_builds_search_
         snapshot = "SELECT org_id, agent_id, id, content, embedding::text FROM memories ORDER BY 1, 2, 3"
         before = [tuple(r) for r in await conn.fetch(snapshot)]
 
-        assert await apply_migrations(conn, 8) == ["0021_partition_graphs_dropped"]
+        assert await apply_migrations(conn, 8, [m for m in migrations if m.version <= 21]) == [
+            "0021_partition_graphs_dropped"
+        ]
 
         assert [r[0] for r in await conn.fetch(hnsw)] == [own]
         assert [tuple(r) for r in await conn.fetch(snapshot)] == before
@@ -389,6 +391,32 @@ async def test_the_partitions_graphs_are_dropped_and_the_previous_builds_search_
                 "SELECT * FROM ibex_cold_hnsw_arrays($1, $2, '[1,1,0,0,0,0,0,1]', 4, 40)", org, agent
             )
             assert previous is not None and [str(i) for i in previous[0]] == [str(r["id"]) for r in exact]
+    finally:
+        await conn.close()
+
+
+async def test_the_graphs_recorded_before_sparse_ones_existed_are_recorded_by_their_links(
+    empty_database_dsn: str,
+) -> None:
+    """0022: a half-precision graph (0019) is dense, 48 links; one built before 0019, 32."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version <= 21])
+        recorded = [(uuid.uuid4(), uuid.uuid4(), halfvec) for halfvec in (True, False)]
+        await conn.executemany(
+            "INSERT INTO agent_graphs (org_id, agent_id, index_name, ready, halfvec)"
+            " VALUES ($1, $2, $3, true, $4)",
+            [
+                (org, agent, f"memories_agent_{n}", halfvec)
+                for n, (org, agent, halfvec) in enumerate(recorded)
+            ],
+        )
+        assert await apply_migrations(conn, 8) == ["0022_sparse_agent_graphs"]
+        links = await conn.fetch(
+            "SELECT halfvec, links, rebuild_requested_at FROM agent_graphs ORDER BY links DESC"
+        )
+        assert [tuple(r) for r in links] == [(True, 48, None), (False, 32, None)]
     finally:
         await conn.close()
 

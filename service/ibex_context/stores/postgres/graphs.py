@@ -1,15 +1,20 @@
 """Large agents' own graphs: a partial HNSW index per agent on its partition (migration 0013),
-of its vectors in half precision (0019).
+of its vectors in half precision (0019), sparse while the agent is small and dense once it
+has grown (0022).
 
 An agent past the exact scan's limit (``cold_exact_max_memories``) is promoted: its
 graph is built with ``CREATE INDEX CONCURRENTLY`` (writes and searches go on) and
 recorded ready in ``agent_graphs``; its searches then walk only its own vectors
 (``ibex_cold_agent_halfvec``; ``ibex_cold_agent`` for a graph built before 0019). Until
 then it is searched exactly (the partitions' shared graphs are gone, migration 0021).
-The store starts a promotion in the background when a write leaves the agent past the
-limit (``PostgresMemoryStore.upsert_memories``: queued, one build at a time per process,
+Promoted with at most ``sparse_max_memories`` memories, the graph is sparse
+(``SPARSE_GRAPH``: a quarter of the dense graph's write cost, as much found at that size);
+once the agent grows past it, the graph is rebuilt dense (``DENSE_GRAPH``) beside it and
+the sparse one dropped, the agent's searches walking the sparse graph meanwhile.
+The store starts a build in the background when a write leaves the agent past a limit
+(``PostgresMemoryStore.upsert_memories``: queued, one build at a time per process,
 on the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
-promotes every such agent, e.g. after a bulk load.
+builds every graph due, e.g. after a bulk load.
 
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
@@ -31,31 +37,85 @@ from ibex_context.stores.postgres.pool import store_errors
 
 # The agents' own graphs' parameters before migration 0019 (and the partitions' graphs', 0010-0021).
 GRAPH_OPTIONS = "m = 32, ef_construction = 128"
-# An agent's own graph (migration 0019): its vectors in half precision, each linked to more
+
+
+@dataclass(frozen=True, slots=True)
+class GraphBuild:
+    """How an agent's own graph is built: the links of each vector (``m``), the width of the
+    build's search for them (``ef_construction``), and its index name's suffix (a rebuild
+    makes the new graph beside the old)."""
+
+    links: int
+    ef_construction: int
+    suffix: str
+
+    @property
+    def options(self) -> str:
+        return f"m = {self.links}, ef_construction = {self.ef_construction}"
+
+
+# The dense graph (migration 0019): its vectors in half precision, each linked to many
 # neighbours. On 100k MiniLM memories of one agent, at ef_search 200: recall@50 0.978 mean /
 # 0.90 p5 in 8.3 ms, against 0.943 / 0.72 in 7.0 ms for the previous graph (which needed
 # ef_search 400, 13.7 ms, for 0.969 / 0.84); 164 MB against 212 MB (ADR-0015).
-AGENT_GRAPH_OPTIONS = "m = 48, ef_construction = 256"
+DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="")
+# The sparse graph (0022), for an agent near the promotion size: at 10k real MiniLM
+# memories, ef_search 200 gives recall@50 0.988 / 0.94 for 1.9 ms of backend CPU where the
+# dense graph gives 0.995 / 0.96 at 100 for 2.1 ms; a memory's insertion 2.7-2.9 ms of CPU
+# against 9.6-12.2, the build at 10k 2 s against 9-10 s. It does not carry to 50k (0.914 /
+# 0.40 at 200 on drawn vectors): agents past ``sparse_max_memories`` get the dense one
+# (large-agents-2026-12-06.md section 14).
+SPARSE_GRAPH = GraphBuild(links=16, ef_construction=128, suffix="_s")
+AGENT_GRAPH_OPTIONS = DENSE_GRAPH.options
+
+
+def graph_for(memories: int, sparse_max_memories: int) -> GraphBuild:
+    """The graph an agent of ``memories`` memories gets."""
+    return SPARSE_GRAPH if memories <= sparse_max_memories else DENSE_GRAPH
+
 
 _CLAIM_SQL = """
     INSERT INTO agent_graphs AS g (org_id, agent_id, index_name) VALUES ($1, $2, $3)
-    ON CONFLICT (org_id, agent_id) DO UPDATE SET requested_at = now()
+    ON CONFLICT (org_id, agent_id) DO UPDATE SET requested_at = now(), index_name = EXCLUDED.index_name
         WHERE NOT g.ready AND g.requested_at < now() - $4::interval
     RETURNING true
 """
-_READY_SQL = "UPDATE agent_graphs SET ready = true, halfvec = true WHERE org_id = $1 AND agent_id = $2"
+_READY_SQL = """
+    UPDATE agent_graphs SET ready = true, halfvec = true, links = $3 WHERE org_id = $1 AND agent_id = $2
+"""
+# A sparse graph's rebuild: claimed on its record (one process at a time, a stale claim
+# taken over), recorded dense when built.
+_REBUILD_CLAIM_SQL = """
+    UPDATE agent_graphs SET rebuild_requested_at = now()
+    WHERE org_id = $1 AND agent_id = $2 AND ready AND halfvec AND links < $3
+      AND (rebuild_requested_at IS NULL OR rebuild_requested_at < now() - $4::interval)
+    RETURNING index_name
+"""
+_REBUILT_SQL = """
+    UPDATE agent_graphs SET links = $3, index_name = $4, rebuild_requested_at = NULL
+    WHERE org_id = $1 AND agent_id = $2 RETURNING true
+"""
+_REBUILD_RELEASE_SQL = (
+    "UPDATE agent_graphs SET rebuild_requested_at = NULL WHERE org_id = $1 AND agent_id = $2"
+)
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
+# Agents due a build: past the exact scan's limit without a graph ($1), or past the sparse
+# graph's limit ($2) on a sparse one ($3: the dense graph's links).
 _GROWN_SQL = """
     SELECT s.org_id::text, s.agent_id::text FROM memory_stats AS s
+    LEFT JOIN agent_graphs AS g ON g.org_id = s.org_id AND g.agent_id = s.agent_id
     WHERE s.memories > $1
-      AND NOT EXISTS (SELECT 1 FROM agent_graphs AS g WHERE g.org_id = s.org_id AND g.agent_id = s.agent_id)
+      AND (g.org_id IS NULL OR (g.ready AND g.halfvec AND g.links < $3 AND s.memories > $2))
     ORDER BY s.memories DESC
 """
 # The agent's memory count and the plan that searches its own graph once that is ready
-# (``ColdPlan.AGENT_HALFVEC`` or, built before migration 0019, ``ColdPlan.AGENT``), else NULL.
+# (``ColdPlan.AGENT_HALFVEC`` dense, ``ColdPlan.AGENT_SPARSE`` sparse, or, built before
+# migration 0019, ``ColdPlan.AGENT``), else NULL.
 AGENT_STATE_SQL: str = f"""
     SELECT s.memories,
-           (SELECT CASE WHEN g.halfvec THEN '{ColdPlan.AGENT_HALFVEC.value}' ELSE '{ColdPlan.AGENT.value}' END
+           (SELECT CASE WHEN NOT g.halfvec THEN '{ColdPlan.AGENT.value}'
+                        WHEN g.links < {DENSE_GRAPH.links} THEN '{ColdPlan.AGENT_SPARSE.value}'
+                        ELSE '{ColdPlan.AGENT_HALFVEC.value}' END
             FROM agent_graphs AS g WHERE g.org_id = $1 AND g.agent_id = $2 AND g.ready)
     FROM memory_stats AS s WHERE s.org_id = $1 AND s.agent_id = $2
 """
@@ -66,9 +126,14 @@ def own_graph_plan(state: asyncpg.Record | None) -> ColdPlan | None:
     return ColdPlan(state[1]) if state is not None and state[1] is not None else None
 
 
-def graph_index_name(org: uuid.UUID, agent: uuid.UUID) -> str:
-    """The agent's index name: a hash of the tenant, never its ids."""
-    return "memories_agent_" + hashlib.sha256(org.bytes + agent.bytes).hexdigest()[:16]
+def graph_index_name(org: uuid.UUID, agent: uuid.UUID, build: GraphBuild = DENSE_GRAPH) -> str:
+    """The agent's index name: a hash of the tenant, never its ids, and the graph's suffix."""
+    return "memories_agent_" + hashlib.sha256(org.bytes + agent.bytes).hexdigest()[:16] + build.suffix
+
+
+def graph_index_names(org: uuid.UUID, agent: uuid.UUID) -> tuple[str, ...]:
+    """Every name the agent's graph may have (a purge drops them all)."""
+    return tuple(graph_index_name(org, agent, build) for build in (DENSE_GRAPH, SPARSE_GRAPH))
 
 
 # What a build asks for per memory of the agent (maintenance_work_mem): pgvector holds the
@@ -90,53 +155,43 @@ def build_memory_mb(memories: int, cap_mb: int) -> int:
 class AgentGraphs:
     """Builds and records large agents' own graphs, through the primary's pool.
 
-    ``build_memory_mb``: the most memory one build may take (``build_memory_mb``)."""
+    ``sparse_max_memories``: agents promoted with at most this many memories get the sparse
+    graph, rebuilt dense once they grow past it (0: every graph dense). ``build_memory_mb``:
+    the most memory one build may take (``build_memory_mb``)."""
 
     def __init__(
         self,
         pool: asyncpg.Pool,
         *,
         min_memories: int,
+        sparse_max_memories: int = 0,
         stale_after: timedelta = timedelta(hours=1),
         build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
     ) -> None:
         self._pool = pool
         self.min_memories = min_memories
+        self.sparse_max_memories = sparse_max_memories
         self._stale_after = stale_after
         self._build_memory_mb = build_memory_mb
 
     @store_errors
     async def promote(self, org_id: str, agent_id: str) -> bool:
-        """Builds the agent's own graph; False when it has one, another process is
-        building it, or it has no memories."""
+        """Builds the agent's own graph, sparse or dense by its size; False when it has one,
+        another process is building it, or it has no memories."""
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
-        name = graph_index_name(org, agent)
         async with self._pool.acquire() as conn:
+            memories = int(await conn.fetchval(AGENT_STATE_SQL, org, agent) or 0)
+            build = graph_for(memories, self.sparse_max_memories)
+            name = graph_index_name(org, agent, build)
             if not await conn.fetchval(_CLAIM_SQL, org, agent, name, self._stale_after):
                 return False
             built = False
             try:
-                partition = await conn.fetchval(_PARTITION_SQL, org, agent)
-                dim = await recorded_embedding_dim(conn)
-                if partition is not None and dim is not None:
-                    # A build takes seconds to minutes: past the pool's statement timeout.
-                    await conn.execute("SET statement_timeout = 0")
-                    # The agent's size from the state query the searches read.
-                    memories = await conn.fetchval(AGENT_STATE_SQL, org, agent) or 0
-                    memory_mb = build_memory_mb(int(memories), self._build_memory_mb)
-                    await conn.execute(f"SET maintenance_work_mem = '{memory_mb}MB'")
-                    try:
-                        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-                        await conn.execute(
-                            f"CREATE INDEX CONCURRENTLY {name} ON {partition}"
-                            f" USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops)"
-                            f" WITH ({AGENT_GRAPH_OPTIONS})"
-                            f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
-                        )
-                    finally:
-                        await conn.execute("RESET statement_timeout")
-                        await conn.execute("RESET maintenance_work_mem")
-                    await conn.execute(_READY_SQL, org, agent)
+                # A claim taken over may have left an index under either name.
+                if await self._build(
+                    conn, org, agent, build, memories, leftovers=graph_index_names(org, agent)
+                ):
+                    await conn.execute(_READY_SQL, org, agent, build.links)
                     built = True
             finally:
                 if not built:
@@ -146,11 +201,90 @@ class AgentGraphs:
         return built
 
     @store_errors
+    async def densify(self, org_id: str, agent_id: str) -> bool:
+        """Rebuilds the agent's sparse graph dense, beside it: its searches walk the sparse
+        graph until the dense one is recorded. False when it has no sparse graph or another
+        process is rebuilding it."""
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        async with self._pool.acquire() as conn:
+            sparse = await conn.fetchval(_REBUILD_CLAIM_SQL, org, agent, DENSE_GRAPH.links, self._stale_after)
+            if sparse is None:
+                return False
+            name = graph_index_name(org, agent, DENSE_GRAPH)
+            rebuilt = False
+            try:
+                memories = int(await conn.fetchval(AGENT_STATE_SQL, org, agent) or 0)
+                if await self._build(conn, org, agent, DENSE_GRAPH, memories, leftovers=(name,)):
+                    # The sparse graph goes before the record says dense: a crash between
+                    # leaves a dense graph recorded sparse (rebuilt again), never a sparse
+                    # graph that every write pays for and no record names.
+                    await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {sparse}")
+                    rebuilt = bool(await conn.fetchval(_REBUILT_SQL, org, agent, DENSE_GRAPH.links, name))
+                    if not rebuilt:  # the agent was purged meanwhile
+                        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            finally:
+                if not rebuilt:
+                    await conn.execute(_REBUILD_RELEASE_SQL, org, agent)
+        return rebuilt
+
+    async def _build(
+        self,
+        conn: asyncpg.Connection,
+        org: uuid.UUID,
+        agent: uuid.UUID,
+        build: GraphBuild,
+        memories: int,
+        *,
+        leftovers: tuple[str, ...],
+    ) -> bool:
+        """Builds ``build``'s graph of the agent (its ``leftovers`` dropped first); False
+        when it has no memories or the schema no recorded dimension."""
+        partition = await conn.fetchval(_PARTITION_SQL, org, agent)
+        dim = await recorded_embedding_dim(conn)
+        if partition is None or dim is None:
+            return False
+        # A build takes seconds to minutes: past the pool's statement timeout.
+        await conn.execute("SET statement_timeout = 0")
+        await conn.execute(
+            f"SET maintenance_work_mem = '{build_memory_mb(memories, self._build_memory_mb)}MB'"
+        )
+        try:
+            for leftover in leftovers:
+                await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
+            await conn.execute(
+                f"CREATE INDEX CONCURRENTLY {graph_index_name(org, agent, build)} ON {partition}"
+                f" USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops)"
+                f" WITH ({build.options})"
+                f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
+            )
+        finally:
+            await conn.execute("RESET statement_timeout")
+            await conn.execute("RESET maintenance_work_mem")
+        return True
+
+    @store_errors
+    async def build_due(self, org_id: str, agent_id: str) -> bool:
+        """Builds what the agent's size calls for: its own graph past the exact scan's limit,
+        the dense one past the sparse graph's; False when nothing was built."""
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        state = await self._pool.fetchrow(AGENT_STATE_SQL, org, agent)
+        if state is None or state[0] <= self.min_memories:
+            return False
+        plan = own_graph_plan(state)
+        if plan is None:
+            return await self.promote(org_id, agent_id)
+        if plan is ColdPlan.AGENT_SPARSE and state[0] > self.sparse_max_memories:
+            return await self.densify(org_id, agent_id)
+        return False
+
+    @store_errors
     async def grown(self) -> list[tuple[str, str]]:
-        """The (org_id, agent_id) of agents past the limit without a graph, largest first."""
-        rows = await self._pool.fetch(_GROWN_SQL, self.min_memories)
+        """The (org_id, agent_id) of agents due a build (``build_due``), largest first."""
+        rows = await self._pool.fetch(
+            _GROWN_SQL, self.min_memories, self.sparse_max_memories, DENSE_GRAPH.links
+        )
         return [(r[0], r[1]) for r in rows]
 
     async def promote_grown(self) -> int:
-        """Promotes every agent past the limit, one after another; returns how many were built."""
-        return sum([await self.promote(org, agent) for org, agent in await self.grown()])
+        """Builds every graph due, one after another; returns how many were built."""
+        return sum([await self.build_due(org, agent) for org, agent in await self.grown()])

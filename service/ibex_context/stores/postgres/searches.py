@@ -25,7 +25,8 @@ from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, candidate_colum
 
 # The nearest rows come from the plan's function (``ibex_cold_exact``, migration 0008,
 # its plan fixed by its settings; ``ibex_cold_agent_halfvec``, 0019, or
-# ``ibex_cold_agent``, 0013, the agent's own graph; ``stores.cold_plan`` chooses),
+# ``ibex_cold_agent``, 0013, the agent's own graph, dense or sparse; ``stores.cold_plan``
+# chooses),
 # then each of those K rows looks up its counters by primary key. The
 # lateral LIMIT 1 (memory_id is unique) keeps the planner from flattening it into a
 # join it could plan as a hash join over the agent's whole usage table (a generic
@@ -33,7 +34,7 @@ from ibex_context.stores.postgres.rows import CANDIDATE_COLUMNS, candidate_colum
 def _search_sql(plan: ColdPlan) -> str:
     return f"""
     SELECT {CANDIDATE_COLUMNS}, m.distance
-    FROM ibex_cold_{plan.value}($1, $2, $3, $4) AS m
+    FROM ibex_cold_{plan.function}($1, $2, $3, $4) AS m
     LEFT JOIN LATERAL (
         SELECT retrieval_count, last_injected_at FROM memory_usage
         WHERE org_id = $1 AND agent_id = $2 AND memory_id = m.id
@@ -51,7 +52,7 @@ def _function_call(plan: ColdPlan, suffix: str) -> str:
     that walks a graph its width, ``hnsw.ef_search`` (migration 0020: the function sets
     it for the search alone, no transaction or session setting around it)."""
     width = ", $5" if plan.walks_graph else ""
-    return f"SELECT * FROM ibex_cold_{plan.value}_{suffix}($1, $2, $3, $4{width})"
+    return f"SELECT * FROM ibex_cold_{plan.function}_{suffix}($1, $2, $3, $4{width})"
 
 
 # What the store runs: ``ibex_cold_<plan>_arrays`` (migration 0015) is ``SEARCH_SQL``

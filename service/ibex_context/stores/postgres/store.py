@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as ssl_module
-import uuid
 from collections.abc import Mapping, Sequence
 
 import asyncpg
@@ -35,7 +34,7 @@ from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
-from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, DEFAULT_BUILD_MEMORY_MB, AgentGraphs
+from ibex_context.stores.postgres.graphs import DEFAULT_BUILD_MEMORY_MB, AgentGraphs
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
@@ -84,6 +83,7 @@ class PostgresMemoryStore:
         agent_graphs: bool = False,
         graph_pool: asyncpg.Pool | None = None,
         graph_build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
+        sparse_graph_max_memories: int = 0,
         quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
     ) -> None:
@@ -113,7 +113,10 @@ class PostgresMemoryStore:
         # process), never on a request connection: a build holds its connection for
         # seconds to minutes, and 16 of them had filled the request pool.
         self.graphs = AgentGraphs(
-            graph_pool or pool, min_memories=exact_max_memories, build_memory_mb=graph_build_memory_mb
+            graph_pool or pool,
+            min_memories=exact_max_memories,
+            sparse_max_memories=sparse_graph_max_memories,
+            build_memory_mb=graph_build_memory_mb,
         )
         # Agents whose size is to be checked (and graph built), in order; one task works
         # through them.
@@ -151,12 +154,14 @@ class PostgresMemoryStore:
             exact_max_memories=settings.cold_exact_max_memories,
             agent_graphs=settings.cold_agent_graphs,
             graph_build_memory_mb=settings.graph_build_memory_mb,
+            sparse_graph_max_memories=settings.cold_sparse_graph_max_memories,
             graph_width=GraphSearchWidth(
                 ef_search=settings.hnsw_ef_search,
                 large_agent_ef_search=settings.hnsw_ef_search_large_agents,
                 large_agent_memories=settings.cold_large_agent_memories,
                 own_graph_ef_search=settings.hnsw_ef_search_own_graph,
                 own_graph_large_agent_ef_search=settings.hnsw_ef_search_own_graph_large_agents,
+                sparse_graph_ef_search=settings.hnsw_ef_search_sparse_graph,
             ),
         )
 
@@ -237,9 +242,9 @@ class PostgresMemoryStore:
         return results
 
     def _queue_promotion(self, org_id: str, agent_id: str) -> None:
-        """Queues the agent for a size check and, past the limit, a graph of its own
-        (built in the background, one at a time; ``graphs.AgentGraphs`` records it). The
-        write has committed and waits for none of it."""
+        """Queues the agent for a size check and, past a limit, a graph of its own or its
+        dense rebuild (built in the background, one at a time; ``graphs.AgentGraphs.build_due``).
+        The write has committed and waits for none of it."""
         key = (org_id, agent_id)
         if key in self._promotions or len(self._promotions) >= MAX_QUEUED_PROMOTIONS:
             return  # queued already; or a flood of new agents: their next writes queue them
@@ -261,21 +266,17 @@ class PostgresMemoryStore:
                 log.warning("an agent's own graph could not be built: %s", type(exc).__name__)
 
     async def _promote_if_grown(self, org_id: str, agent_id: str) -> None:
-        assert self._graph_pool is not None  # agent_graphs
-        row = await self._graph_pool.fetchrow(AGENT_STATE_SQL, uuid.UUID(org_id), uuid.UUID(agent_id))
-        if row is None or row[0] <= self.graphs.min_memories or row[1]:
-            return
-        if await self.graphs.promote(org_id, agent_id):
+        if await self.graphs.build_due(org_id, agent_id):
             # This process's searches walk the new graph from their next call, not once the
             # agent's cached state has expired (other processes: within its ttl).
             self.searches.forget_agent(org_id, agent_id)
 
     async def queue_grown(self) -> int:
-        """Queues a graph build for every agent past the limit without one, largest first
-        (at most ``MAX_QUEUED_PROMOTIONS``): such an agent is searched exactly until its
-        graph is ready (migration 0021), and its next write may be far off. There is one
-        after a migration from a build that had none, a build that died with no write
-        since, a restored database. Returns how many were queued."""
+        """Queues the build of every agent due one (``graphs.AgentGraphs.grown``), largest
+        first, at most ``MAX_QUEUED_PROMOTIONS``: an agent past the limit without a graph is
+        searched exactly until its graph is ready (migration 0021), and its next write may
+        be far off. There is one after a migration from a build that had none, a build that
+        died with no write since, a restored database. Returns how many were queued."""
         if not self._agent_graphs:
             return 0
         grown = (await self.graphs.grown())[:MAX_QUEUED_PROMOTIONS]

@@ -25,6 +25,7 @@ import asyncpg
 
 from ibex_context.stores.base import DirectiveRow, ListOrder, MemoryFilter, StoredRow
 from ibex_context.stores.postgres.codecs import as_uuid
+from ibex_context.stores.postgres.graphs import graph_index_names
 from ibex_context.stores.postgres.pool import store_errors
 from ibex_context.stores.postgres.writes import WRITER_LOCK_CLASS
 
@@ -315,7 +316,9 @@ class TenantData:
                         )
             if last:
                 if graph is not None:  # an index is dropped outside a transaction
-                    await self._pool.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {graph}")
+                    # Its recorded graph and, were a rebuild under way, the other one.
+                    for name in {graph, *graph_index_names(org, agent)}:
+                        await self._pool.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
                 break
             if out_of_time():
                 break
