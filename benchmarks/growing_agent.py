@@ -663,14 +663,16 @@ async def cross(
 
 
 async def promote_if_grown(dsn: str, threshold: int) -> int:
-    """Builds the own graph of every agent past ``threshold`` (the seed does it for the
-    default limit only: a lower ``--threshold`` needs it here)."""
+    """Builds the own graph of every agent past ``threshold`` as the service would, sparse
+    or dense by its size (the seed does it for the default limit only: a lower
+    ``--threshold`` needs it here)."""
     from ibex_context.stores.postgres import create_pool
     from ibex_context.stores.postgres.graphs import AgentGraphs
 
+    sparse_max = Settings.model_fields["cold_sparse_graph_max_memories"].default
     pool = await create_pool(dsn, min_size=1, max_size=1, ef_search=64)
     try:
-        return await AgentGraphs(pool, min_memories=threshold).promote_grown()
+        return await AgentGraphs(pool, min_memories=threshold, sparse_max_memories=sparse_max).promote_grown()
     finally:
         await pool.close()
 
