@@ -277,11 +277,13 @@ class Settings(BaseSettings):
         le=1000,
     )
     cold_sparse_graph_max_memories: int = _f(
-        20_000,
+        12_000,
         "Agents promoted with at most this many memories get a sparse own graph (m 16,"
         " ef_construction 128: a memory's insertion ~2.8 ms of PostgreSQL's CPU against ~11 for the"
         " dense m 48 graph, a 10k build 2 s against 9-10); past it the graph is rebuilt dense in the"
-        " background, the sparse one serving meanwhile. 0: every graph dense.",
+        " background, the sparse one serving meanwhile. At 12.5k MiniLM-shaped memories the sparse"
+        " graph at hnsw_ef_search_sparse_graph finds what the dense one does at its width, at 15k it"
+        " falls behind (large-agents-2026-12-06.md section 15). 0: every graph dense.",
         ge=0,
     )
     cold_large_agent_memories: int = _f(

@@ -6,8 +6,8 @@
 -- new memory ~10 ms of PostgreSQL's CPU for its insertion and the promotion's build 9-10 s
 -- at 10k. A graph of 16 links (ef_construction 128) searched at ef_search 200 finds as much
 -- there (recall@50 0.988 / 0.94 p5 against 0.995 / 0.96 on real MiniLM vectors at 10k) for
--- a quarter of the insertion and a fifth of the build, but not at 50k
--- (benchmarks/results/large-agents-2026-12-06.md section 14). stores.postgres.graphs
+-- a quarter of the insertion and a fifth of the build, up to 12.5k memories and not at
+-- 15k (benchmarks/results/large-agents-2026-12-06.md sections 14, 15). stores.postgres.graphs
 -- builds the sparse graph for an agent promoted with at most
 -- Settings.cold_sparse_graph_max_memories memories and rebuilds it dense, beside it, once
 -- the agent grows past that.
