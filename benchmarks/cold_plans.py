@@ -96,6 +96,7 @@ def service_width() -> GraphSearchWidth:
         large_agent_memories=fields["cold_large_agent_memories"].default,
         own_graph_ef_search=fields["hnsw_ef_search_own_graph"].default,
         own_graph_large_agent_ef_search=fields["hnsw_ef_search_own_graph_large_agents"].default,
+        sparse_graph_ef_search=fields["hnsw_ef_search_sparse_graph"].default,
     )
 
 
