@@ -89,15 +89,7 @@ def _p5(values: list[float]) -> float:
 
 def service_width() -> GraphSearchWidth:
     """The service's graph search width by agent size, from the settings' defaults."""
-    fields = Settings.model_fields
-    return GraphSearchWidth(
-        ef_search=fields["hnsw_ef_search"].default,
-        large_agent_ef_search=fields["hnsw_ef_search_large_agents"].default,
-        large_agent_memories=fields["cold_large_agent_memories"].default,
-        own_graph_ef_search=fields["hnsw_ef_search_own_graph"].default,
-        own_graph_large_agent_ef_search=fields["hnsw_ef_search_own_graph_large_agents"].default,
-        sparse_graph_ef_search=fields["hnsw_ef_search_sparse_graph"].default,
-    )
+    return GraphSearchWidth.from_settings(Settings.model_construct())
 
 
 async def _timed(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord
+from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
 
 
@@ -125,3 +126,17 @@ def test_a_sparse_graph_is_searched_by_the_dense_graphs_function_at_its_own_widt
         200, 400, 50_000, own_graph_ef_search=100, own_graph_large_agent_ef_search=200
     )
     assert dense_only.for_agent(10_000, 50, ColdPlan.AGENT_SPARSE) == 100
+
+
+def test_the_widths_come_from_the_settings() -> None:
+    width = GraphSearchWidth.from_settings(Settings.model_construct(hnsw_ef_search_sparse_graph=250))
+    assert width.for_agent(10_000, 50, ColdPlan.AGENT_SPARSE) == 250
+    assert (
+        width.for_agent(10_000, 50, ColdPlan.AGENT_HALFVEC)
+        == Settings.model_fields["hnsw_ef_search_own_graph"].default
+    )
+    large = Settings.model_fields["cold_large_agent_memories"].default + 1
+    assert (
+        width.for_agent(large, 50, ColdPlan.AGENT_HALFVEC)
+        == Settings.model_fields["hnsw_ef_search_own_graph_large_agents"].default
+    )

@@ -45,15 +45,8 @@ async def test_both_plans_the_store_chooses_find_the_exact_nearest_50(
     embedder = HashingEmbedder(DIM)
     # The service's own widths; agents above 300 memories are promoted to a graph of their
     # own, the others searched exactly.
-    fields = Settings.model_fields
-    ef_search = fields["hnsw_ef_search"].default
-    width = GraphSearchWidth(
-        ef_search=ef_search,
-        large_agent_ef_search=fields["hnsw_ef_search_large_agents"].default,
-        large_agent_memories=fields["cold_large_agent_memories"].default,
-        own_graph_ef_search=fields["hnsw_ef_search_own_graph"].default,
-        own_graph_large_agent_ef_search=fields["hnsw_ef_search_own_graph_large_agents"].default,
-    )
+    width = GraphSearchWidth.from_settings(Settings.model_construct())
+    ef_search = width.ef_search
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1, ef_search=ef_search)
     store = PostgresMemoryStore(pool, ef_search=ef_search, exact_max_memories=300, graph_width=width)
     try:

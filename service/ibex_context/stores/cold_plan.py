@@ -22,8 +22,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from ibex_context.candidates import Candidates
+
+if TYPE_CHECKING:
+    from ibex_context.settings import Settings
 
 
 class ColdPlan(enum.StrEnum):
@@ -82,6 +86,18 @@ class GraphSearchWidth:
     own_graph_large_agent_ef_search: int | None = None
     # The sparse own graphs, whatever the agent's size; by default as the dense ones.
     sparse_graph_ef_search: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GraphSearchWidth:
+        """The widths the settings give (``Settings.model_construct()``: their defaults)."""
+        return cls(
+            ef_search=settings.hnsw_ef_search,
+            large_agent_ef_search=settings.hnsw_ef_search_large_agents,
+            large_agent_memories=settings.cold_large_agent_memories,
+            own_graph_ef_search=settings.hnsw_ef_search_own_graph,
+            own_graph_large_agent_ef_search=settings.hnsw_ef_search_own_graph_large_agents,
+            sparse_graph_ef_search=settings.hnsw_ef_search_sparse_graph,
+        )
 
     def for_agent(self, memories: int, limit: int, plan: ColdPlan | None = None) -> int:
         """The ef_search for a search of ``limit`` rows among ``memories`` through

@@ -155,14 +155,7 @@ class PostgresMemoryStore:
             agent_graphs=settings.cold_agent_graphs,
             graph_build_memory_mb=settings.graph_build_memory_mb,
             sparse_graph_max_memories=settings.cold_sparse_graph_max_memories,
-            graph_width=GraphSearchWidth(
-                ef_search=settings.hnsw_ef_search,
-                large_agent_ef_search=settings.hnsw_ef_search_large_agents,
-                large_agent_memories=settings.cold_large_agent_memories,
-                own_graph_ef_search=settings.hnsw_ef_search_own_graph,
-                own_graph_large_agent_ef_search=settings.hnsw_ef_search_own_graph_large_agents,
-                sparse_graph_ef_search=settings.hnsw_ef_search_sparse_graph,
-            ),
+            graph_width=GraphSearchWidth.from_settings(settings),
         )
 
     async def aclose(self) -> None:
