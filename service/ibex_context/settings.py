@@ -269,21 +269,23 @@ class Settings(BaseSettings):
         le=1000,
     )
     hnsw_ef_search_sparse_graph: int = _f(
-        200,
+        300,
         "hnsw.ef_search on an agent's sparse own graph (m 16, cold_sparse_graph_max_memories): at"
-        " 10k MiniLM memories 200 gives recall@50 0.988 mean / 0.94 p5 in 1.9 ms of backend CPU,"
-        " 100 0.970 / 0.86 (large-agents-2026-12-06.md section 14).",
+        " 10k MiniLM memories 300 gives recall@50 0.995 mean / 0.96 p5 in 2.3 ms of backend CPU,"
+        " 200 0.988 / 0.94 in 1.9 ms (large-agents-2026-12-06.md sections 14, 15).",
         ge=1,
         le=1000,
     )
     cold_sparse_graph_max_memories: int = _f(
-        12_000,
+        0,
         "Agents promoted with at most this many memories get a sparse own graph (m 16,"
-        " ef_construction 128: a memory's insertion ~2.8 ms of PostgreSQL's CPU against ~11 for the"
-        " dense m 48 graph, a 10k build 2 s against 9-10); past it the graph is rebuilt dense in the"
-        " background, the sparse one serving meanwhile. At 12.5k MiniLM-shaped memories the sparse"
-        " graph at hnsw_ef_search_sparse_graph finds what the dense one does at its width, at 15k it"
-        " falls behind (large-agents-2026-12-06.md section 15). 0: every graph dense.",
+        " ef_construction 128), rebuilt dense (m 48 / 256) in the background once they grow past"
+        " it; 0 (the default): every graph dense. A sparse graph costs a quarter of the dense"
+        " one's CPU a written memory (~2.8 ms against ~11) and builds 5 times faster, finds as much"
+        " up to ~12k memories (12,000 is the measured limit), but loses recall under heavy"
+        " deletes: a 10k agent replacing 100 memories a second fell to recall@50 0.920 / 0.24 p5"
+        " against the dense graph's 0.956-0.966 / 0.84-0.92 (large-agents-2026-12-06.md section"
+        " 15). For agents that write much and delete little.",
         ge=0,
     )
     cold_large_agent_memories: int = _f(

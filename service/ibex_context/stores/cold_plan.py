@@ -74,8 +74,8 @@ class GraphSearchWidth:
     recall@50 0.994 mean / 0.98 p5 at 10k MiniLM memories, a 100k-memory agent needs 400
     for 0.969-0.974 / 0.84-0.88. An own graph in half precision (m 48, 0019) holds more
     per candidate: 100 gives 0.995 / 0.98 at 10k, 200 gives 0.978 / 0.90 at 100k
-    (ADR-0015). A sparse one (m 16, 0022, agents up to 12k) needs 200 at 10k for
-    0.988 / 0.94. A wider search than needed costs time for nothing.
+    (ADR-0015). A sparse one (m 16, 0022, when configured) needs 300 at 10k for
+    0.995 / 0.96. A wider search than needed costs time for nothing.
     """
 
     ef_search: int

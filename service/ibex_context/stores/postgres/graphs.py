@@ -63,8 +63,9 @@ DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="")
 # memories, ef_search 200 gives recall@50 0.988 / 0.94 for 1.9 ms of backend CPU where the
 # dense graph gives 0.995 / 0.96 at 100 for 2.1 ms; a memory's insertion 2.7-2.9 ms of CPU
 # against 9.6-12.2, the build at 10k 2 s against 9-10 s. It keeps up to 12.5k memories and
-# falls behind at 15k (0.948 / 0.56 against 0.986 / 0.92 on drawn vectors): agents past
-# ``sparse_max_memories`` get the dense one (large-agents-2026-12-06.md sections 14, 15).
+# falls behind at 15k (0.948 / 0.56 against 0.986 / 0.92 on drawn vectors), and under heavy
+# deletes: agents past ``sparse_max_memories`` (0, none, unless configured) get the dense
+# one (large-agents-2026-12-06.md sections 14, 15).
 SPARSE_GRAPH = GraphBuild(links=16, ef_construction=128, suffix="_s")
 AGENT_GRAPH_OPTIONS = DENSE_GRAPH.options
 

@@ -7,10 +7,11 @@
 -- at 10k. A graph of 16 links (ef_construction 128) searched at ef_search 200 finds as much
 -- there (recall@50 0.988 / 0.94 p5 against 0.995 / 0.96 on real MiniLM vectors at 10k) for
 -- a quarter of the insertion and a fifth of the build, up to 12.5k memories and not at
--- 15k (benchmarks/results/large-agents-2026-12-06.md sections 14, 15). stores.postgres.graphs
--- builds the sparse graph for an agent promoted with at most
--- Settings.cold_sparse_graph_max_memories memories and rebuilds it dense, beside it, once
--- the agent grows past that.
+-- 15k; under heavy deletes its recall falls further than the dense graph's
+-- (benchmarks/results/large-agents-2026-12-06.md sections 14, 15). Where
+-- Settings.cold_sparse_graph_max_memories is set (0, off, by default), stores.postgres.graphs
+-- builds the sparse graph for an agent promoted with at most that many memories and
+-- rebuilds it dense, beside it, once the agent grows past that.
 --
 -- agent_graphs.links records each graph's kind (48: dense, 16: sparse; 32: a graph built
 -- before 0019, halfvec false); rebuild_requested_at claims a rebuild, as requested_at
