@@ -371,6 +371,43 @@ async def test_at_start_the_agents_grown_without_a_graph_are_queued_and_built(
         await store.aclose()
 
 
+async def test_one_orgs_many_grown_agents_do_not_hold_another_orgs_build_behind_theirs(
+    private_postgres_dsn: str, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
+) -> None:
+    """Builds run one at a time, each seconds to a minute at scale, and an agent waiting
+    for its graph is searched exactly. Taken largest first (or in the order queued), one
+    org's bulk import of large agents held every other org's agent behind all of them;
+    the orgs now take turns, each org's largest first."""
+    pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
+    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
+    flooding_org = new_tenant().org_id
+    flood = [Tenant(flooding_org, new_tenant().agent_id) for _ in range(4)]
+    quiet = new_tenant()
+    sizes = [*zip(flood, (LIMIT + 9, LIMIT + 8, LIMIT + 7, LIMIT + 6), strict=True), (quiet, LIMIT + 1)]
+    for n, (tenant, size) in enumerate(sizes):
+        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
+        await plain.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+    store = PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(private_postgres_dsn, ef_search=EF_SEARCH),
+    )
+    conn = await asyncpg.connect(private_postgres_dsn)
+    try:
+        assert await store.queue_grown() == 5
+        await asyncio.wait_for(store.promotions_idle(), 60)
+        built = await conn.fetch(
+            "SELECT org_id::text, agent_id::text FROM agent_graphs WHERE ready ORDER BY requested_at"
+        )
+        expected = [flood[0], quiet, *flood[1:]]
+        assert [(r["org_id"], r["agent_id"]) for r in built] == [(t.org_id, t.agent_id) for t in expected]
+    finally:
+        await conn.close()
+        await store.aclose()
+
+
 SPARSE_MAX = LIMIT + 20  # promoted with at most this many memories: a sparse graph
 
 

@@ -31,6 +31,7 @@ from ibex_context.stores.base import (
     UpsertResult,
 )
 from ibex_context.stores.cold_plan import AgentSizes, GraphSearchWidth
+from ibex_context.stores.postgres.build_queue import GraphBuildQueue
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
@@ -44,8 +45,9 @@ from ibex_context.stores.quotas import OrgQuotas
 log = logging.getLogger(__name__)
 
 
-# Agents waiting for their size check: past it, a burst of writes into new agents
-# queues nothing more (each agent's next write queues it again).
+# Agents waiting for their size check: past it, an org's burst of writes into new agents
+# queues nothing more of it (each agent's next write queues it again), while another
+# org's agents still take a place (``build_queue``).
 MAX_QUEUED_PROMOTIONS = 10_000
 
 EMBEDDING_DIM_SQL = "SELECT value FROM ibex_meta WHERE key = 'embedding_dim'"
@@ -118,9 +120,9 @@ class PostgresMemoryStore:
             sparse_max_memories=sparse_graph_max_memories,
             build_memory_mb=graph_build_memory_mb,
         )
-        # Agents whose size is to be checked (and graph built), in order; one task works
+        # Agents whose size is to be checked (and graph built), org by org; one task works
         # through them.
-        self._promotions: dict[tuple[str, str], None] = {}
+        self._promotions = GraphBuildQueue(MAX_QUEUED_PROMOTIONS)
         self._promoter: asyncio.Task[None] | None = None
 
     @classmethod
@@ -234,24 +236,22 @@ class PostgresMemoryStore:
             self._queue_promotion(org_id, agent_id)
         return results
 
-    def _queue_promotion(self, org_id: str, agent_id: str) -> None:
+    def _queue_promotion(self, org_id: str, agent_id: str) -> bool:
         """Queues the agent for a size check and, past a limit, a graph of its own or its
         dense rebuild (built in the background, one at a time; ``graphs.AgentGraphs.build_due``).
-        The write has committed and waits for none of it."""
-        key = (org_id, agent_id)
-        if key in self._promotions or len(self._promotions) >= MAX_QUEUED_PROMOTIONS:
-            return  # queued already; or a flood of new agents: their next writes queue them
-        self._promotions[key] = None
+        The write has committed and waits for none of it. False: not queued (queued
+        already, or its org's flood of new agents filled the queue)."""
+        if not self._promotions.add(org_id, agent_id):
+            return False
         if self._promoter is None or self._promoter.done():
             self._promoter = asyncio.get_running_loop().create_task(
                 self._promote_queued(), name="ibex-graphs"
             )
+        return True
 
     async def _promote_queued(self) -> None:
-        while self._promotions:
-            key = next(iter(self._promotions))
-            # Out of the queue before its check: a write meanwhile queues it again.
-            del self._promotions[key]
+        # Out of the queue before its check: a write meanwhile queues it again.
+        while (key := self._promotions.pop()) is not None:
             try:
                 await self._promote_if_grown(*key)
             except (StoreError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -265,17 +265,18 @@ class PostgresMemoryStore:
             self.searches.forget_agent(org_id, agent_id)
 
     async def queue_grown(self) -> int:
-        """Queues the build of every agent due one (``graphs.AgentGraphs.grown``), largest
-        first, at most ``MAX_QUEUED_PROMOTIONS``: an agent past the limit without a graph is
-        searched exactly until its graph is ready (migration 0021), and its next write may
-        be far off. There is one after a migration from a build that had none, a build that
-        died with no write since, a restored database. Returns how many were queued."""
+        """Queues the build of every agent due one (``graphs.AgentGraphs.grown``), each
+        org's largest first, orgs taking turns (``build_queue``), as many as the queue
+        takes: an agent past the limit without a graph is searched exactly until its graph
+        is ready (migration 0021), and its next write may be far off. There is one after a
+        migration from a build that had none, a build that died with no write since, a
+        restored database. Returns how many of them are queued."""
         if not self._agent_graphs:
             return 0
-        grown = (await self.graphs.grown())[:MAX_QUEUED_PROMOTIONS]
+        grown = await self.graphs.grown()
         for org_id, agent_id in grown:
             self._queue_promotion(org_id, agent_id)
-        return len(grown)
+        return sum(key in self._promotions for key in grown)
 
     async def promotions_idle(self) -> None:
         """Waits until the queued graph builds are done (tests, shutdown)."""
