@@ -651,20 +651,22 @@ async def seed(
 
 async def _agent_graphs(dsn: str) -> int:
     """Builds a graph of its own for every agent past the exact scan's limit, as a running
-    service with the default settings does when its writes take an agent past it
-    (migrations 0013, 0022: sparse up to ``cold_sparse_graph_max_memories``, dense beyond):
-    a bulk load writes no memory through the service."""
+    service with the same settings (``IBEX_*``) does when its writes take an agent past it
+    (migrations 0013, 0022: sparse up to ``cold_sparse_graph_max_memories``, dense beyond;
+    each build's memory up to ``graph_build_memory_mb``, which a 1M-memory agent's graph
+    outgrows at the default): a bulk load writes no memory through the service."""
     from ibex_context.settings import Settings
     from ibex_context.stores.postgres import create_pool
     from ibex_context.stores.postgres.graphs import AgentGraphs
 
-    fields = Settings.model_fields
+    settings = Settings()
     pool = await create_pool(dsn, min_size=1, max_size=1, ef_search=64)
     try:
         graphs = AgentGraphs(
             pool,
-            min_memories=fields["cold_exact_max_memories"].default,
-            sparse_max_memories=fields["cold_sparse_graph_max_memories"].default,
+            min_memories=settings.cold_exact_max_memories,
+            sparse_max_memories=settings.cold_sparse_graph_max_memories,
+            build_memory_mb=settings.graph_build_memory_mb,
         )
         return await graphs.promote_grown()
     finally:
