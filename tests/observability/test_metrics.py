@@ -22,6 +22,7 @@ from ibex_context.pipeline.outcome import (
     StageSpan,
     plan_detail,
 )
+from ibex_context.stores.postgres.graphs import GraphBuildTiming
 from ibex_context.stores.postgres.read_routing import ReplicaStatus
 from ibex_context_client import ContextClient
 from prometheus_client import CollectorRegistry
@@ -227,6 +228,8 @@ def test_no_label_can_carry_an_id() -> None:
         "replica",
         # admission_shed_total: process, org_share, org_rate (never an org).
         "limit",
+        # graph_build_seconds: dense, sparse (never an agent or its index's name).
+        "graph",
         "le",
     }
 
@@ -281,6 +284,33 @@ def test_post_response_queue_depth_is_read_at_scrape_time() -> None:
     assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 3
     queue.clear()
     assert values(metrics)[("ibex_context_post_response_queue_depth", frozenset())] == 0
+
+
+def test_the_graph_build_queue_is_read_at_scrape_time() -> None:
+    metrics = Metrics(CollectorRegistry())
+    queued = [("org", "agent")] * 4
+    metrics.track_graph_builds_queued(lambda: len(queued))
+    assert values(metrics)[("ibex_context_graph_builds_queued", frozenset())] == 4
+    queued.clear()
+    assert values(metrics)[("ibex_context_graph_builds_queued", frozenset())] == 0
+
+
+def test_graph_builds_are_timed_by_graph_and_outcome_without_a_tenant() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.record_graph_build(GraphBuildTiming("dense", True, 42.0))
+    metrics.record_graph_build(GraphBuildTiming("sparse", True, 2.0))
+    metrics.record_graph_build(GraphBuildTiming("dense", False, 3.0))
+    metrics.record_graph_build(GraphBuildTiming("an unknown graph", True, 1.0))  # no new series
+    read = values(metrics)
+    count = "ibex_context_graph_build_seconds_count"
+    assert read[(count, frozenset({("graph", "dense"), ("outcome", "built")}))] == 1
+    assert read[(count, frozenset({("graph", "sparse"), ("outcome", "built")}))] == 1
+    assert read[(count, frozenset({("graph", "dense"), ("outcome", "failed")}))] == 1
+    assert (
+        read[("ibex_context_graph_build_seconds_sum", frozenset({("graph", "dense"), ("outcome", "built")}))]
+        == 42
+    )
+    assert {dict(labels).get("graph") for name, labels in read if name == count} == {"dense", "sparse"}
 
 
 def test_profile_reloads_count_by_outcome_and_stamp_the_last_success() -> None:

@@ -73,3 +73,37 @@ async def test_requests_above_the_inline_bound_are_counted_on_the_counting_threa
         )
     assert reply.messages[-1].content == "when does the warehouse open?"
     assert any(t.name.startswith("ibex-token-count") for t in threading.enumerate())
+
+
+async def test_a_large_agents_graph_build_shows_in_the_services_metrics(start_service: StartService) -> None:
+    """Operators see the build queue and each build's time (``ibex_context_graph_build*``),
+    with no tenant in a label: an agent written past the exact scan's limit is built."""
+    import uuid
+
+    import grpc
+    from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+    from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
+
+    service = await start_service(cold_exact_max_memories=5)
+    registry = service.metrics_registry
+    built = {"graph": "dense", "outcome": "built"}
+    assert registry.get_sample_value("ibex_context_graph_build_seconds_count", built) == 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        await context_pb2_grpc.MemoryServiceStub(channel).UpsertMemories(
+            pb.UpsertMemoriesRequest(
+                org_id=str(uuid.uuid4()),
+                agent_id=str(uuid.uuid4()),
+                memories=[
+                    pb.MemoryInput(content=f"note {i} of a growing agent", category="factual")
+                    for i in range(8)
+                ],
+            ),
+            timeout=10,
+        )
+    for _ in range(200):  # at most 10 s
+        if registry.get_sample_value("ibex_context_graph_build_seconds_count", built) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert registry.get_sample_value("ibex_context_graph_build_seconds_count", built) == 1
+    assert registry.get_sample_value("ibex_context_graph_build_seconds_sum", built) > 0
+    assert registry.get_sample_value("ibex_context_graph_builds_queued") == 0

@@ -49,6 +49,7 @@ from ibex_context.pipeline.outcome import (
     plan_of,
 )
 from ibex_context.stores.cold_plan import ColdPlan
+from ibex_context.stores.postgres.graphs import DENSE_GRAPH, SPARSE_GRAPH, GraphBuildTiming
 from ibex_context.stores.postgres.read_routing import REPLICA, ROUTE_REASONS, ReplicaStatus
 
 __all__ = [
@@ -92,6 +93,12 @@ EMBEDDING_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.045, 0.1, 0.25, 1.0,
 )  # fmt: skip
 EMBEDDING_PHASES: tuple[str, ...] = ("queued", "computing", "on_cpu")
+# Seconds. An agent's own graph builds in ~2 s (sparse, 5k memories) to ~5 min (dense,
+# 100k) and longer at 1M (large-agents-2026-12-06.md).
+GRAPH_BUILD_BUCKETS: tuple[float, ...] = (
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+GRAPH_KINDS: tuple[str, ...] = (DENSE_GRAPH.name, SPARSE_GRAPH.name)
 
 # Degradation reasons the assembler reports (``Assembly.reasons``). Anything
 # else is counted as ``other``: a new reason shows up on the dashboard as ``other``
@@ -255,6 +262,18 @@ class Metrics:
             ["grpc_type", "grpc_service", "grpc_method"],
             buckets=RPC_BUCKETS,
         )
+        self.graph_builds_queued = declare.gauge(
+            "ibex_context_graph_builds_queued",
+            "Large agents waiting in this process's queue for their size check and the build of"
+            " their own graph (one build at a time, orgs taking turns).",
+        )
+        self.graph_build_seconds = declare.histogram(
+            "ibex_context_graph_build_seconds",
+            "Each build of a large agent's own graph, wall time, by graph (dense, sparse) and"
+            " outcome (built, failed). The agent is searched exactly while it waits and builds.",
+            ["graph", "outcome"],
+            buckets=GRAPH_BUILD_BUCKETS,
+        )
         self.post_response_queue_depth = declare.gauge(
             "ibex_context_post_response_queue_depth",
             "Usage updates waiting to be written after responses were sent.",
@@ -386,6 +405,11 @@ class Metrics:
             for phase in EMBEDDING_PHASES
         }
         self._by_plan = {p: self.cold_plans.labels(p) for p in (*COLD_PLANS, OTHER)}
+        self._graph_builds = {
+            (graph, built): self.graph_build_seconds.labels(graph, "built" if built else "failed")
+            for graph in GRAPH_KINDS
+            for built in (True, False)
+        }
         self._postgres_reads = {
             (target, reason): self.postgres_reads.labels(target, reason)
             for reason in ROUTE_REASONS
@@ -494,6 +518,16 @@ class Metrics:
 
     def post_response_failed(self, count: int = 1) -> None:
         self.post_response_failures.inc(count)
+
+    # --- large agents' own graphs --------------------------------------------------------
+    def track_graph_builds_queued(self, queued: Callable[[], float]) -> None:
+        """Read the build queue's length at scrape time."""
+        self.graph_builds_queued.set_function(queued)
+
+    def record_graph_build(self, build: GraphBuildTiming) -> None:
+        child = self._graph_builds.get((build.graph, build.built))
+        if child is not None:
+            child.observe(build.seconds)
 
     # --- read replicas ------------------------------------------------------------------
     def record_postgres_read(self, target: str, reason: str) -> None:

@@ -167,8 +167,11 @@ class ContextService:
         )
         self.metrics.track_query_embedding_cache(query_embedder.counts)
 
-        postgres = await PostgresMemoryStore.from_settings(s)
+        postgres = await PostgresMemoryStore.from_settings(
+            s, observe_graph_build=self.metrics.record_graph_build
+        )
         self._closers.append(postgres.aclose)
+        self.metrics.track_graph_builds_queued(lambda: postgres.graph_builds_queued)
         try:
             # Agents that grew past the exact scan's limit without a graph of their own get
             # it now, not at their next write (the builds run in the background).

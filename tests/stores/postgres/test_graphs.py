@@ -10,6 +10,7 @@ from datetime import timedelta
 import asyncpg
 import numpy as np
 import pytest
+from ibex_context.errors import StoreError
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
@@ -18,6 +19,7 @@ from ibex_context.stores.postgres.graphs import (
     GRAPH_OPTIONS,
     SPARSE_GRAPH,
     AgentGraphs,
+    GraphBuildTiming,
     build_memory_mb,
     graph_index_name,
 )
@@ -406,6 +408,58 @@ async def test_one_orgs_many_grown_agents_do_not_hold_another_orgs_build_behind_
     finally:
         await conn.close()
         await store.aclose()
+
+
+async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_reports_failed(
+    postgres_dsn: str,
+    graph_store: PostgresMemoryStore,
+    conn: asyncpg.Connection,
+    new_tenant: Callable[[], Tenant],
+    make_memory: MakeMemory,
+) -> None:
+    """What ``ibex_context_graph_build_seconds`` is made of: a build that ends and one whose
+    backend dies while it waits for the partition (another transaction holds it)."""
+    timings: list[GraphBuildTiming] = []
+    graph_pool = await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH)
+    graphs = AgentGraphs(graph_pool, min_memories=LIMIT, observe=timings.append)
+    built, killed = new_tenant(), new_tenant()
+    for t in (built, killed):
+        memories = [make_memory(f"{t.agent_id} {i}", embedding=unit_vector(i)) for i in range(LIMIT + 5)]
+        await PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH).upsert_memories(
+            t.org_id, t.agent_id, memories
+        )
+    try:
+        assert await graphs.promote(built.org_id, built.agent_id)
+        assert [(t.graph, t.built) for t in timings] == [("dense", True)] and timings[0].seconds > 0
+
+        partition = await conn.fetchval(
+            "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1",
+            uuid.UUID(killed.org_id),
+            uuid.UUID(killed.agent_id),
+        )
+        holder = await asyncpg.connect(postgres_dsn)
+        try:
+            async with holder.transaction():
+                await holder.execute(f"LOCK TABLE {partition} IN SHARE MODE")
+                build = asyncio.ensure_future(graphs.promote(killed.org_id, killed.agent_id))
+                waiting = None
+                for _ in range(200):  # at most 10 s
+                    waiting = await conn.fetchval(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND datname = current_database()"
+                    )
+                    if waiting is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert waiting is not None
+                await conn.execute("SELECT pg_terminate_backend($1)", waiting)
+                with pytest.raises(StoreError):
+                    await asyncio.wait_for(build, 10)
+        finally:
+            await holder.close()
+        assert [(t.graph, t.built) for t in timings] == [("dense", True), ("dense", False)]
+    finally:
+        await graph_pool.close()
 
 
 SPARSE_MAX = LIMIT + 20  # promoted with at most this many memories: a sparse graph

@@ -24,7 +24,9 @@ leftover index dropped before building again.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -42,12 +44,13 @@ GRAPH_OPTIONS = "m = 32, ef_construction = 128"
 @dataclass(frozen=True, slots=True)
 class GraphBuild:
     """How an agent's own graph is built: the links of each vector (``m``), the width of the
-    build's search for them (``ef_construction``), and its index name's suffix (a rebuild
-    makes the new graph beside the old)."""
+    build's search for them (``ef_construction``), its index name's suffix (a rebuild
+    makes the new graph beside the old), and what operators call it (a metric's label)."""
 
     links: int
     ef_construction: int
     suffix: str
+    name: str
 
     @property
     def options(self) -> str:
@@ -58,7 +61,7 @@ class GraphBuild:
 # neighbours. On 100k MiniLM memories of one agent, at ef_search 200: recall@50 0.978 mean /
 # 0.90 p5 in 8.3 ms, against 0.943 / 0.72 in 7.0 ms for the previous graph (which needed
 # ef_search 400, 13.7 ms, for 0.969 / 0.84); 164 MB against 212 MB (ADR-0015).
-DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="")
+DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="", name="dense")
 # The sparse graph (0022), for an agent near the promotion size: at 10k real MiniLM
 # memories, ef_search 200 gives recall@50 0.988 / 0.94 for 1.9 ms of backend CPU where the
 # dense graph gives 0.995 / 0.96 at 100 for 2.1 ms; a memory's insertion 2.7-2.9 ms of CPU
@@ -66,8 +69,21 @@ DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="")
 # falls behind at 15k (0.948 / 0.56 against 0.986 / 0.92 on drawn vectors), and under heavy
 # deletes: agents past ``sparse_max_memories`` (0, none, unless configured) get the dense
 # one (large-agents-2026-12-06.md sections 14, 15).
-SPARSE_GRAPH = GraphBuild(links=16, ef_construction=128, suffix="_s")
+SPARSE_GRAPH = GraphBuild(links=16, ef_construction=128, suffix="_s", name="sparse")
 AGENT_GRAPH_OPTIONS = DENSE_GRAPH.options
+
+
+@dataclass(frozen=True, slots=True)
+class GraphBuildTiming:
+    """One build of an agent's own graph: which graph (``GraphBuild.name``), whether it
+    was built (False: the statement failed), and its wall time in seconds. No tenant."""
+
+    graph: str
+    built: bool
+    seconds: float
+
+
+GraphBuildObserver = Callable[[GraphBuildTiming], None]
 
 
 def graph_for(memories: int, sparse_max_memories: int) -> GraphBuild:
@@ -158,7 +174,8 @@ class AgentGraphs:
 
     ``sparse_max_memories``: agents promoted with at most this many memories get the sparse
     graph, rebuilt dense once they grow past it (0: every graph dense). ``build_memory_mb``:
-    the most memory one build may take (``build_memory_mb``)."""
+    the most memory one build may take (``build_memory_mb``). ``observe``: told each
+    build's timing."""
 
     def __init__(
         self,
@@ -168,12 +185,14 @@ class AgentGraphs:
         sparse_max_memories: int = 0,
         stale_after: timedelta = timedelta(hours=1),
         build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
+        observe: GraphBuildObserver | None = None,
     ) -> None:
         self._pool = pool
         self.min_memories = min_memories
         self.sparse_max_memories = sparse_max_memories
         self._stale_after = stale_after
         self._build_memory_mb = build_memory_mb
+        self._observe = observe
 
     @store_errors
     async def promote(self, org_id: str, agent_id: str) -> bool:
@@ -249,6 +268,7 @@ class AgentGraphs:
         await conn.execute(
             f"SET maintenance_work_mem = '{build_memory_mb(memories, self._build_memory_mb)}MB'"
         )
+        started, built = time.perf_counter(), False
         try:
             for leftover in leftovers:
                 await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
@@ -258,7 +278,10 @@ class AgentGraphs:
                 f" WITH ({build.options})"
                 f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
             )
+            built = True
         finally:
+            if self._observe is not None:
+                self._observe(GraphBuildTiming(build.name, built, time.perf_counter() - started))
             await conn.execute("RESET statement_timeout")
             await conn.execute("RESET maintenance_work_mem")
         return True

@@ -35,7 +35,7 @@ from ibex_context.stores.postgres.build_queue import GraphBuildQueue
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
-from ibex_context.stores.postgres.graphs import DEFAULT_BUILD_MEMORY_MB, AgentGraphs
+from ibex_context.stores.postgres.graphs import DEFAULT_BUILD_MEMORY_MB, AgentGraphs, GraphBuildObserver
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
@@ -88,6 +88,7 @@ class PostgresMemoryStore:
         sparse_graph_max_memories: int = 0,
         quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
+        observe_graph_build: GraphBuildObserver | None = None,
     ) -> None:
         if agent_graphs and graph_pool is None:
             raise ValueError("agent_graphs needs a graph_pool: graphs are never built on the request pool")
@@ -119,6 +120,7 @@ class PostgresMemoryStore:
             min_memories=exact_max_memories,
             sparse_max_memories=sparse_graph_max_memories,
             build_memory_mb=graph_build_memory_mb,
+            observe=observe_graph_build,
         )
         # Agents whose size is to be checked (and graph built), org by org; one task works
         # through them.
@@ -126,7 +128,9 @@ class PostgresMemoryStore:
         self._promoter: asyncio.Task[None] | None = None
 
     @classmethod
-    async def from_settings(cls, settings: Settings) -> PostgresMemoryStore:
+    async def from_settings(
+        cls, settings: Settings, *, observe_graph_build: GraphBuildObserver | None = None
+    ) -> PostgresMemoryStore:
         ef_search = min(1000, max(settings.hnsw_ef_search, settings.cold_limit))
         tls = postgres_tls(settings.postgres_ca_file)
         pool = await create_pool(
@@ -158,6 +162,7 @@ class PostgresMemoryStore:
             graph_build_memory_mb=settings.graph_build_memory_mb,
             sparse_graph_max_memories=settings.cold_sparse_graph_max_memories,
             graph_width=GraphSearchWidth.from_settings(settings),
+            observe_graph_build=observe_graph_build,
         )
 
     async def aclose(self) -> None:
@@ -168,6 +173,11 @@ class PostgresMemoryStore:
         if self._graph_pool is not None:
             await self._graph_pool.close()
         await self._pool.close()
+
+    @property
+    def graph_builds_queued(self) -> int:
+        """Agents waiting in this process's queue for their size check and graph build."""
+        return len(self._promotions)
 
     @property
     def pool(self) -> asyncpg.Pool:
