@@ -139,6 +139,36 @@ def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
     assert recorder.kinds == [False, True, False, False]
 
 
+def test_an_orgs_import_does_not_hold_another_orgs_write_behind_all_of_it(
+    queue: EmbeddingQueue, recorder: Recorder
+) -> None:
+    """Org A imports three calls of ten memories; org B's write of two, queued after them,
+    used to wait for all of A's eight chunks (a FIFO of jobs)."""
+    recorder.hold()
+    imports = [queue.submit([f"a{j}.{i}" for i in range(10)], query=False, tenant="org-a") for j in range(3)]
+    assert recorder.started.wait(WAIT)  # A's first chunk is being computed
+    write = queue.submit(["b0", "b1"], query=False, tenant="org-b")
+    recorder.release.set()
+    assert lengths(write) == [2.0, 2.0]
+    assert all(len(lengths(f)) == 10 for f in imports)
+    assert recorder.turns[1] == ["b0", "b1"]
+    assert sum(len(t) for t in recorder.turns) == 32 and not any(recorder.kinds)
+
+
+def test_orgs_writing_together_take_a_chunk_each_in_turn(queue: EmbeddingQueue, recorder: Recorder) -> None:
+    recorder.hold()
+    first = queue.submit(["start"], query=False, tenant="org-c")
+    assert recorder.started.wait(WAIT)
+    a = queue.submit([f"a{i}" for i in range(8)], query=False, tenant="org-a")
+    b = queue.submit([f"b{i}" for i in range(6)], query=False, tenant="org-b")
+    recorder.release.set()
+    for future in (first, a, b):
+        future.result(WAIT)
+    assert recorder.turns[1:] == [
+        ["a0", "a1", "a2", "a3"], ["b0", "b1", "b2", "b3"], ["a4", "a5", "a6", "a7"], ["b4", "b5"],
+    ]  # fmt: skip
+
+
 def test_a_job_cancelled_before_its_turn_is_not_computed(queue: EmbeddingQueue, recorder: Recorder) -> None:
     recorder.hold()
     first = queue.submit(["first"], query=True)

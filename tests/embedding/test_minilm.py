@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ibex_context.embedding.base import TenantQueuedEmbedder, embed_to_store
 from ibex_context.embedding.batching import EmbeddingTurn
 from ibex_context.embedding.minilm import MiniLMEmbedder, length_batches, open_session
 from ibex_context.embedding.minilm_graph import default_graph_dir, ensure_graph
@@ -159,6 +160,11 @@ async def test_int8_queries_waiting_together_share_one_inference_and_get_their_o
         futures = [embedder.submit_queries([q], tenant=f"org-{i}") for i, q in enumerate(questions, 1)]
         held.release.set()
         vectors = [(await asyncio.wrap_future(f))[0] for f in (first, *futures)]
+        # A turn is observed after its vectors are handed over: wait for the second's report.
+        for _ in range(100):  # at most 5 s
+            if len(turns) >= 2:
+                break
+            await asyncio.sleep(0.05)
         assert [turn.texts for turn in turns] == [1, 3]
         for question, vector in zip(["Which city did they move to?", *questions], vectors, strict=True):
             [alone] = embedder.embed_sync([question], query=True)
@@ -172,6 +178,15 @@ async def test_texts_to_store_are_embedded_in_fp32_whatever_the_query_precision(
     minilm_int8_queries: MiniLMEmbedder, numpy_vectors: list[FloatVector]
 ) -> None:
     stored = await minilm_int8_queries.embed(FIXED_TEXTS)
+    for text, vector, reference in zip(FIXED_TEXTS, stored, numpy_vectors, strict=True):
+        assert _cosine(vector, reference) >= 0.9999, text
+
+
+async def test_an_orgs_texts_to_store_are_queued_as_its_own_and_embedded_as_any_others(
+    minilm_int8_queries: MiniLMEmbedder, numpy_vectors: list[FloatVector]
+) -> None:
+    assert isinstance(minilm_int8_queries, TenantQueuedEmbedder)
+    stored = await embed_to_store(minilm_int8_queries, "org-a", FIXED_TEXTS)
     for text, vector, reference in zip(FIXED_TEXTS, stored, numpy_vectors, strict=True):
         assert _cosine(vector, reference) >= 0.9999, text
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 
 import asyncpg
 import numpy as np
@@ -34,6 +35,23 @@ class BatchRecordingEmbedder(HashingEmbedder):
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
         self.batches.append(len(texts))
         return await super().embed(texts)
+
+
+class TenantRecordingEmbedder(HashingEmbedder):
+    """The hashing embedder as a ``TenantQueuedEmbedder``: whose texts each batch was."""
+
+    def __init__(self) -> None:
+        super().__init__(DIM)
+        self.tenants: list[str] = []
+
+    def submit_stored(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
+        self.tenants.append(tenant)
+        done: Future[list[FloatVector]] = Future()
+        done.set_result([self.embed_one(t) for t in texts])
+        return done
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        raise AssertionError("a tenant-queued embedder is handed the org's texts, not embed()")
 
 
 class OneShortEmbedder(HashingEmbedder):
@@ -82,6 +100,19 @@ async def test_only_memories_without_a_vector_are_embedded_in_batches_of_64(
     np.testing.assert_allclose(
         rows[1].embedding, HashingEmbedder(DIM).embed_one(memories[5].content), atol=1e-6
     )
+
+
+async def test_texts_to_store_are_queued_as_the_writing_orgs(
+    repository: ContextRepository, encodings: EncodingRegistry, tenant: Tenant
+) -> None:
+    """Where the embedder queues texts per org (MiniLM: ``embedding.batching``), a write's
+    texts wait in its org's turn, so another org's import cannot hold them behind all of it."""
+    embedder = TenantRecordingEmbedder()
+    writes = MemoryWriteApi(writer=repository, embedder=embedder, encodings=encodings)
+    memories = [NewMemory(content=f"fact {i} about tides", category="factual") for i in range(70)]
+    results = await writes.upsert(tenant.org_id, tenant.agent_id, memories)
+    assert embedder.tenants == [tenant.org_id, tenant.org_id]  # two batches of at most 64
+    assert [r.outcome for r in results] == ["created"] * 70
 
 
 async def test_a_memory_keeps_the_id_it_brings_and_gets_a_new_one_otherwise(

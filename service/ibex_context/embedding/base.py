@@ -9,6 +9,7 @@ them with an LRU for queries.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
@@ -42,6 +43,23 @@ class ThreadedEmbedder(Embedder, Protocol):
     they are: queries queue per tenant and tenants take turns (``embedding.batching``)."""
 
     def submit_queries(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]: ...
+
+
+@runtime_checkable
+class TenantQueuedEmbedder(Embedder, Protocol):
+    """An embedder that queues texts to store per tenant, tenants taking turns
+    (``embedding.batching``): ``submit_stored`` is ``embed``'s work handed over for
+    ``tenant``, so one org's import does not hold another org's write behind all of it."""
+
+    def submit_stored(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]: ...
+
+
+async def embed_to_store(embedder: Embedder, org_id: str, texts: Sequence[str]) -> list[FloatVector]:
+    """``embedder.embed(texts)`` for texts ``org_id`` stores: in that org's turn where the
+    embedder queues them (``TenantQueuedEmbedder``)."""
+    if isinstance(embedder, TenantQueuedEmbedder):
+        return await asyncio.wrap_future(embedder.submit_stored(texts, tenant=org_id))
+    return await embedder.embed(texts)
 
 
 @runtime_checkable

@@ -18,6 +18,10 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
   time, and queued queries go before its next chunk: a query waits for at most one
   chunk, not for the whole write.
+* **Writes take turns by org too.** Chunks are taken from the org served longest ago,
+  so an org importing thousands of memories delays another org's write by a chunk a
+  turn, not by its whole import (a FIFO of jobs put the other write behind every job
+  the import had queued).
 
 Each turn is all queries or all texts to store, and the embedding function is told
 which: an embedder may embed queries with a cheaper model (MiniLM's int8 graph) than
@@ -74,6 +78,7 @@ class _Job:
     texts: list[str]
     future: Future[list[FloatVector]]
     query: bool
+    tenant: str = ""
     submitted: float = field(default_factory=time.perf_counter)
     results: list[FloatVector | None] = field(default_factory=list)
     next_offset: int = 0  # bulk: the first text no worker has taken yet
@@ -82,11 +87,71 @@ class _Job:
 
 
 @dataclass(eq=False, slots=True)
-class _TenantQueries:
-    """One org's queued queries, and when a turn last took one of them."""
+class _TenantJobs:
+    """One org's queued jobs, and when a turn last took from them."""
 
     jobs: deque[_Job] = field(default_factory=deque)
-    served: int = -1  # the ``EmbeddingQueue._taken`` count at its last pick; -1: never
+    served: int = -1  # the ``_TenantTurns`` clock at its last pick; -1: never
+
+
+class _TenantTurns:
+    """Jobs queued per org, taken from the org served longest ago (never, or not lately,
+    first; ties in the order the orgs queued). Unlocked: ``EmbeddingQueue``'s condition
+    guards every use."""
+
+    def __init__(self) -> None:
+        # An org's entry goes when its last job is taken.
+        self._orgs: dict[str, _TenantJobs] = {}
+        self._clock = 0  # picks so far
+        # When the orgs whose queues emptied last were served, so one that queues again at
+        # once (a flood's next job) does not count as never served.
+        self._recently_served: OrderedDict[str, int] = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._orgs)
+
+    def jobs(self) -> list[_Job]:
+        return [job for queued in self._orgs.values() for job in queued.jobs]
+
+    def add(self, job: _Job) -> None:
+        queued = self._orgs.get(job.tenant)
+        if queued is None:
+            served = self._recently_served.pop(job.tenant, -1)
+            queued = self._orgs[job.tenant] = _TenantJobs(served=served)
+        queued.jobs.append(job)
+
+    def next_job(self, fits: Callable[[_Job], bool] | None = None) -> _Job | None:
+        """The first job of the org served longest ago (of those whose first job ``fits``),
+        left queued. Orgs waiting at once are few."""
+        chosen: _TenantJobs | None = None
+        for queued in self._orgs.values():
+            if (fits is None or fits(queued.jobs[0])) and (chosen is None or queued.served < chosen.served):
+                chosen = queued
+        return None if chosen is None else chosen.jobs[0]
+
+    def served(self, job: _Job, *, done: bool) -> None:
+        """``job``'s org had its turn (``job`` first of its queue); ``done``: ``job`` is
+        all taken and leaves the queue."""
+        queued = self._orgs[job.tenant]
+        self._clock += 1
+        queued.served = self._clock
+        if done:
+            self.remove(job)
+
+    def remove(self, job: _Job) -> None:
+        """Takes ``job`` out of its org's queue, if it is still there."""
+        queued = self._orgs.get(job.tenant)
+        if queued is None or job not in queued.jobs:
+            return
+        queued.jobs.remove(job)
+        if not queued.jobs:
+            del self._orgs[job.tenant]
+            self._recently_served[job.tenant] = queued.served
+            if len(self._recently_served) > _RECENT_TENANTS:
+                self._recently_served.popitem(last=False)
+
+    def clear(self) -> None:
+        self._orgs.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +194,8 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
-        # Queued queries by org; an org's entry goes when its last query is taken.
-        self._queries: dict[str, _TenantQueries] = {}
-        self._taken = 0  # queries taken so far: the round-robin's clock
-        # When the orgs whose queues emptied last were served, so one that queues again at
-        # once (a flood's next query) does not count as never served.
-        self._recently_served: OrderedDict[str, int] = OrderedDict()
-        self._bulk: deque[_Job] = deque()
+        self._queries = _TenantTurns()
+        self._bulk = _TenantTurns()  # texts to store, and queries too many for one turn
         self._closed = False
         self._ready = threading.Condition()
         self._threads = [
@@ -146,9 +206,9 @@ class EmbeddingQueue:
 
     def submit(self, texts: Sequence[str], *, query: bool, tenant: str = "") -> Future[list[FloatVector]]:
         """The vectors of ``texts`` (queries, or texts to store), in order, once a worker
-        has computed them. ``tenant``: whose queries they are (queued per tenant)."""
+        has computed them. ``tenant``: whose texts they are (queued per tenant)."""
         future: Future[list[FloatVector]] = Future()
-        job = _Job(list(texts), future, query)
+        job = _Job(list(texts), future, query, tenant)
         if not job.texts:
             future.set_result([])
             return future
@@ -156,15 +216,11 @@ class EmbeddingQueue:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
             if query and len(job.texts) <= self._queries_per_turn:
-                queued = self._queries.get(tenant)
-                if queued is None:
-                    served = self._recently_served.pop(tenant, -1)
-                    queued = self._queries[tenant] = _TenantQueries(served=served)
-                queued.jobs.append(job)
+                self._queries.add(job)
             else:
                 job.results = [None] * len(job.texts)
                 job.pending = len(job.texts)
-                self._bulk.append(job)
+                self._bulk.add(job)
             self._ready.notify()
         return future
 
@@ -172,7 +228,7 @@ class EmbeddingQueue:
         """Stops the workers after their current turn; queued jobs are cancelled."""
         with self._ready:
             self._closed = True
-            for job in (*(j for q in self._queries.values() for j in q.jobs), *self._bulk):
+            for job in (*self._queries.jobs(), *self._bulk.jobs()):
                 job.future.cancel()
             self._queries.clear()
             self._bulk.clear()
@@ -229,35 +285,22 @@ class EmbeddingQueue:
 
     def _next_query(self, room: int) -> _Job | None:
         """The first queued query of the org served longest ago whose first query fits
-        in ``room`` texts (taken off its queue), or None. Orgs waiting at once are few."""
-        chosen: tuple[str, _TenantQueries] | None = None
-        for tenant, queued in self._queries.items():
-            if len(queued.jobs[0].texts) <= room and (chosen is None or queued.served < chosen[1].served):
-                chosen = (tenant, queued)
-        if chosen is None:
-            return None
-        tenant, queued = chosen
-        self._taken += 1
-        queued.served = self._taken
-        job = queued.jobs.popleft()
-        if not queued.jobs:
-            del self._queries[tenant]
-            self._recently_served[tenant] = queued.served
-            if len(self._recently_served) > _RECENT_TENANTS:
-                self._recently_served.popitem(last=False)
+        in ``room`` texts (taken off its queue), or None."""
+        job = self._queries.next_job(lambda first: len(first.texts) <= room)
+        if job is not None:
+            self._queries.served(job, done=True)
         return job
 
     def _take_bulk_chunk(self) -> _Turn | None:
-        while self._bulk:
-            job = self._bulk[0]
+        """The next ``max_batch`` texts of the first job of the org served longest ago."""
+        while (job := self._bulk.next_job()) is not None:
             if job.next_offset == 0 and not job.future.set_running_or_notify_cancel():
-                self._bulk.popleft()
+                self._bulk.remove(job)  # its caller has gone: no turn taken
                 continue
             start = job.next_offset
             count = min(self._max_batch, len(job.texts) - start)
             job.next_offset += count
-            if job.next_offset == len(job.texts):
-                self._bulk.popleft()
+            self._bulk.served(job, done=job.next_offset == len(job.texts))
             return _Turn(job.texts[start : start + count], [(job, start, count)], job.query)
         return None
 
@@ -281,7 +324,6 @@ class EmbeddingQueue:
             with self._ready:
                 first = not job.failed
                 job.failed = True
-                if job in self._bulk:
-                    self._bulk.remove(job)  # its other chunks are not worth computing
+                self._bulk.remove(job)  # its other chunks are not worth computing
             if first:
                 job.future.set_exception(exc)

@@ -279,9 +279,11 @@ class MiniLMEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
         """The vectors of texts to store (fp32, whatever the query precision)."""
-        if not texts:
-            return []
-        return await asyncio.wrap_future(self._queue.submit(texts, query=False))
+        return await asyncio.wrap_future(self.submit_stored(texts))
+
+    def submit_stored(self, texts: Sequence[str], *, tenant: str = "") -> Future[list[FloatVector]]:
+        """Hands ``tenant``'s texts to store to the worker threads (``TenantQueuedEmbedder``)."""
+        return self._queue.submit(texts, query=False, tenant=tenant)
 
     async def aclose(self) -> None:
         self._queue.close()

@@ -8,7 +8,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 
-from ibex_context.embedding.base import Embedder
+from ibex_context.embedding.base import Embedder, embed_to_store
 from ibex_context.errors import EmbeddingError
 from ibex_context.models import FloatVector, NewMemory
 from ibex_context.pipeline.layout import stored_token_counts
@@ -41,7 +41,7 @@ class MemoryWriteApi:
 
     async def upsert(self, org_id: str, agent_id: str, memories: Sequence[NewMemory]) -> list[UpsertResult]:
         missing = [m.content for m in memories if m.embedding is None]
-        vectors = iter(await self._embed(missing))
+        vectors = iter(await self._embed(org_id, missing))
         counts = await asyncio.to_thread(self.memory_token_counts, [m.content for m in memories])
         prepared = [
             PreparedMemory(
@@ -91,11 +91,11 @@ class MemoryWriteApi:
         encodings = [self._encodings.get(name) for name in self._stored_encodings]
         return [e for e in encodings if e.exact]
 
-    async def _embed(self, texts: Sequence[str]) -> list[FloatVector]:
+    async def _embed(self, org_id: str, texts: Sequence[str]) -> list[FloatVector]:
         vectors: list[FloatVector] = []
         for i in range(0, len(texts), _EMBED_BATCH):
             batch = texts[i : i + _EMBED_BATCH]
-            result = await self._embedder.embed(batch)
+            result = await embed_to_store(self._embedder, org_id, batch)
             if len(result) != len(batch):
                 raise EmbeddingError(f"embedder returned {len(result)} vectors for {len(batch)} texts")
             vectors.extend(result)
