@@ -176,13 +176,15 @@ def test_the_report_gives_the_verdicts_figures_and_exact_setup() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(200)
+# Bounds, not speed: ~1 minute on a quiet machine, and it failed at 170 s while a 1M-memory
+# graph build shared the cores.
+@pytest.mark.timeout(500)
 def test_a_small_run_against_the_real_service_measures_both_parts(tmp_path: Path) -> None:
     out = tmp_path / "growing.md"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.growing_agent", "--quick", "--out", str(out),
          "--data-root", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=470, check=False,
     )  # fmt: skip
     assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     text = out.read_text()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from ibex_context.embedding.minilm import open_session
 from ibex_context.embedding.minilm_graph import (
     GRAPH_VERSION,
@@ -19,6 +20,9 @@ from ibex_context.embedding.minilm_reference import default_model_dir
 from ibex_context.embedding.static_table import table_file_name
 
 
+# A bound, not a speed: the export, the quantisation and the 30,522 pieces of the table take
+# ~30 s alone and passed 120 s while a 1M-memory graph build shared the cores.
+@pytest.mark.timeout(480)
 def test_every_precisions_graph_and_the_static_table_are_built_into_the_directory_and_run(
     tmp_path: Path,
 ) -> None:
