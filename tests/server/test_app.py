@@ -75,16 +75,19 @@ async def test_requests_above_the_inline_bound_are_counted_on_the_counting_threa
     assert any(t.name.startswith("ibex-token-count") for t in threading.enumerate())
 
 
-async def test_a_large_agents_graph_build_shows_in_the_services_metrics(start_service: StartService) -> None:
+async def test_a_large_agents_graph_build_shows_in_the_services_metrics(
+    start_service: StartService, private_postgres_dsn: str
+) -> None:
     """Operators see the build queue and each build's time (``ibex_context_graph_build*``),
-    with no tenant in a label: an agent written past the exact scan's limit is built."""
+    with no tenant in a label: an agent written past the exact scan's limit is built. (A
+    database of its own: at start the service queues every agent past its limit.)"""
     import uuid
 
     import grpc
     from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
     from ibex_context_client.proto.ibex.context.v1 import context_pb2_grpc
 
-    service = await start_service(cold_exact_max_memories=5)
+    service = await start_service(cold_exact_max_memories=5, postgres_dsn=private_postgres_dsn)
     registry = service.metrics_registry
     built = {"graph": "dense", "outcome": "built"}
     assert registry.get_sample_value("ibex_context_graph_build_seconds_count", built) == 0

@@ -411,23 +411,20 @@ async def test_one_orgs_many_grown_agents_do_not_hold_another_orgs_build_behind_
 
 
 async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_reports_failed(
-    postgres_dsn: str,
-    graph_store: PostgresMemoryStore,
-    conn: asyncpg.Connection,
-    new_tenant: Callable[[], Tenant],
-    make_memory: MakeMemory,
+    private_postgres_dsn: str, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
 ) -> None:
     """What ``ibex_context_graph_build_seconds`` is made of: a build that ends and one whose
-    backend dies while it waits for the partition (another transaction holds it)."""
+    backend dies while it waits for the partition (another transaction holds it; a
+    database of its own, so no other test's statement waits on that lock)."""
     timings: list[GraphBuildTiming] = []
-    graph_pool = await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH)
+    pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
+    graph_pool = await create_graph_pool(private_postgres_dsn, ef_search=EF_SEARCH)
+    conn = await asyncpg.connect(private_postgres_dsn)
     graphs = AgentGraphs(graph_pool, min_memories=LIMIT, observe=timings.append)
     built, killed = new_tenant(), new_tenant()
     for t in (built, killed):
         memories = [make_memory(f"{t.agent_id} {i}", embedding=unit_vector(i)) for i in range(LIMIT + 5)]
-        await PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH).upsert_memories(
-            t.org_id, t.agent_id, memories
-        )
+        await PostgresMemoryStore(pool, ef_search=EF_SEARCH).upsert_memories(t.org_id, t.agent_id, memories)
     try:
         assert await graphs.promote(built.org_id, built.agent_id)
         assert [(t.graph, t.built) for t in timings] == [("dense", True)] and timings[0].seconds > 0
@@ -437,7 +434,7 @@ async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_repor
             uuid.UUID(killed.org_id),
             uuid.UUID(killed.agent_id),
         )
-        holder = await asyncpg.connect(postgres_dsn)
+        holder = await asyncpg.connect(private_postgres_dsn)
         try:
             async with holder.transaction():
                 await holder.execute(f"LOCK TABLE {partition} IN SHARE MODE")
@@ -446,7 +443,9 @@ async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_repor
                 for _ in range(200):  # at most 10 s
                     waiting = await conn.fetchval(
                         "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND datname = current_database()"
+                        " AND query LIKE 'CREATE INDEX CONCURRENTLY % ON ' || $1 || ' %'"
+                        " AND datname = current_database()",
+                        partition,
                     )
                     if waiting is not None:
                         break
@@ -459,7 +458,9 @@ async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_repor
             await holder.close()
         assert [(t.graph, t.built) for t in timings] == [("dense", True), ("dense", False)]
     finally:
+        await conn.close()
         await graph_pool.close()
+        await pool.close()
 
 
 SPARSE_MAX = LIMIT + 20  # promoted with at most this many memories: a sparse graph
