@@ -205,6 +205,14 @@ class Settings(BaseSettings):
         ge=0,
     )
     postgres_pool_max: int = _f(16, "PostgreSQL pool: most connections, none closed when idle.", ge=1)
+    postgres_write_connections: int = _f(
+        4,
+        "The most of the pool's connections the memory API's upserts and deletes hold at once"
+        " (at most postgres_pool_max - 1): the others stay for the calls' searches. Writes over"
+        " it wait, their orgs taking turns, so one org's flood of large writes cannot take every"
+        " connection from every org's calls.",
+        ge=1,
+    )
     postgres_read_dsns: tuple[str, ...] = _f(
         (),
         "Streaming read replicas of IBEX_POSTGRES_DSN, as a JSON list of DSNs: the request path's"

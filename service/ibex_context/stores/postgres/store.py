@@ -39,6 +39,7 @@ from ibex_context.stores.postgres.graphs import DEFAULT_BUILD_MEMORY_MB, AgentGr
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
+from ibex_context.stores.postgres.write_slots import WriteSlots
 from ibex_context.stores.postgres.writes import MemoryWrites
 from ibex_context.stores.quotas import OrgQuotas
 
@@ -89,7 +90,10 @@ class PostgresMemoryStore:
         quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
         observe_graph_build: GraphBuildObserver | None = None,
+        write_connections: int | None = None,
     ) -> None:
+        """``write_connections``: the most of ``pool``'s connections upserts and deletes hold
+        at once, orgs taking turns (``write_slots``); None: no bound (tests, tools)."""
         if agent_graphs and graph_pool is None:
             raise ValueError("agent_graphs needs a graph_pool: graphs are never built on the request pool")
         self._pool = pool
@@ -106,7 +110,9 @@ class PostgresMemoryStore:
             token_counts=token_counts,
         )
         self.reads = MemoryReads(pool, token_counts=token_counts)
-        self.writes = MemoryWrites(pool, quotas=quotas)
+        self.writes = MemoryWrites(
+            pool, quotas=quotas, slots=WriteSlots(write_connections) if write_connections else None
+        )
         self.feedback = FeedbackLog(pool)
         self.counters = InjectionCounters(pool)
         # An agent past the exact scan's limit gets a graph of its own (when
@@ -163,6 +169,9 @@ class PostgresMemoryStore:
             sparse_graph_max_memories=settings.cold_sparse_graph_max_memories,
             graph_width=GraphSearchWidth.from_settings(settings),
             observe_graph_build=observe_graph_build,
+            write_connections=max(
+                1, min(settings.postgres_write_connections, settings.postgres_pool_max - 1)
+            ),
         )
 
     async def aclose(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import asyncpg
@@ -16,6 +17,7 @@ from ibex_context.errors import InvalidRequest
 from ibex_context.stores.base import DirectiveState, PreparedMemory, UpsertResult
 from ibex_context.stores.postgres.codecs import VectorParam, as_uuid
 from ibex_context.stores.postgres.pool import store_errors
+from ibex_context.stores.postgres.write_slots import WriteSlots
 from ibex_context.stores.quotas import OrgQuotas, OrgUsage, check_org_usage
 from ibex_context.stores.upsert_plan import StoredMemory, plan_upsert
 
@@ -79,11 +81,17 @@ async def lock_agent(conn: asyncpg.Connection, org: uuid.UUID, agent: uuid.UUID)
 
 
 class MemoryWrites:
-    """Upserts and deletes memories, sets and clears directives, through the primary's pool."""
+    """Upserts and deletes memories, sets and clears directives, through the primary's pool.
 
-    def __init__(self, pool: asyncpg.Pool, *, quotas: OrgQuotas | None = None) -> None:
+    ``slots``: how many of the pool's connections upserts and deletes may hold at once, the
+    orgs taking turns for them (``write_slots``); the others stay for the calls' searches."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, *, quotas: OrgQuotas | None = None, slots: WriteSlots | None = None
+    ) -> None:
         self._pool = pool
         self._quotas = quotas or OrgQuotas()
+        self._slots = slots
 
     @store_errors
     async def upsert_memories(
@@ -95,7 +103,7 @@ class MemoryWrites:
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         for n, memory in enumerate(memories):
             as_uuid(memory.id, f"memories[{n}].id")
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._slot(org_id), self._pool.acquire() as conn, conn.transaction():
             await lock_agent(conn, org, agent)
             rows = await conn.fetch(
                 _EXISTING_SQL,
@@ -155,7 +163,7 @@ class MemoryWrites:
             return 0
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         targets = [as_uuid(i, f"ids[{n}]") for n, i in enumerate(ids)]
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._slot(org_id), self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "DELETE FROM memory_feedback"
                 " WHERE org_id = $1 AND agent_id = $2 AND memory_id = ANY($3::uuid[])",
@@ -177,6 +185,9 @@ class MemoryWrites:
                 targets,
             )
         return int(status.split()[-1])
+
+    def _slot(self, org_id: str) -> AbstractAsyncContextManager[None]:
+        return self._slots.slot(org_id) if self._slots is not None else nullcontext()
 
     @store_errors
     async def set_directive_state(
