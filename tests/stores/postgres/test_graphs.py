@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 
 import asyncpg
@@ -337,6 +337,26 @@ def test_background_builds_need_a_pool_of_their_own(graph_store: PostgresMemoryS
         PostgresMemoryStore(graph_store.pool, ef_search=EF_SEARCH, agent_graphs=True)
 
 
+async def _write_unpromoted(
+    pool: asyncpg.Pool, agents: Sequence[tuple[Tenant, int]], make_memory: MakeMemory
+) -> None:
+    """Writes each agent's memories (as many as given) through a store that builds no graphs."""
+    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
+    for n, (tenant, size) in enumerate(agents):
+        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
+        await plain.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+
+
+async def _graph_building_store(pool: asyncpg.Pool, dsn: str) -> PostgresMemoryStore:
+    return PostgresMemoryStore(
+        pool,
+        ef_search=EF_SEARCH,
+        exact_max_memories=LIMIT,
+        agent_graphs=True,
+        graph_pool=await create_graph_pool(dsn, ef_search=EF_SEARCH),
+    )
+
+
 async def test_at_start_the_agents_grown_without_a_graph_are_queued_and_built(
     private_postgres_dsn: str, new_tenant: Callable[[], Tenant], make_memory: MakeMemory
 ) -> None:
@@ -345,19 +365,11 @@ async def test_at_start_the_agents_grown_without_a_graph_are_queued_and_built(
     their next write: ``queue_grown`` queues their builds at start, largest first; an
     agent at the limit and one with a graph already are left alone."""
     pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
-    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
     tenants = [new_tenant() for _ in range(3)]
-    for n, size in enumerate((LIMIT + 5, LIMIT, LIMIT + 9)):
-        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
-        await plain.upsert_memories(tenants[n].org_id, tenants[n].agent_id, memories)
+    await _write_unpromoted(pool, [*zip(tenants, (LIMIT + 5, LIMIT, LIMIT + 9), strict=True)], make_memory)
+    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
     assert await plain.queue_grown() == 0  # this store builds no graphs
-    store = PostgresMemoryStore(
-        pool,
-        ef_search=EF_SEARCH,
-        exact_max_memories=LIMIT,
-        agent_graphs=True,
-        graph_pool=await create_graph_pool(private_postgres_dsn, ef_search=EF_SEARCH),
-    )
+    store = await _graph_building_store(pool, private_postgres_dsn)
     conn = await asyncpg.connect(private_postgres_dsn)
     try:
         assert await store.graphs.promote(tenants[2].org_id, tenants[2].agent_id)  # one built already
@@ -381,21 +393,12 @@ async def test_one_orgs_many_grown_agents_do_not_hold_another_orgs_build_behind_
     org's bulk import of large agents held every other org's agent behind all of them;
     the orgs now take turns, each org's largest first."""
     pool = await create_pool(private_postgres_dsn, min_size=1, max_size=2, ef_search=EF_SEARCH)
-    plain = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=LIMIT)
     flooding_org = new_tenant().org_id
     flood = [Tenant(flooding_org, new_tenant().agent_id) for _ in range(4)]
     quiet = new_tenant()
     sizes = [*zip(flood, (LIMIT + 9, LIMIT + 8, LIMIT + 7, LIMIT + 6), strict=True), (quiet, LIMIT + 1)]
-    for n, (tenant, size) in enumerate(sizes):
-        memories = [make_memory(f"t{n} {i}", embedding=unit_vector(100 * n + i)) for i in range(size)]
-        await plain.upsert_memories(tenant.org_id, tenant.agent_id, memories)
-    store = PostgresMemoryStore(
-        pool,
-        ef_search=EF_SEARCH,
-        exact_max_memories=LIMIT,
-        agent_graphs=True,
-        graph_pool=await create_graph_pool(private_postgres_dsn, ef_search=EF_SEARCH),
-    )
+    await _write_unpromoted(pool, sizes, make_memory)
+    store = await _graph_building_store(pool, private_postgres_dsn)
     conn = await asyncpg.connect(private_postgres_dsn)
     try:
         assert await store.queue_grown() == 5
@@ -422,9 +425,7 @@ async def test_each_build_reports_its_graph_and_wall_time_and_a_killed_one_repor
     conn = await asyncpg.connect(private_postgres_dsn)
     graphs = AgentGraphs(graph_pool, min_memories=LIMIT, observe=timings.append)
     built, killed = new_tenant(), new_tenant()
-    for t in (built, killed):
-        memories = [make_memory(f"{t.agent_id} {i}", embedding=unit_vector(i)) for i in range(LIMIT + 5)]
-        await PostgresMemoryStore(pool, ef_search=EF_SEARCH).upsert_memories(t.org_id, t.agent_id, memories)
+    await _write_unpromoted(pool, [(built, LIMIT + 5), (killed, LIMIT + 5)], make_memory)
     try:
         assert await graphs.promote(built.org_id, built.agent_id)
         assert [(t.graph, t.built) for t in timings] == [("dense", True)] and timings[0].seconds > 0
