@@ -41,21 +41,18 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ibex_context.errors import QueryExpired
 from ibex_context.models import FloatVector
+from ibex_context.org_turns import OrgTurns
 
 # (texts, whether they are queries) -> their vectors, in order.
 EmbedBatch = Callable[[list[str], bool], list[FloatVector]]
 
 _log = logging.getLogger(__name__)
-
-# Orgs whose last pick is remembered after their queue emptied: more than call at once.
-_RECENT_TENANTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,74 +81,6 @@ class _Job:
     next_offset: int = 0  # bulk: the first text no worker has taken yet
     pending: int = 0  # bulk: texts taken and not yet computed, plus those not taken
     failed: bool = False
-
-
-@dataclass(eq=False, slots=True)
-class _TenantJobs:
-    """One org's queued jobs, and when a turn last took from them."""
-
-    jobs: deque[_Job] = field(default_factory=deque)
-    served: int = -1  # the ``_TenantTurns`` clock at its last pick; -1: never
-
-
-class _TenantTurns:
-    """Jobs queued per org, taken from the org served longest ago (never, or not lately,
-    first; ties in the order the orgs queued). Unlocked: ``EmbeddingQueue``'s condition
-    guards every use."""
-
-    def __init__(self) -> None:
-        # An org's entry goes when its last job is taken.
-        self._orgs: dict[str, _TenantJobs] = {}
-        self._clock = 0  # picks so far
-        # When the orgs whose queues emptied last were served, so one that queues again at
-        # once (a flood's next job) does not count as never served.
-        self._recently_served: OrderedDict[str, int] = OrderedDict()
-
-    def __bool__(self) -> bool:
-        return bool(self._orgs)
-
-    def jobs(self) -> list[_Job]:
-        return [job for queued in self._orgs.values() for job in queued.jobs]
-
-    def add(self, job: _Job) -> None:
-        queued = self._orgs.get(job.tenant)
-        if queued is None:
-            served = self._recently_served.pop(job.tenant, -1)
-            queued = self._orgs[job.tenant] = _TenantJobs(served=served)
-        queued.jobs.append(job)
-
-    def next_job(self, fits: Callable[[_Job], bool] | None = None) -> _Job | None:
-        """The first job of the org served longest ago (of those whose first job ``fits``),
-        left queued. Orgs waiting at once are few."""
-        chosen: _TenantJobs | None = None
-        for queued in self._orgs.values():
-            if (fits is None or fits(queued.jobs[0])) and (chosen is None or queued.served < chosen.served):
-                chosen = queued
-        return None if chosen is None else chosen.jobs[0]
-
-    def served(self, job: _Job, *, done: bool) -> None:
-        """``job``'s org had its turn (``job`` first of its queue); ``done``: ``job`` is
-        all taken and leaves the queue."""
-        queued = self._orgs[job.tenant]
-        self._clock += 1
-        queued.served = self._clock
-        if done:
-            self.remove(job)
-
-    def remove(self, job: _Job) -> None:
-        """Takes ``job`` out of its org's queue, if it is still there."""
-        queued = self._orgs.get(job.tenant)
-        if queued is None or job not in queued.jobs:
-            return
-        queued.jobs.remove(job)
-        if not queued.jobs:
-            del self._orgs[job.tenant]
-            self._recently_served[job.tenant] = queued.served
-            if len(self._recently_served) > _RECENT_TENANTS:
-                self._recently_served.popitem(last=False)
-
-    def clear(self) -> None:
-        self._orgs.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +123,9 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
-        self._queries = _TenantTurns()
-        self._bulk = _TenantTurns()  # texts to store, and queries too many for one turn
+        # Queued per tenant, taken in turns (``org_turns``).
+        self._queries: OrgTurns[_Job] = OrgTurns()
+        self._bulk: OrgTurns[_Job] = OrgTurns()  # texts to store, and queries too many for one turn
         self._closed = False
         self._ready = threading.Condition()
         self._threads = [
@@ -216,11 +146,11 @@ class EmbeddingQueue:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
             if query and len(job.texts) <= self._queries_per_turn:
-                self._queries.add(job)
+                self._queries.add(tenant, job)
             else:
                 job.results = [None] * len(job.texts)
                 job.pending = len(job.texts)
-                self._bulk.add(job)
+                self._bulk.add(tenant, job)
             self._ready.notify()
         return future
 
@@ -228,7 +158,7 @@ class EmbeddingQueue:
         """Stops the workers after their current turn; queued jobs are cancelled."""
         with self._ready:
             self._closed = True
-            for job in (*self._queries.jobs(), *self._bulk.jobs()):
+            for job in (*self._queries, *self._bulk):
                 job.future.cancel()
             self._queries.clear()
             self._bulk.clear()
@@ -286,21 +216,27 @@ class EmbeddingQueue:
     def _next_query(self, room: int) -> _Job | None:
         """The first queued query of the org served longest ago whose first query fits
         in ``room`` texts (taken off its queue), or None."""
-        job = self._queries.next_job(lambda first: len(first.texts) <= room)
-        if job is not None:
-            self._queries.served(job, done=True)
+        head = self._queries.first(lambda first: len(first.texts) <= room)
+        if head is None:
+            return None
+        tenant, job = head
+        self._queries.served(tenant)
+        self._queries.remove(tenant, job)
         return job
 
     def _take_bulk_chunk(self) -> _Turn | None:
         """The next ``max_batch`` texts of the first job of the org served longest ago."""
-        while (job := self._bulk.next_job()) is not None:
+        while (head := self._bulk.first()) is not None:
+            tenant, job = head
             if job.next_offset == 0 and not job.future.set_running_or_notify_cancel():
-                self._bulk.remove(job)  # its caller has gone: no turn taken
+                self._bulk.remove(tenant, job)  # its caller has gone: no turn taken
                 continue
             start = job.next_offset
             count = min(self._max_batch, len(job.texts) - start)
             job.next_offset += count
-            self._bulk.served(job, done=job.next_offset == len(job.texts))
+            self._bulk.served(tenant)
+            if job.next_offset == len(job.texts):
+                self._bulk.remove(tenant, job)
             return _Turn(job.texts[start : start + count], [(job, start, count)], job.query)
         return None
 
@@ -324,6 +260,6 @@ class EmbeddingQueue:
             with self._ready:
                 first = not job.failed
                 job.failed = True
-                self._bulk.remove(job)  # its other chunks are not worth computing
+                self._bulk.remove(job.tenant, job)  # its other chunks are not worth computing
             if first:
                 job.future.set_exception(exc)

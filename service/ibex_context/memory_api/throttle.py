@@ -1,7 +1,7 @@
 """A rate limit on rows, shared by every export call of a process, fair between orgs.
 
-Exports take turns: a call waits in its org's queue, orgs are served round-robin (one
-call of each org with calls waiting, in turn), and a turn starts once the process's
+Exports take turns: a call waits in its org's queue, orgs take turns (one call at a time
+from the org served longest ago, ``org_turns``), and a turn starts once the process's
 timeline is free. A turn reserves the rows it may read; when it ends, the rows it did
 not deliver are given back (a page shorter than asked for, a failed query, a caller
 that gave up). A call cancelled while it waits reserves nothing: 2,000 exports with a
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+
+from ibex_context.org_turns import OrgTurns
 
 
 @dataclass(slots=True)
@@ -57,15 +58,14 @@ class RowRateLimit:
         self._clock = clock
         self._sleep = sleep
         self._next_free = -float("inf")
-        # Insertion order is the round-robin: an org served goes to the back.
-        self._queues: dict[str, deque[_Waiter]] = {}
+        self._queues: OrgTurns[_Waiter] = OrgTurns()
         self._granter: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
     @property
     def waiting(self) -> int:
         """Calls waiting for a turn (cancelled ones not yet swept included)."""
-        return sum(len(q) for q in self._queues.values())
+        return len(self._queues)
 
     def reserved_seconds(self) -> float:
         """How far ahead of now the timeline is reserved."""
@@ -76,15 +76,15 @@ class RowRateLimit:
         """Waits for ``key``'s turn to read up to ``rows``; what the turn did not
         deliver (``Turn.used``) is given back when it ends."""
         waiter = _Waiter(rows)
-        self._queues.setdefault(key, deque()).append(waiter)
+        self._queues.add(key, waiter)
         self._wake()
         try:
             await waiter.granted
         except BaseException:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 self._give_back(rows)  # granted in the same instant as cancelled
-            else:
-                self._forget(key, waiter)
+            else:  # out of the queue at once: it holds a gRPC call's memory
+                self._queues.remove(key, waiter)
             raise
         turn = Turn(rows)
         try:
@@ -96,18 +96,6 @@ class RowRateLimit:
         """A turn of ``rows`` that keeps them all (tests, callers that read no rows back)."""
         async with self.turn(key, rows) as turn:
             turn.used(rows)
-
-    def _forget(self, key: str, waiter: _Waiter) -> None:
-        """Takes a caller that gave up out of its queue (it holds a gRPC call's memory)."""
-        queue = self._queues.get(key)
-        if queue is None:
-            return
-        try:
-            queue.remove(waiter)
-        except ValueError:  # the granter had taken it already
-            return
-        if not queue:
-            del self._queues[key]
 
     def _give_back(self, rows: int) -> None:
         if rows <= 0:
@@ -130,11 +118,10 @@ class RowRateLimit:
             if wait > 0:
                 await self._wait_or_change(wait)
                 continue
-            key, queue = next(iter(self._queues.items()))
-            del self._queues[key]
-            waiter = queue.popleft()
-            if queue:
-                self._queues[key] = queue
+            taken = self._queues.take()
+            if taken is None:
+                break
+            _, waiter = taken
             if waiter.granted.done():  # its caller gave up while waiting: nothing reserved
                 continue
             waiter.granted.set_result(None)

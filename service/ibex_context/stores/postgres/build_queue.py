@@ -15,23 +15,13 @@ else's agent was queued at all. So:
   by its next write or at the next start (``PostgresMemoryStore.queue_grown``), and is
   searched exactly until then.
 
-Pure bookkeeping, no I/O: the store's one builder task takes from it.
+The turns are ``org_turns.OrgTurns``'s; this adds the capacity. Pure bookkeeping, no
+I/O: the store's one builder task takes from it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
-
-# Orgs whose last turn is remembered after their queue emptied (an org that queues again
-# at once does not count as never served): more than build at once by far.
-_RECENTLY_SERVED = 64
-
-
-@dataclass(slots=True)
-class _OrgAgents:
-    agents: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    served: int = -1  # the turn it was last served in; -1 never (or not lately)
+from ibex_context.org_turns import OrgTurns
 
 
 class GraphBuildQueue:
@@ -41,63 +31,34 @@ class GraphBuildQueue:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self._capacity = capacity
-        self._orgs: dict[str, _OrgAgents] = {}
-        self._size = 0
-        self._turn = 0
-        self._recently_served: OrderedDict[str, int] = OrderedDict()
+        self._agents: OrgTurns[str] = OrgTurns()
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._agents)
 
     def __contains__(self, key: tuple[str, str]) -> bool:
-        org = self._orgs.get(key[0])
-        return org is not None and key[1] in org.agents
+        return self._agents.has(*key)
 
     def add(self, org_id: str, agent_id: str) -> bool:
         """Queues the agent; False when it is not queued (queued already, or the queue is
         full and its org holds the most)."""
-        org = self._orgs.get(org_id)
-        if org is not None and agent_id in org.agents:
+        if self._agents.has(org_id, agent_id):
             return False
-        if self._size >= self._capacity and not self._make_room_for(org_id):
+        if len(self._agents) >= self._capacity and not self._make_room_for(org_id):
             return False
-        if org is None:
-            org = self._orgs[org_id] = _OrgAgents(served=self._recently_served.pop(org_id, -1))
-        org.agents[agent_id] = None
-        self._size += 1
-        return True
+        return self._agents.add(org_id, agent_id)
 
     def pop(self) -> tuple[str, str] | None:
         """The first queued agent of the org served longest ago, taken off the queue."""
-        if not self._orgs:
-            return None
-        org_id = min(self._orgs, key=lambda o: self._orgs[o].served)  # ties: queued first
-        org = self._orgs[org_id]
-        self._turn += 1
-        org.served = self._turn
-        agent_id, _ = org.agents.popitem(last=False)
-        self._size -= 1
-        if not org.agents:
-            self._forget(org_id)
-        return org_id, agent_id
+        return self._agents.take()
 
     def clear(self) -> None:
-        self._orgs.clear()
-        self._recently_served.clear()
-        self._size = 0
+        self._agents.clear()
 
     def _make_room_for(self, org_id: str) -> bool:
         """Drops the newest entry of the org holding the most, if ``org_id`` holds fewer."""
-        largest = max(self._orgs, key=lambda o: len(self._orgs[o].agents))
-        held = len(self._orgs[org_id].agents) if org_id in self._orgs else 0
-        if held + 1 >= len(self._orgs[largest].agents):
+        largest = self._agents.largest()
+        if largest is None or self._agents.holds(org_id) + 1 >= self._agents.holds(largest):
             return False
-        self._orgs[largest].agents.popitem(last=True)
-        self._size -= 1
+        self._agents.drop_newest(largest)
         return True
-
-    def _forget(self, org_id: str) -> None:
-        org = self._orgs.pop(org_id)
-        self._recently_served[org_id] = org.served
-        if len(self._recently_served) > _RECENTLY_SERVED:
-            self._recently_served.popitem(last=False)

@@ -5,10 +5,9 @@ connection for its whole transaction: ~1 ms a memory, a second for a call of 1,0
 that brings its own vectors (no embedding to wait for). Twenty such calls from one org held
 every connection of the default pool, and every org's searches waited past their cold
 deadline. So writes hold at most ``capacity`` connections at once; the others stay for the
-calls. A write over that waits in its org's queue, and the orgs take turns: a freed slot goes
-to the first waiter of the org that has waited since longest ago in the rotation (an org
-served goes to the back), so one org's flood of writes delays another org's write by one
-write a slot, not by all of the flood's.
+calls. A write over that waits in its org's queue, and the orgs take turns (``org_turns``):
+a freed slot goes to the first waiter of the org served longest ago, so one org's flood of
+writes delays another org's write by one write a slot, not by all of the flood's.
 
 Pure asyncio bookkeeping, no I/O.
 """
@@ -16,9 +15,10 @@ Pure asyncio bookkeeping, no I/O.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from ibex_context.org_turns import OrgTurns
 
 
 class WriteSlots:
@@ -29,8 +29,7 @@ class WriteSlots:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self._free = capacity
-        # Insertion order is the rotation: an org served goes to the back.
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiting: OrgTurns[asyncio.Future[None]] = OrgTurns()
 
     @property
     def held(self) -> int:
@@ -38,7 +37,7 @@ class WriteSlots:
 
     @property
     def waiting(self) -> int:
-        return sum(len(q) for q in self._waiting.values())
+        return len(self._waiting)
 
     @asynccontextmanager
     async def slot(self, org_id: str) -> AsyncIterator[None]:
@@ -54,36 +53,21 @@ class WriteSlots:
             self._free -= 1
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(org_id, deque()).append(granted)
+        self._waiting.add(org_id, granted)
         try:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
                 self._release()  # granted in the same instant as cancelled: hand it on
             else:
-                self._forget(org_id, granted)
+                self._waiting.remove(org_id, granted)
             raise
 
     def _release(self) -> None:
         self._free += 1
-        while self._free > 0 and self._waiting:
-            org_id, queue = next(iter(self._waiting.items()))
-            del self._waiting[org_id]
-            granted = queue.popleft()
-            if queue:
-                self._waiting[org_id] = queue
+        while self._free > 0 and (turn := self._waiting.take()) is not None:
+            _, granted = turn
             if granted.done():  # its caller gave up
                 continue
             granted.set_result(None)
             self._free -= 1
-
-    def _forget(self, org_id: str, granted: asyncio.Future[None]) -> None:
-        queue = self._waiting.get(org_id)
-        if queue is None:
-            return
-        try:
-            queue.remove(granted)
-        except ValueError:
-            return
-        if not queue:
-            del self._waiting[org_id]
