@@ -50,6 +50,26 @@ async def test_another_orgs_write_waits_for_one_of_the_floods_not_all_of_them() 
     assert order[:3] == ["A", "A", "B"]  # A's first held the slot; then one more of A's, then B
 
 
+async def test_an_org_new_to_the_queue_goes_before_orgs_served_lately() -> None:
+    slots = WriteSlots(1)
+    gates = [asyncio.Event() for _ in range(6)]
+    order: list[str] = []
+    writers = [asyncio.ensure_future(_hold(slots, "A", order, gates[0]))]
+    await asyncio.sleep(0.01)
+    for i, org in enumerate(("A", "A", "B"), start=1):  # waiting: A twice, then B
+        writers.append(asyncio.ensure_future(_hold(slots, org, order, gates[i])))
+        await asyncio.sleep(0.01)
+    gates[0].set()  # the slot goes to A's next (A and B never served: A waited first)
+    await asyncio.sleep(0.01)
+    writers.append(asyncio.ensure_future(_hold(slots, "C", order, gates[4])))  # C arrives
+    await asyncio.sleep(0.01)
+    for gate in gates[1:5]:
+        gate.set()
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(asyncio.gather(*writers), WAIT)
+    assert order == ["A", "A", "B", "C", "A"]  # a round robin gave A, A, B, A, C
+
+
 async def test_a_writer_that_gives_up_while_waiting_holds_no_slot() -> None:
     slots = WriteSlots(1)
     release = asyncio.Event()
