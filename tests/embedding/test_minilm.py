@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from ibex_context.embedding.base import TenantQueuedEmbedder, embed_to_store
 from ibex_context.embedding.batching import EmbeddingTurn
-from ibex_context.embedding.minilm import MiniLMEmbedder, length_batches, open_session
-from ibex_context.embedding.minilm_graph import default_graph_dir, ensure_graph
+from ibex_context.embedding.minilm import MiniLMEmbedder, length_batches
+from ibex_context.embedding.minilm_graph import default_graph_dir, ensure_graph, open_session
 from ibex_context.embedding.minilm_reference import (
     MiniLMModel,
     default_model_dir,

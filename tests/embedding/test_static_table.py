@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from ibex_context.embedding.minilm import MiniLMEmbedder, open_session
+from ibex_context.embedding.minilm import MiniLMEmbedder
 from ibex_context.embedding.minilm_graph import (
     GRAPH_VERSION,
     default_graph_dir,
     ensure_graph,
+    open_session,
     weights_version,
 )
 from ibex_context.embedding.minilm_reference import HIDDEN, default_model_dir, load_tokenizer

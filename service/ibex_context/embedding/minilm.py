@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ibex_context.embedding.batching import EmbeddingQueue, TurnObserver
-from ibex_context.embedding.minilm_graph import Precision, default_graph_dir, ensure_graph
+from ibex_context.embedding.minilm_graph import Precision, default_graph_dir, ensure_graph, open_session
 from ibex_context.embedding.minilm_reference import (
     HIDDEN,
     MODEL_NAME,
@@ -65,29 +64,6 @@ def length_batches(lengths: Sequence[int], max_batch: int) -> list[list[int]]:
         else:
             batches.append([i])
     return batches
-
-
-def open_session(graph: Path) -> Any:
-    """An onnxruntime session on ``graph``: one intra-op and one inter-op thread, every
-    graph optimisation, sequential execution. Safe to run from several threads at once.
-
-    onnxruntime's PyPI build (1.32) records telemetry events (process info, session
-    errors with their messages) in ``$HOME/.cache/Microsoft/DeveloperTools`` for upload;
-    ``ORT_DISABLE_TELEMETRY=1``, read when it loads, turns all of it off (nothing is
-    written), so it is set before the import unless the operator set it already.
-    """
-    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    import onnxruntime
-
-    onnxruntime.disable_telemetry_events()  # also when it was imported before we set the variable
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3  # errors only: its warnings would go to stderr, not our logs
-    return onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
 
 # Texts a worker embeds in one inference: queued queries together, or a write's next few.

@@ -20,16 +20,15 @@ inference. Stored texts are always embedded in fp32.
 
 Building takes a few seconds and writes a ~90 MB file (int8: ~58 MB: the
 word-embedding table stays fp32), so it is done once: at image build (``python -m
-ibex_context.embedding.minilm_graph DIR``, the Dockerfile: both graphs and
+ibex_context.embedding.model_files DIR``, the Dockerfile: both graphs and
 ``embedding.static_table``'s query table) or, on a checkout, at the first start into a
-cache directory (``ensure_graph``). The file's name
+cache directory (``ensure_graph``); ``open_session`` runs it. The file's name
 carries the weights package's version, ``GRAPH_VERSION`` and the precision, so a change
 to any builds a new one.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import math
 import os
@@ -238,11 +237,11 @@ def ensure_graph(model_dir: Path, graph_dir: Path, precision: Precision = "fp32"
     from safetensors.numpy import load_file
 
     serialized = build_graph(load_file(str(model_dir / "model.safetensors")), precision)
-    _write_atomically(target, lambda path: path.write_bytes(serialized))
+    write_atomically(target, lambda path: path.write_bytes(serialized))
     return target
 
 
-def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
+def write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     """``write`` into a temporary file beside ``target``, renamed over it when complete,
     so concurrent starts never read half a file."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -259,19 +258,24 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Builds every precision's graph and the static query table into a directory (the
-    Dockerfile's build step)."""
-    from ibex_context.embedding.minilm_reference import default_model_dir
-    from ibex_context.embedding.static_table import ensure_table
+def open_session(graph: Path) -> Any:
+    """An onnxruntime session on ``graph``: one intra-op and one inter-op thread, every
+    graph optimisation, sequential execution. Safe to run from several threads at once.
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("graph_dir", type=Path, help="directory to write the graphs into")
-    args = parser.parse_args(argv)
-    for precision in PRECISIONS:
-        print(ensure_graph(default_model_dir(), args.graph_dir, precision))
-    print(ensure_table(default_model_dir(), args.graph_dir))
+    onnxruntime's PyPI build (1.32) records telemetry events (process info, session
+    errors with their messages) in ``$HOME/.cache/Microsoft/DeveloperTools`` for upload;
+    ``ORT_DISABLE_TELEMETRY=1``, read when it loads, turns all of it off (nothing is
+    written), so it is set before the import unless the operator set it already.
+    """
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    import onnxruntime
 
+    onnxruntime.disable_telemetry_events()  # also when it was imported before we set the variable
 
-if __name__ == "__main__":
-    main()
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: its warnings would go to stderr, not our logs
+    return onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])

@@ -17,7 +17,7 @@ thread, no queue. It is not MiniLM: its cosines to the stored vectors run lower 
 call (benchmarks/results/embedding-turns-2026-12-06.md §5).
 
 The table (30,522 x 384 float32, 47 MB) is built once like the graphs: at image build
-(``python -m ibex_context.embedding.minilm_graph DIR`` writes it beside them) or at the
+(``python -m ibex_context.embedding.model_files DIR`` writes it beside the graphs) or at the
 first start of a checkout into the graph cache directory, in about 20 s of one core.
 """
 
@@ -32,9 +32,10 @@ import numpy.typing as npt
 
 from ibex_context.embedding.minilm_graph import (
     GRAPH_VERSION,
-    _write_atomically,
     ensure_graph,
+    open_session,
     weights_version,
+    write_atomically,
 )
 from ibex_context.embedding.minilm_reference import HIDDEN
 from ibex_context.models import FloatVector
@@ -110,7 +111,6 @@ def ensure_table(model_dir: Path, graph_dir: Path) -> Path:
     target = graph_dir / table_file_name()
     if target.exists():
         return target
-    from ibex_context.embedding.minilm import open_session
     from ibex_context.embedding.minilm_reference import load_tokenizer
 
     table = distil_table(open_session(ensure_graph(model_dir, graph_dir)), load_tokenizer(model_dir))
@@ -119,7 +119,7 @@ def ensure_table(model_dir: Path, graph_dir: Path) -> Path:
         with path.open("wb") as file:  # a file object: np.save would add ".npy" to a path
             np.save(file, table, allow_pickle=False)
 
-    _write_atomically(target, write)
+    write_atomically(target, write)
     return target
 
 
