@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from ibex_context.models import ChatMessage
-from ibex_context_client.context import AssembleResult
 from ibex_context_client.litellm.request import (
     HookConfig,
     RequestTenant,
@@ -15,6 +14,7 @@ from ibex_context_client.litellm.request import (
     outcome_headers,
     resolve_tenant,
 )
+from ibex_context_client.results import AssembleResult
 
 
 def test_the_settings_default_to_the_clients_45_ms_and_the_target_from_the_environment() -> None:

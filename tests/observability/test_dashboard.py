@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 from ibex_context.observability.metrics import Metrics
-from ibex_context_client.context import AssembleResult
 from ibex_context_client.metrics import ClientMetrics
+from ibex_context_client.results import AssembleResult
 from ibex_operator.metrics import OperatorMetrics
 from prometheus_client import CollectorRegistry
 

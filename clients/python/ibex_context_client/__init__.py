@@ -16,14 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ibex_context_client.context import (
-        CLIENT_INVALID_ARGUMENT,
-        CLIENT_TIMEOUT,
-        CLIENT_UNAVAILABLE,
-        DEFAULT_TIMEOUT_SECONDS,
-        AssembleResult,
-        ContextClient,
-    )
+    from ibex_context_client.context import DEFAULT_TIMEOUT_SECONDS, ContextClient
     from ibex_context_client.credentials import ClientCredentials
     from ibex_context_client.errors import ClientError
     from ibex_context_client.memory import (
@@ -35,20 +28,19 @@ if TYPE_CHECKING:
         UpsertResult,
     )
     from ibex_context_client.messages import Category, ChatMessage, NewMemory
+    from ibex_context_client.results import (
+        CLIENT_INVALID_ARGUMENT,
+        CLIENT_TIMEOUT,
+        CLIENT_UNAVAILABLE,
+        AssembleResult,
+    )
     from ibex_context_client.target import Target, parse_target
 
 # The service's version (tests/client/test_distribution.py holds the two together).
 __version__ = "0.1.0"
 
 _MODULES = {
-    "context": (
-        "CLIENT_INVALID_ARGUMENT",
-        "CLIENT_TIMEOUT",
-        "CLIENT_UNAVAILABLE",
-        "DEFAULT_TIMEOUT_SECONDS",
-        "AssembleResult",
-        "ContextClient",
-    ),
+    "context": ("DEFAULT_TIMEOUT_SECONDS", "ContextClient"),
     "credentials": ("ClientCredentials",),
     "errors": ("ClientError",),
     "memory": (
@@ -60,6 +52,7 @@ _MODULES = {
         "UpsertResult",
     ),
     "messages": ("Category", "ChatMessage", "NewMemory"),
+    "results": ("CLIENT_INVALID_ARGUMENT", "CLIENT_TIMEOUT", "CLIENT_UNAVAILABLE", "AssembleResult"),
     "target": ("Target", "parse_target"),
 }
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}

@@ -33,6 +33,13 @@ from ibex_context_client.health import (
 )
 from ibex_context_client.messages import ChatMessage
 from ibex_context_client.proto.ibex.context.v1 import context_pb2 as pb
+from ibex_context_client.results import (
+    CLIENT_ERROR,
+    CLIENT_INVALID_ARGUMENT,
+    CLIENT_TIMEOUT,
+    CLIENT_UNAVAILABLE,
+    AssembleResult,
+)
 from ibex_context_client.target import Target
 
 if TYPE_CHECKING:
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
 
     from ibex_context_client.metrics import ClientMetrics
 
+# The result's names stay importable from here, where callers found them first.
 __all__ = [
     "ASSEMBLE_CONTEXT",
     "CLIENT_INVALID_ARGUMENT",
@@ -54,11 +62,6 @@ __all__ = [
 
 ASSEMBLE_CONTEXT = "/ibex.context.v1.ContextAssemblyService/AssembleContext"
 DEFAULT_TIMEOUT_SECONDS = 0.045
-
-CLIENT_TIMEOUT = "client_timeout"
-CLIENT_UNAVAILABLE = "client_unavailable"
-CLIENT_INVALID_ARGUMENT = "client_invalid_argument"
-CLIENT_ERROR = "client_error"
 
 _LOG_INTERVAL_SECONDS = 10.0
 
@@ -73,27 +76,6 @@ def _has_otel_api() -> bool:
 
 
 _OTEL_API = _has_otel_api()
-
-
-@dataclass(frozen=True, slots=True)
-class AssembleResult:
-    """What to send to the model.
-
-    ``from_service`` is False when the client fell back; ``messages`` are then the
-    caller's own. ``fallback_reason`` is empty for a full assembly, the service's
-    reason when it degraded, or a ``client_*`` reason when the client fell back.
-    ``metadata`` is the service's ``InjectionMetadata`` (None on client fallback).
-    """
-
-    messages: tuple[ChatMessage, ...]
-    metadata: pb.InjectionMetadata | None
-    fallback_reason: str
-    from_service: bool
-    elapsed_seconds: float
-
-    @property
-    def degraded(self) -> bool:
-        return bool(self.fallback_reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +105,6 @@ def classify_failure(exc: Exception) -> _Failure:
     if isinstance(exc, OSError):  # e.g. a TLS file that cannot be read
         return _Failure(CLIENT_UNAVAILABLE, detail=type(exc).__name__)
     return _Failure(f"{CLIENT_ERROR}:unexpected", detail=type(exc).__name__)
-
-
-CLIENT_RESULTS = (
-    "ok",
-    "degraded",
-    CLIENT_TIMEOUT,
-    CLIENT_UNAVAILABLE,
-    CLIENT_INVALID_ARGUMENT,
-    CLIENT_ERROR,
-)
 
 
 class _RateLimitedLog:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ibex_context_client.buckets import ASSEMBLY_BUCKETS
-from ibex_context_client.context import CLIENT_RESULTS, AssembleResult
+from ibex_context_client.results import CLIENT_RESULTS, AssembleResult
 
 __all__ = ["ClientMetrics"]
 

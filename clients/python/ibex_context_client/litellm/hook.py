@@ -33,7 +33,7 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ibex_context_client.context import AssembleResult, ContextClient
+from ibex_context_client.context import ContextClient
 from ibex_context_client.credentials import ClientCredentials
 from ibex_context_client.litellm.request import (
     CHAT_CALL_TYPES,
@@ -43,6 +43,7 @@ from ibex_context_client.litellm.request import (
     outcome_headers,
     resolve_tenant,
 )
+from ibex_context_client.results import AssembleResult
 
 __all__ = ["IbexContextHook", "proxy_hook"]
 

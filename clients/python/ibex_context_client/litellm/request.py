@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibex_context_client.context import DEFAULT_TIMEOUT_SECONDS, AssembleResult
+from ibex_context_client.context import DEFAULT_TIMEOUT_SECONDS
 from ibex_context_client.messages import ROLES, ChatMessage
+from ibex_context_client.results import AssembleResult
 from ibex_context_client.target import parse_target
 
 __all__ = [
