@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import random
@@ -69,11 +68,10 @@ if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
 from ibex_context.memory_api.writes import STORED_ENCODINGS
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 
-from loadtest import bulkload, corpus, pgcopy
+from loadtest import bulkload, corpus, pgcopy, seed_worker
 from loadtest import vectors as vectors_module
 from loadtest.cpu_meter import PhaseClock, PhaseCost, postmaster_pid
 
-MIN_TOKENS, MAX_TOKENS = 50, 400
 _PARTS_SIZE_SQL = """
     SELECT coalesce(sum(CASE $2::text WHEN 'pg_table_size' THEN pg_table_size(inhrelid)
                                      ELSE pg_relation_size(inhrelid) END), 0)::float8
@@ -188,130 +186,12 @@ def plan_agents(plan: SeedPlan) -> list[AgentPlan]:
     return sorted(agents, key=lambda a: (a.org_id, a.agent_id))
 
 
-def fit_tokens(
-    text: str, count: Any, rng: random.Random, low: int, high: int, counts: dict[str, int] | None = None
-) -> tuple[str, dict[str, int]]:
-    """Pads or trims ``text`` until every stored encoding counts between ``low`` and ``high``
-    (``counts``: the text's counts when already known)."""
-    if counts is None:
-        counts = {name: count(name, text) for name in STORED_ENCODINGS}
-    else:
-        counts = {name: counts[name] for name in STORED_ENCODINGS}
-    while min(counts.values()) < low:
-        text = f"{text} {rng.choice(corpus.FILLER)}"
-        counts = {name: count(name, text) for name in STORED_ENCODINGS}
-    while max(counts.values()) > high:
-        words = text.split()
-        text = " ".join(words[: max(1, int(len(words) * high / max(counts.values())) - 2)]).rstrip(",;") + "."
-        counts = {name: count(name, text) for name in STORED_ENCODINGS}
-    return text, counts
-
-
-# --------------------------------------------------------------------------- workers
-
-# Per worker process: the tokenizers and the embedder, built once by the pool's
-# initializer (loading o200k takes ~0.6 s; a model even longer).
-_WORKER: dict[str, Any] = {}
-
-
 def _init_worker(embedder: str, dim: int, vectors: str, shape: str | None = None) -> None:
-    ensure_worker_tokenizers()
-    _WORKER["embedder"] = build_embedder(embedder, dim) if vectors == "embedder" else None
-    _WORKER["shape"] = vectors_module.VectorShape.load(Path(shape)) if shape else None
-
-
-def ensure_worker_tokenizers() -> None:
-    """This process's token counters (what ``memory_texts`` needs), built once."""
-    if "count" in _WORKER:
-        return
-    from ibex_context.pipeline.layout import stored_token_counts
-    from ibex_context.tokens.encodings import EncodingRegistry
-
-    registry = EncodingRegistry()
-    encodings = {name: registry.get(name) for name in STORED_ENCODINGS}
-    missing = [name for name, enc in encodings.items() if not enc.exact]
-    if missing:
-        raise SystemExit(f"seed: encodings not available offline: {missing}")
-    _WORKER["count"] = lambda name, text: encodings[name].count(text)
-    # What the write path stores (content and block-body counts): one source of truth.
-    _WORKER["stored_counts"] = lambda text: stored_token_counts(text, encodings.values())
-
-
-def worker_embedder(name: str, dim: int = 384) -> Any:
-    """This process's embedder ``name``, built once (loading MiniLM takes seconds)."""
-    key = f"embedder:{name}:{dim}"
-    if key not in _WORKER:
-        _WORKER[key] = build_embedder(name, dim)
-    return _WORKER[key]
-
-
-def build_embedder(name: str, dim: int) -> Any:
-    """The service's own embedder, so stored vectors match what it computes for queries."""
-    try:
-        from ibex_context.embedding.factory import build_embedder as factory
-        from ibex_context.settings import Settings
-
-        return factory(Settings(embedder=name, embedding_dim=dim))  # type: ignore[arg-type]
-    except ImportError:
-        if name != "hashing":
-            raise
-        from ibex_context.embedding.hashing import HashingEmbedder
-
-        return HashingEmbedder(dim)
-
-
-def _embed(texts: Sequence[str], dim: int, rng: np.random.Generator) -> np.ndarray:
-    """The texts' vectors as the rows of one float32 matrix."""
-    shape = _WORKER.get("shape")
-    if shape is not None:  # drawn from the model of MiniLM's vectors (loadtest.vectors)
-        return shape.draw(len(texts), rng)[0]
-    embedder = _WORKER.get("embedder")
-    if embedder is None:
-        vectors = rng.standard_normal((len(texts), dim), dtype=np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors
-    embed_many = getattr(embedder, "embed_many", None)
-    if embed_many is not None:  # the hashing embedder: one vectorised batch
-        return np.asarray(embed_many(texts), dtype=np.float32)
-    out: list[np.ndarray] = []
-    for i in range(0, len(texts), 64):
-        out.extend(asyncio.run(embedder.embed(list(texts[i : i + 64]))))
-    return np.stack(out).astype(np.float32) if out else np.zeros((0, dim), dtype=np.float32)
-
-
-def _within(counts: dict[str, int]) -> bool:
-    return all(MIN_TOKENS <= counts[name] <= MAX_TOKENS for name in STORED_ENCODINGS)
-
-
-def memory_texts(
-    rng: random.Random, memories: int
-) -> tuple[list[corpus.MemorySpec], list[str], list[dict[str, int]], list[bytes]]:
-    """``memories`` distinct memories drawn from ``rng``: their specs, texts (within the
-    stored token range), stored token counts and content hashes (in a worker process)."""
-    count = _WORKER["count"]
-    stored_counts = _WORKER["stored_counts"]
-    specs: list[corpus.MemorySpec] = []
-    texts: list[str] = []
-    token_counts: list[dict[str, int]] = []
-    hashes: list[bytes] = []
-    seen: set[bytes] = set()
-    while len(specs) < memories:
-        spec = corpus.memory_spec(rng)
-        # The stored counts hold every stored encoding's count of the content: most
-        # texts are in range as generated and are tokenised once, not twice.
-        text, counts = spec.content, stored_counts(spec.content)
-        if not _within(counts):
-            text, _ = fit_tokens(text, count, rng, MIN_TOKENS, MAX_TOKENS, counts)
-            counts = stored_counts(text)
-        digest = hashlib.sha256(text.encode("utf-8")).digest()
-        if digest in seen:  # the schema allows one row per content per agent
-            continue
-        seen.add(digest)
-        specs.append(spec)
-        texts.append(text)
-        token_counts.append(counts)
-        hashes.append(digest)
-    return specs, texts, token_counts, hashes
+    seed_worker.ensure_worker_tokenizers()
+    seed_worker.WORKER["embedder"] = (
+        seed_worker.build_embedder(embedder, dim) if vectors == "embedder" else None
+    )
+    seed_worker.WORKER["shape"] = vectors_module.VectorShape.load(Path(shape)) if shape else None
 
 
 def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
@@ -322,12 +202,14 @@ def slice_random(piece: SlicePlan, plan: SeedPlan) -> random.Random:
 def generate_slice(piece: SlicePlan, plan: SeedPlan, now: float) -> SliceData:
     """One slice's rows as binary COPY tuples, its sample queries and (slice 0) the
     agent's directive (runs in a worker process)."""
-    count = _WORKER["count"]
+    count = seed_worker.WORKER["count"]
     agent = piece.agent
     rng = slice_random(piece, plan)
     org, agent_uuid = uuid.UUID(agent.org_id), uuid.UUID(agent.agent_id)
-    specs, texts, token_counts, hashes = memory_texts(rng, piece.memories)
-    vectors = pgcopy.vector_values(_embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64))))
+    specs, texts, token_counts, hashes = seed_worker.memory_texts(rng, piece.memories)
+    vectors = pgcopy.vector_values(
+        seed_worker.embed(texts, plan.dim, np.random.default_rng(rng.getrandbits(64)))
+    )
     base = datetime.fromtimestamp(now, UTC)
     org_bytes, agent_bytes = pgcopy.uuid_value(org), pgcopy.uuid_value(agent_uuid)
     metadata = pgcopy.jsonb_value(json.dumps({"source": "loadtest-seed"}))

@@ -7,7 +7,7 @@ needs a far wider ``ef_search`` than on sentence embeddings, which sit in cluste
 low dimension. So large data sets draw their vectors from a model of real ones:
 
 * **the reference**: ``REFERENCE_MEMORIES`` memories written by the seed's own text
-  generator (``seed.memory_texts``, on a random stream of their own), embedded by the
+  generator (``seed_worker.memory_texts``, on a random stream of their own), embedded by the
   service's MiniLM embedder as it stores them (fp32), and one question about each
   (``corpus.query_from_memory``) embedded as the service embeds queries. Two samples,
   one to fit and one to check against, cached in ``vector_cache_dir()`` by the texts'
@@ -77,18 +77,18 @@ class ReferenceSample:
 
 def reference_texts(name: str, memories: int) -> tuple[list[str], list[str]]:
     """The sample's memory texts and a question about each (deterministic in ``name``)."""
-    from loadtest import corpus, seed
+    from loadtest import corpus, seed_worker
 
-    seed.ensure_worker_tokenizers()
+    seed_worker.ensure_worker_tokenizers()
     rng = random.Random(name)
-    _, texts, _, _ = seed.memory_texts(rng, memories)
+    _, texts, _, _ = seed_worker.memory_texts(rng, memories)
     return texts, [corpus.query_from_memory(rng, t) for t in texts]
 
 
 def _embed_chunk(texts: Sequence[str], questions: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    from loadtest import seed
+    from loadtest import seed_worker
 
-    embedder = seed.worker_embedder("minilm")
+    embedder = seed_worker.worker_embedder("minilm")
     stored = np.asarray(embedder.embed_sync(list(texts)), dtype=np.float32)
     asked = np.asarray(embedder.embed_sync(list(questions), query=True), dtype=np.float32)
     return stored, asked

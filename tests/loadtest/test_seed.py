@@ -29,20 +29,6 @@ def test_large_agents_get_the_large_memory_count() -> None:
     assert plan.total_memories == 530
 
 
-def _words(_name: str, text: str) -> int:
-    return len(text.split())
-
-
-def test_fit_tokens_pads_short_texts_and_trims_long_ones_into_the_range() -> None:
-    rng = random.Random(1)
-    short, counts = seed.fit_tokens("Too short.", _words, rng, 50, 400)
-    assert min(counts.values()) >= 50 and max(counts.values()) <= 400
-    assert short.startswith("Too short.")
-    long_text = " ".join(["word"] * 2000)
-    _, counts = seed.fit_tokens(long_text, _words, rng, 50, 400)
-    assert min(counts.values()) >= 50 and max(counts.values()) <= 400
-
-
 def test_memory_specs_mix_categories_and_stay_within_their_ranges() -> None:
     rng = random.Random(3)
     specs = [corpus.memory_spec(rng) for _ in range(500)]
