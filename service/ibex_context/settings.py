@@ -391,6 +391,17 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
     )
+    embedding_worker_nice: int = _f(
+        0,
+        "How much lower than the rest of the process the minilm worker threads run (added to"
+        " their Linux nice value, at most 19): when both want the core, the event loop, which"
+        " answers every call by its deadline, goes first. Worth it where the process has its cores"
+        " to itself (a container's own cgroup: the chart sets 10); where the worker shares cores"
+        " with the stores it yields to them too. 0: the same priority as the loop. Figures:"
+        " benchmarks/results/worker-priority-2026-12-07.md.",
+        ge=0,
+        le=19,
+    )
     embedding_query_precision: Precision = _f(
         "int8",
         "The minilm graph queries run on: int8 (matrix products quantised per channel: about half"

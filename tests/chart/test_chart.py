@@ -867,6 +867,16 @@ def test_the_assembly_cap_is_a_value_the_service_reads(render: Callable[..., Ren
     assert env_of(server_container(tuned))["IBEX_MAX_CONCURRENT_ASSEMBLIES"]["value"] == "8"
 
 
+def test_the_inference_threads_run_below_the_event_loop_by_a_value(
+    render: Callable[..., Rendered], helm: str
+) -> None:
+    assert env_of(server_container(render()))["IBEX_EMBEDDING_WORKER_NICE"]["value"] == "10"
+    same = render(sets=["config.embeddingWorkerNice=0"])
+    assert env_of(server_container(same))["IBEX_EMBEDDING_WORKER_NICE"]["value"] == "0"
+    result = run_helm(helm, *template_args((), ["config.embeddingWorkerNice=20"]))
+    assert result.returncode != 0 and "embeddingWorkerNice" in result.stderr
+
+
 def test_a_negative_assembly_cap_is_refused_by_the_schema(helm: str) -> None:
     result = run_helm(helm, *template_args((), ["config.maxConcurrentAssemblies=-1"]))
     assert result.returncode != 0 and "maxConcurrentAssemblies" in result.stderr

@@ -4,6 +4,7 @@ or all texts to store, abandoned jobs are not computed."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -349,3 +350,24 @@ def test_with_one_query_a_turn_each_query_is_handed_over_when_computed(recorder:
         queue.close()
     assert recorder.turns == [["first"], ["x"], ["yy"], ["zzz"], ["q1", "q2"]]
     assert recorder.kinds == [True] * 5
+
+
+def _nice_of_this_thread() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.parametrize("nice", [0, 5])
+def test_workers_run_lower_than_the_process_by_their_nice(nice: int) -> None:
+    seen: list[int] = []
+
+    def embed(texts: list[str], query: bool) -> list[FloatVector]:
+        seen.append(_nice_of_this_thread())
+        return [np.zeros(4, dtype=np.float32) for _ in texts]
+
+    queue = EmbeddingQueue(embed, workers=1, max_batch=4, name="nice-test", nice=nice)
+    try:
+        queue.submit(["a question"], query=True).result(timeout=WAIT)
+    finally:
+        queue.close()
+    # The thread's own value: the process (this thread) keeps its priority.
+    assert seen == [min(19, _nice_of_this_thread() + nice)]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import pytest
 from ibex_context.embedding.factory import build_embedder, check_embedder
 from ibex_context.embedding.hashing import HashingEmbedder
@@ -32,3 +36,22 @@ def test_minilm_with_another_dimension_is_a_configuration_error() -> None:
 async def test_the_start_up_check_catches_a_dimension_mismatch() -> None:
     with pytest.raises(ConfigurationError, match="embedding_dim"):
         await check_embedder(HashingEmbedder(64), 384)
+
+
+def _thread_nice_values() -> list[int]:
+    """Each thread's nice value (/proc/self/task/<tid>/stat, field 19)."""
+    values = []
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            values.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+async def test_minilm_workers_run_at_the_configured_nice_below_the_process() -> None:
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    embedder = build_embedder(Settings(embedder="minilm", embedding_dim=384, embedding_worker_nice=7))
+    try:
+        await check_embedder(embedder, 384)  # the worker has computed a query by now
+        assert min(19, process + 7) in _thread_nice_values()
+    finally:
+        await embedder.aclose()

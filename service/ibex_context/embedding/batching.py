@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +55,22 @@ from ibex_context.org_turns import OrgTurns
 EmbedBatch = Callable[[list[str], bool], list[FloatVector]]
 
 _log = logging.getLogger(__name__)
+
+
+def lower_thread_priority(by: int) -> None:
+    """Raises the calling thread's nice value by ``by`` (at most to 19): Linux schedules
+    each thread by its own. A worker that computes for milliseconds at a time then gives
+    the core to the event loop whenever the loop has work, instead of taking its turn with
+    it: the loop answers every call by its deadline, and its work (a few hundred
+    microseconds a stage) delays an inference by little. Raising one's own nice needs no
+    privilege. Elsewhere than Linux, or at 0, nothing changes."""
+    if by <= 0 or sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + by))
+    except OSError as exc:  # a sandbox that forbids it: the worker runs as the loop does
+        _log.warning("embedding worker priority unchanged", extra={"error": type(exc).__name__})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +129,13 @@ class EmbeddingQueue:
         queries_per_turn: int | None = None,
         observe: TurnObserver | None = None,
         query_expiry: float | None = None,
+        nice: int = 0,
     ) -> None:
         """``queries_per_turn``: 1 for an embedding function that computes queries one at a
         time anyway, so each query's result is handed over as soon as it is computed.
         ``query_expiry``: seconds after its submission when a query still queued is no
-        longer computed; its future fails with ``QueryExpired`` (its caller has moved on)."""
+        longer computed; its future fails with ``QueryExpired`` (its caller has moved on).
+        ``nice``: how much lower than the process the workers run (``lower_thread_priority``)."""
         if workers < 1 or max_batch < 1 or (queries_per_turn is not None and queries_per_turn < 1):
             raise ValueError("workers, max_batch and queries_per_turn must be at least 1")
         self._query_expiry = query_expiry
@@ -123,6 +143,7 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
+        self._nice = nice
         # Queued per tenant, taken in turns (``org_turns``).
         self._queries: OrgTurns[_Job] = OrgTurns()
         self._bulk: OrgTurns[_Job] = OrgTurns()  # texts to store, and queries too many for one turn
@@ -165,6 +186,7 @@ class EmbeddingQueue:
             self._ready.notify_all()
 
     def _work(self) -> None:
+        lower_thread_priority(self._nice)
         while (turn := self._next_turn()) is not None:
             started, cpu = time.perf_counter(), time.thread_time()
             try:

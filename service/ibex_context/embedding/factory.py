@@ -29,6 +29,7 @@ def build_embedder(settings: Settings, *, observe: TurnObserver | None = None) -
             observe=observe,
             query_model=settings.embedding_query_model,
             stand_in_after=settings.embedding_stand_in_ms / 1000,
+            worker_nice=settings.embedding_worker_nice,
         )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)

@@ -96,6 +96,7 @@ class MiniLMEmbedder:
         static_queries: StaticQueries | None = None,
         query_model: QueryModel = "minilm",
         query_expiry: float | None = None,
+        worker_nice: int = 0,
     ) -> None:
         """``session`` embeds the texts to store; ``query_session`` the queries (default:
         ``session``); ``observe`` gets each worker turn's timings. ``static_queries``: the
@@ -124,6 +125,7 @@ class MiniLMEmbedder:
             name="minilm",
             observe=observe,
             query_expiry=query_expiry,
+            nice=worker_nice,
         )
 
     @classmethod
@@ -138,6 +140,7 @@ class MiniLMEmbedder:
         observe: TurnObserver | None = None,
         query_model: QueryModel = "minilm",
         stand_in_after: float = 0.0,
+        worker_nice: int = 0,
     ) -> MiniLMEmbedder:
         """Reads the tokenizer and opens the graphs (under a second each), building a
         graph first when ``graph_dir`` has none (a few seconds, once); call at start-up.
@@ -179,6 +182,7 @@ class MiniLMEmbedder:
             static_queries=static,
             query_model=query_model,
             query_expiry=stand_in_after if query_model != "static" and stand_in_after > 0 else None,
+            worker_nice=worker_nice,
         )
 
     @property
