@@ -23,6 +23,11 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   turn, not by its whole import (a FIFO of jobs put the other write behind every job
   the import had queued).
 
+* **Workers may run below the event loop** (``nice``): an inference holds a core for
+  milliseconds, the loop's work on each call for a fraction of one; with the workers'
+  nice value raised, the loop takes the core first and answers on time
+  (``lower_thread_priority``).
+
 Each turn is all queries or all texts to store, and the embedding function is told
 which: an embedder may embed queries with a cheaper model (MiniLM's int8 graph) than
 the texts it stores.
@@ -62,7 +67,9 @@ def lower_thread_priority(by: int) -> None:
     each thread by its own. A worker that computes for milliseconds at a time then gives
     the core to the event loop whenever the loop has work, instead of taking its turn with
     it: the loop answers every call by its deadline, and its work (a few hundred
-    microseconds a stage) delays an inference by little. Raising one's own nice needs no
+    microseconds a stage) delays an inference by little. The worker then yields to every
+    other thread of nice 0 on its core, other processes' too: worth it where the process
+    has its cores to itself (a container's cgroup). Raising one's own nice needs no
     privilege. Elsewhere than Linux, or at 0, nothing changes."""
     if by <= 0 or sys.platform != "linux":
         return
