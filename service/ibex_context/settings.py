@@ -398,7 +398,7 @@ class Settings(BaseSettings):
         " answers every call by its deadline, goes first. Worth it where the process has its cores"
         " to itself (a container's own cgroup: the chart sets 10); where the worker shares cores"
         " with the stores it yields to them too. 0: the same priority as the loop. Figures:"
-        " benchmarks/results/worker-priority-2026-12-07.md.",
+        " benchmarks/results/embedding-turns-2026-12-06.md §6.",
         ge=0,
         le=19,
     )
