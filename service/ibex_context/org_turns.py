@@ -104,9 +104,10 @@ class OrgTurns(Generic[T]):
         if queue is not None:
             queue.served = self._turn
 
-    def take(self) -> tuple[str, T] | None:
-        """The first item of the org served longest ago, taken off the queue: a turn."""
-        head = self.first()
+    def take(self, fits: Callable[[T], bool] | None = None) -> tuple[str, T] | None:
+        """The first item of the org served longest ago (of the orgs whose first item
+        ``fits``), taken off the queue: a turn."""
+        head = self.first(fits)
         if head is not None:
             self.served(head[0])
             self.remove(*head)

@@ -245,13 +245,8 @@ class EmbeddingQueue:
     def _next_query(self, room: int) -> _Job | None:
         """The first queued query of the org served longest ago whose first query fits
         in ``room`` texts (taken off its queue), or None."""
-        head = self._queries.first(lambda first: len(first.texts) <= room)
-        if head is None:
-            return None
-        tenant, job = head
-        self._queries.served(tenant)
-        self._queries.remove(tenant, job)
-        return job
+        head = self._queries.take(lambda first: len(first.texts) <= room)
+        return None if head is None else head[1]
 
     def _take_bulk_chunk(self) -> _Turn | None:
         """The next ``max_batch`` texts of the first job of the org served longest ago."""
