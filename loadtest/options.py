@@ -30,7 +30,7 @@ import argparse
 import hashlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,10 @@ from loadtest.vectors import VECTORS
 # isolates the rest of the call's cost (its vectors carry words, not meaning).
 EMBEDDERS = ("minilm", "hashing")
 TOY_EMBEDDERS = frozenset({"hashing"})
+# The chart's values: where the server has its CPUs to itself, the run gives the inference
+# threads the priority the chart deploys them with (loadtest.options.worker_nice).
+CHART_VALUES = ROOT / "charts" / "ibex-context" / "values.yaml"
+WORKER_NICE_VARIABLE = "IBEX_EMBEDDING_WORKER_NICE"
 # Above this many memories, --seed-embedder auto stores vectors drawn from the model of
 # MiniLM's (loadtest.vectors): MiniLM takes ~37 ms of a core per seeded memory here.
 MINILM_SEED_MAX = 2_000
@@ -232,6 +236,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--server-cpus", default="0")
     p.add_argument(
+        "--worker-nice",
+        type=int,
+        default=None,
+        help="the minilm inference threads' nice value (IBEX_EMBEDDING_WORKER_NICE). Default: the"
+        " variable when set; else the chart's config.embeddingWorkerNice when the server has its CPUs"
+        " to itself (as a pod has its own cgroup), 0 when it shares them with the stores or locust",
+    )
+    p.add_argument(
         "--pg-shared-buffers",
         default="1GB",
         help="PostgreSQL's shared_buffers for the run (a 1M-memory shape's rows, postings and graphs"
@@ -302,6 +314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.stores_cpus = args.locust_cpus
     elif args.stores_cpus == "any":
         args.stores_cpus = None
+    args.worker_nice, args.worker_nice_why = worker_nice(args, os.environ)
     args.tenants = preset.tenants
     if args.tenants:
         args.secure = True  # each tenant's own org-bound token
@@ -310,6 +323,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.label = args.label or args.scenario
     args.argv = raw
     return args
+
+
+def worker_nice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[int, str]:
+    """The inference threads' nice value for the run, and why (for the report).
+
+    The chart deploys them at ``config.embeddingWorkerNice``, below the event loop in the
+    pod's own cgroup, where they compete with nothing but the process. Here that holds
+    only while the server's CPUs are its own: on CPUs shared with the stores or locust a
+    niced worker would yield to them too, which no pod's does, so it runs at the
+    service's default (0)."""
+    if args.worker_nice is not None:
+        return args.worker_nice, "--worker-nice"
+    if WORKER_NICE_VARIABLE in environ:
+        return int(environ[WORKER_NICE_VARIABLE]), f"{WORKER_NICE_VARIABLE} from the environment"
+    server = cpu_set(args.server_cpus)
+    others = [cpu_set(args.stores_cpus), cpu_set(args.locust_cpus)]
+    if server is None or any(cpus is None or cpus & server for cpus in others):
+        return 0, "the service's default: the server shares CPUs with the stores or locust"
+    return chart_worker_nice(), "the chart's config.embeddingWorkerNice: the server has its CPUs to itself"
+
+
+def chart_worker_nice(values: Path = CHART_VALUES) -> int:
+    import yaml
+
+    return int(yaml.safe_load(values.read_text())["config"]["embeddingWorkerNice"])
+
+
+def cpu_set(spec: str | None) -> frozenset[int] | None:
+    """A taskset CPU list (``"0"``, ``"0,2"``, ``"0-3"``) as a set; None or empty: any CPU."""
+    if not spec:
+        return None
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
 
 
 def seed_embedder(args: argparse.Namespace) -> tuple[str, str, str]:

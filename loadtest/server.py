@@ -127,19 +127,7 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
     metrics_base = free_port_run(max(1, args.workers), avoid={grpc_port})
     # serve --workers gives worker i the metrics port base+i.
     metrics_ports = [metrics_base + i for i in range(max(1, args.workers))]
-    env = dict(
-        os.environ,
-        IBEX_POSTGRES_DSN=dsn,
-        IBEX_REDIS_URL=redis_url,
-        IBEX_GRPC_HOST="127.0.0.1",
-        IBEX_GRPC_PORT=str(grpc_port),
-        IBEX_METRICS_PORT=str(metrics_base),
-        IBEX_EMBEDDER=args.embedder,
-        IBEX_EMBEDDING_DIM=str(args.dim),
-        IBEX_LOG_LEVEL=args.server_log_level,
-        IBEX_TRACING_EXPORTER="none",
-        IBEX_AUTH_ENABLED="false",
-    )
+    env = server_environment(args, dsn, redis_url, grpc_port, metrics_base)
     client: ClientSecrets | None = None
     tenant_orgs: dict[str, str] | None = getattr(args, "tenant_orgs", None)
     if args.secure:
@@ -155,6 +143,26 @@ def start_server(args: argparse.Namespace, dsn: str, redis_url: str, prefix: Pat
     with server_log.open("wb") as server_out:
         proc = subprocess.Popen(serve_cmd, env=env, stdout=server_out, stderr=subprocess.STDOUT, cwd=ROOT)
     return ServerProcess(proc, grpc_port, metrics_ports, serve_cmd, server_log, client)
+
+
+def server_environment(
+    args: argparse.Namespace, dsn: str, redis_url: str, grpc_port: int, metrics_port: int
+) -> dict[str, str]:
+    """The server's environment: this process's, with the run's stores, ports and settings."""
+    return dict(
+        os.environ,
+        IBEX_POSTGRES_DSN=dsn,
+        IBEX_REDIS_URL=redis_url,
+        IBEX_GRPC_HOST="127.0.0.1",
+        IBEX_GRPC_PORT=str(grpc_port),
+        IBEX_METRICS_PORT=str(metrics_port),
+        IBEX_EMBEDDER=args.embedder,
+        IBEX_EMBEDDING_DIM=str(args.dim),
+        IBEX_EMBEDDING_WORKER_NICE=str(args.worker_nice),
+        IBEX_LOG_LEVEL=args.server_log_level,
+        IBEX_TRACING_EXPORTER="none",
+        IBEX_AUTH_ENABLED="false",
+    )
 
 
 def noisy_profiles(prefix: Path, org_id: str, rate_per_second: float) -> Path:

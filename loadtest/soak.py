@@ -498,7 +498,8 @@ def report(
         f"a writer upserting {soak.writes_per_second:g} memories/s into random seeded agents and deleting each {soak.keep} writes later "
         f"(done: {writer.upserts} upserts, {writer.deletes} deletes, {writer.errors} errors).",
         f"- Data: {base.agents} agents x {base.memories} memories ({base.vectors} vectors, {base.seed_embedder} seed embedder), seeded in `{base.data_dir.relative_to(ROOT)}`; "
-        f"service embedder `{base.embedder}`{'; searches on a streaming replica (IBEX_POSTGRES_READ_DSNS)' if soak.replica else ''}.",
+        f"service embedder `{base.embedder}` (its inference threads at nice {base.worker_nice}: {base.worker_nice_why})"
+        f"{'; searches on a streaming replica (IBEX_POSTGRES_READ_DSNS)' if soak.replica else ''}.",
         f"- Machine: {cpu_model()}, {versions()}; server on CPU {base.server_cpus}, stores and locust on CPU {base.locust_cpus}; shared with other engineers' work (load average in the table).",
         "- p50/p99: the server's own `grpc_server_handling_seconds` of AssembleContext (bucketed). CPU per call: user+system over the window / calls, "
         "PostgreSQL including its exited backends and autovacuum workers (reaped children).",

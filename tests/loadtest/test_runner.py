@@ -13,7 +13,7 @@ from loadtest.generator import locust_command
 from loadtest.machine import stolen_seconds
 from loadtest.measure import RunResult
 from loadtest.options import MINILM_SEED_MAX, SCENARIOS, dataset_key, parse_args
-from loadtest.server import secure_settings
+from loadtest.server import secure_settings, server_environment
 
 
 def test_the_stores_share_the_load_generators_cpus_unless_told_otherwise() -> None:
@@ -128,3 +128,50 @@ def test_the_noisy_neighbour_scenario_runs_two_orgs_with_their_own_tokens_and_ga
 def test_a_rate_limit_for_the_flooding_org_needs_the_two_org_scenario() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--scenario", "baseline", "--noisy-rate-limit", "30"])
+
+
+def _chart_config() -> dict[str, object]:
+    values = yaml.safe_load((Path(__file__).parents[2] / "charts/ibex-context/values.yaml").read_text())
+    config: dict[str, object] = values["config"]
+    return config
+
+
+def test_a_server_with_its_cpus_to_itself_runs_its_inference_as_the_chart_deploys_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("IBEX_EMBEDDING_WORKER_NICE", raising=False)
+    args = parse_args(["--scenario", "baseline"])  # server on CPU 0, stores and locust on CPU 1
+    assert args.worker_nice == _chart_config()["embeddingWorkerNice"]
+    assert "chart" in args.worker_nice_why
+
+
+@pytest.mark.parametrize(
+    "cpus",
+    [
+        ["--server-cpus", "0,1"],
+        ["--server-cpus", "0-1", "--locust-cpus", "1"],
+        ["--stores-cpus", "any"],
+        ["--server-cpus", ""],
+        ["--locust-cpus", "0", "--stores-cpus", "1"],
+    ],
+)
+def test_a_server_sharing_cpus_with_the_stores_or_locust_runs_its_inference_at_the_services_default(
+    cpus: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A niced worker would yield to PostgreSQL and locust too, which no pod's does.
+    monkeypatch.delenv("IBEX_EMBEDDING_WORKER_NICE", raising=False)
+    args = parse_args(["--scenario", "baseline", *cpus])
+    assert (args.worker_nice, "shares CPUs" in args.worker_nice_why) == (0, True)
+
+
+def test_the_inference_priority_asked_for_wins_over_the_chart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IBEX_EMBEDDING_WORKER_NICE", "3")
+    assert parse_args(["--scenario", "baseline"]).worker_nice == 3
+    assert parse_args(["--scenario", "baseline", "--worker-nice", "0"]).worker_nice == 0
+    assert parse_args(["--scenario", "baseline", "--server-cpus", "0,1"]).worker_nice == 3
+
+
+def test_the_server_is_started_with_the_runs_inference_priority() -> None:
+    args = parse_args(["--scenario", "baseline", "--worker-nice", "7"])
+    env = server_environment(args, "postgresql://x", "redis://x", 50051, 9464)
+    assert env["IBEX_EMBEDDING_WORKER_NICE"] == "7"
