@@ -332,7 +332,7 @@ def worker_nice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[i
     pod's own cgroup, where they compete with nothing but the process. Here that holds
     only while the server's CPUs are its own: on CPUs shared with the stores or locust a
     niced worker would yield to them too, which no pod's does, so it runs at the
-    service's default (0)."""
+    service's default."""
     if args.worker_nice is not None:
         return args.worker_nice, "--worker-nice"
     if WORKER_NICE_VARIABLE in environ:
@@ -340,8 +340,18 @@ def worker_nice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[i
     server = cpu_set(args.server_cpus)
     others = [cpu_set(args.stores_cpus), cpu_set(args.locust_cpus)]
     if server is None or any(cpus is None or cpus & server for cpus in others):
-        return 0, "the service's default: the server shares CPUs with the stores or locust"
+        return (
+            service_worker_nice(),
+            "the service's default: the server shares CPUs with the stores or locust",
+        )
     return chart_worker_nice(), "the chart's config.embeddingWorkerNice: the server has its CPUs to itself"
+
+
+def service_worker_nice() -> int:
+    from ibex_context.settings import Settings
+
+    default: int = Settings.model_fields["embedding_worker_nice"].default
+    return default
 
 
 def chart_worker_nice(values: Path = CHART_VALUES) -> int:
