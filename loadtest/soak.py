@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 from ibex_context.observability.metrics import GRPC_HANDLING_SECONDS  # noqa: E402
 
 from loadtest import promdelta  # noqa: E402
-from loadtest.corpus import churn_words  # noqa: E402
+from loadtest.corpus import churn_words, memory_spec  # noqa: E402
 from loadtest.datastores import pin_stores, seed_if_needed, stores, warm_postgres  # noqa: E402
 from loadtest.generator import locust_command, locust_summary, wait_for_locust  # noqa: E402
 from loadtest.machine import cpu_model, git_commit, versions  # noqa: E402
@@ -138,13 +138,23 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return None if not sxx or not syy else sxy / (sxx * syy) ** 0.5
 
 
+# What the soak's writer writes (``--write-texts``): memories as the seed makes them (50-400
+# tokens, ~110 typical: what an agent stores, and what a server embedding them spends its
+# CPU on), or twelve words of a small vocabulary (the stores' churn alone).
+WRITE_TEXTS: dict[str, Callable[[random.Random], str]] = {
+    "memories": lambda rng: memory_spec(rng).content,
+    "churn": churn_words,
+}
+
+
 @dataclass
 class Writer:
     """Upserts ``rate`` memories a second into random seeded agents and deletes the one
     written ``keep`` writes earlier, over the service's MemoryService. ``vectors``: each
     memory's embedding, sent with it (the API's ``embedding`` field); None: the service
     embeds the content. ``batch``: memories per UpsertMemories (one agent's), and as many
-    deleted per DeleteMemories: how a client writing 100 memories a second sends them."""
+    deleted per DeleteMemories: how a client writing 100 memories a second sends them.
+    ``text``: each memory's content before its unique suffix (``WRITE_TEXTS``)."""
 
     port: int
     agents: Sequence[dict[str, str]]
@@ -153,6 +163,7 @@ class Writer:
     seed: int
     vectors: Callable[[], Sequence[float]] | None = None
     batch: int = 1
+    text: Callable[[random.Random], str] = churn_words
     upserts: int = 0
     deletes: int = 0
     errors: int = 0
@@ -184,7 +195,7 @@ class Writer:
                 agent = rng.choice(self.agents)
                 memories = []
                 for _ in range(self.batch):
-                    content = churn_words(rng) + f" #{rng.randrange(10**9)}"
+                    content = self.text(rng) + f" #{rng.randrange(10**9)}"
                     memory = pb.MemoryInput(content=content, category="episodic")
                     if self.vectors is not None:
                         memory.embedding.extend(self.vectors())
@@ -312,6 +323,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse.Name
         "--writes-per-second", type=float, default=10.0, help="upserts a second, and as many deletes"
     )
     p.add_argument("--keep", type=int, default=600, help="a memory written is deleted this many writes later")
+    p.add_argument(
+        "--write-texts",
+        choices=tuple(WRITE_TEXTS),
+        default="memories",
+        help="what the writer writes: memories as seeded (50-400 tokens; the default) or twelve"
+        " churn words (the stores' churn without the embedding's cost, as soaks before 2026-12-07)",
+    )
     p.add_argument("--agents", type=int, default=100)
     p.add_argument("--memories", type=int, default=1000)
     p.add_argument(
@@ -377,7 +395,14 @@ def run(soak: argparse.Namespace, base: argparse.Namespace) -> tuple[list[Mark],
                 wait_ready(server.grpc_port, server.metrics_ports, server.proc, base.start_timeout)
                 load = locust_command(base, server.grpc_port, agents_file, prefix)
                 agents = json.loads(agents_file.read_text())["agents"]
-                writer = Writer(server.grpc_port, agents, soak.writes_per_second, soak.keep, base.seed)
+                writer = Writer(
+                    server.grpc_port,
+                    agents,
+                    soak.writes_per_second,
+                    soak.keep,
+                    base.seed,
+                    text=WRITE_TEXTS[soak.write_texts],
+                )
                 import subprocess
 
                 with prefix.with_suffix(".locust.log").open("wb") as locust_out:
@@ -495,7 +520,7 @@ def report(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}. Command: `loadtest/soak {' '.join(sys.argv[1:])}`",
         "",
         f"- Load: AssembleContext at {soak.rps:g} RPS (locust, {setup['users']} users) for {soak.minutes:g} min after {soak.warmup:g} s of warm-up; "
-        f"a writer upserting {soak.writes_per_second:g} memories/s into random seeded agents and deleting each {soak.keep} writes later "
+        f"a writer upserting {soak.writes_per_second:g} memories/s ({soak.write_texts}: {'as seeded, 50-400 tokens' if soak.write_texts == 'memories' else 'twelve churn words'}) into random seeded agents and deleting each {soak.keep} writes later "
         f"(done: {writer.upserts} upserts, {writer.deletes} deletes, {writer.errors} errors).",
         f"- Data: {base.agents} agents x {base.memories} memories ({base.vectors} vectors, {base.seed_embedder} seed embedder), seeded in `{base.data_dir.relative_to(ROOT)}`; "
         f"service embedder `{base.embedder}` (its inference threads at nice {base.worker_nice}: {base.worker_nice_why})"

@@ -387,7 +387,8 @@ class Settings(BaseSettings):
     )
     embedding_workers: int = _f(
         1,
-        "Threads running minilm inferences at once, one core each (docs/adr/0011).",
+        "Threads running minilm query inferences at once, one core each (docs/adr/0011); the texts"
+        " to store have a thread of their own besides (IBEX_EMBEDDING_STORE_WORKER_IDLE).",
         ge=1,
         le=64,
     )
@@ -401,6 +402,14 @@ class Settings(BaseSettings):
         " benchmarks/results/embedding-turns-2026-12-06.md §6.",
         ge=0,
         le=19,
+    )
+    embedding_store_worker_idle: bool = _f(
+        True,
+        "The minilm thread that embeds the texts to store (writes; fp32, 10-90 ms of a core a"
+        " memory) runs under Linux's SCHED_IDLE policy: any other thread wanting its core takes it"
+        " at once, so no query waits for a write's inference, and writes take the time the calls"
+        " leave free (a process whose core is full delays its writes, not its calls). false: it"
+        " runs at the query workers' priority and shares the core with them.",
     )
     embedding_query_precision: Precision = _f(
         "int8",

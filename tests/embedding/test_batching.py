@@ -1,6 +1,7 @@
-"""The embedding queue (``embedding.batching``): queued queries run together, a write's
-texts a few at a time with queries first, orgs' queries in turns, each turn all queries
-or all texts to store, abandoned jobs are not computed."""
+"""The embedding queue (``embedding.batching``): queued queries run together, orgs'
+queries in turns, a write's texts a few at a time on a store worker of their own that
+never holds a query up, each turn all queries or all texts to store, abandoned jobs are
+not computed."""
 
 from __future__ import annotations
 
@@ -20,25 +21,32 @@ WAIT = 5.0  # seconds: every wait is bounded
 
 
 class Recorder:
-    """An embedding function that records each turn's texts; ``hold`` blocks the next turn."""
+    """An embedding function that records each turn's texts and the thread it ran on;
+    ``hold`` blocks the next turns (of queries, or of texts to store, when ``query`` is
+    given) until ``release`` is set."""
 
     def __init__(self) -> None:
         self.turns: list[list[str]] = []
         self.kinds: list[bool] = []  # each turn: were its texts queries?
+        self.threads: list[str] = []  # each turn: the worker thread's name
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
+        self.held: bool | None = None  # which turns ``hold`` blocks; None: all
         self.fail_on: str | None = None
 
-    def hold(self) -> None:
+    def hold(self, *, query: bool | None = None) -> None:
+        self.held = query
         self.started.clear()
         self.release.clear()
 
     def __call__(self, texts: list[str], query: bool) -> list[FloatVector]:
         self.turns.append(list(texts))
         self.kinds.append(query)
-        self.started.set()
-        assert self.release.wait(WAIT)
+        self.threads.append(threading.current_thread().name)
+        if self.held is None or self.held == query:
+            self.started.set()
+            assert self.release.wait(WAIT)
         if self.fail_on in texts:
             raise RuntimeError("inference failed")
         return [np.full(2, float(len(t)), dtype=np.float32) for t in texts]
@@ -121,15 +129,14 @@ def test_an_org_whose_queue_just_emptied_still_counts_as_just_served(
     assert recorder.turns[1] == ["b0", "a1"]
 
 
-def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
-    queue: EmbeddingQueue, recorder: Recorder
-) -> None:
-    recorder.hold()
+def test_a_query_does_not_wait_for_a_write_being_embedded(queue: EmbeddingQueue, recorder: Recorder) -> None:
+    recorder.hold(query=False)
     write = queue.submit([f"m{i}" for i in range(10)], query=False)
-    assert recorder.started.wait(WAIT)  # the write's first chunk is being computed
+    assert recorder.started.wait(WAIT)  # the write's first chunk is being computed, and stays
     query = queue.submit(["question"], query=True)
-    recorder.release.set()
     assert lengths(query) == [8]
+    assert not write.done()
+    recorder.release.set()
     assert lengths(write) == [2.0] * 10
     assert recorder.turns == [
         ["m0", "m1", "m2", "m3"],
@@ -138,6 +145,7 @@ def test_a_query_waits_for_one_chunk_of_a_write_not_for_all_of_it(
         ["m8", "m9"],
     ]
     assert recorder.kinds == [False, True, False, False]
+    assert recorder.threads == ["test-embed-store", "test-embed-0", "test-embed-store", "test-embed-store"]
 
 
 def test_an_orgs_import_does_not_hold_another_orgs_write_behind_all_of_it(
@@ -277,47 +285,51 @@ def test_closing_cancels_what_is_queued_and_refuses_more(queue: EmbeddingQueue, 
         queue.submit(["late"], query=True)
 
 
-def test_a_write_of_one_text_waits_behind_the_queries_and_never_shares_their_turn(
+def test_a_write_is_embedded_while_queries_wait_and_never_shares_their_turn(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
-    recorder.hold()
+    recorder.hold(query=True)
     first = queue.submit(["first"], query=True)
     assert recorder.started.wait(WAIT)
     stored = queue.submit(["memory"], query=False)
     asked = [queue.submit([text], query=True) for text in ("q1", "q2")]
+    assert lengths(stored) == [6]  # on the store worker, while the query worker is held
     recorder.release.set()
-    assert lengths(stored) == [6] and [lengths(f) for f in asked] == [[2], [2]] and lengths(first) == [5]
-    assert recorder.turns == [["first"], ["q1", "q2"], ["memory"]]
-    assert recorder.kinds == [True, True, False]
+    assert [lengths(f) for f in asked] == [[2], [2]] and lengths(first) == [5]
+    assert recorder.turns == [["first"], ["memory"], ["q1", "q2"]]
+    assert recorder.kinds == [True, False, True]
 
 
-def test_a_query_job_larger_than_a_turn_runs_in_chunks_as_queries(
+def test_a_query_job_larger_than_a_turn_runs_in_chunks_as_queries_on_a_query_worker(
     queue: EmbeddingQueue, recorder: Recorder
 ) -> None:
     many = queue.submit([f"q{i}" for i in range(6)], query=True)
     assert lengths(many) == [2.0] * 6
     assert recorder.turns == [["q0", "q1", "q2", "q3"], ["q4", "q5"]]
     assert recorder.kinds == [True, True]
+    assert recorder.threads == ["test-embed-0", "test-embed-0"]
 
 
 def test_each_turn_reports_its_queueing_inference_and_cpu_time(recorder: Recorder) -> None:
     turns: list[EmbeddingTurn] = []
     queue = EmbeddingQueue(recorder, workers=1, max_batch=4, name="test-embed", observe=turns.append)
     try:
-        recorder.hold()
-        first = queue.submit(["first"], query=True)
+        recorder.hold(query=False)
+        first = queue.submit(["first"], query=False)
         assert recorder.started.wait(WAIT)
         stored = queue.submit(["memory"], query=False)
         time.sleep(0.02)  # "memory" queues behind "first" for at least this long
         recorder.release.set()
         lengths(first), lengths(stored)
+        asked = queue.submit(["question"], query=True)
+        lengths(asked)
         deadline = time.monotonic() + WAIT
-        while len(turns) < 2 and time.monotonic() < deadline:
+        while len(turns) < 3 and time.monotonic() < deadline:
             time.sleep(0.001)
     finally:
         recorder.release.set()
         queue.close()
-    assert [(t.query, t.texts) for t in turns] == [(True, 1), (False, 1)]
+    assert [(t.query, t.texts) for t in turns] == [(False, 1), (False, 1), (True, 1)]
     assert turns[1].queued >= 0.02
     # The first turn was held (blocked, off the CPU) for the 20 ms: wall time, not CPU time.
     assert turns[0].computing >= 0.02 > turns[0].on_cpu >= 0.0
@@ -371,3 +383,37 @@ def test_workers_run_lower_than_the_process_by_their_nice(nice: int) -> None:
         queue.close()
     # The thread's own value: the process (this thread) keeps its priority.
     assert seen == [min(19, _nice_of_this_thread() + nice)]
+
+
+def _policy_of_this_thread() -> int:
+    return os.sched_getscheduler(threading.get_native_id())
+
+
+def _priorities_by_kind(*, nice: int, store_worker_idle: bool = True) -> dict[bool, tuple[int, int]]:
+    """Each kind of turn's (scheduling policy, nice) as its worker thread saw them."""
+    seen: dict[bool, tuple[int, int]] = {}
+
+    def embed(texts: list[str], query: bool) -> list[FloatVector]:
+        seen[query] = (_policy_of_this_thread(), _nice_of_this_thread())
+        return [np.zeros(4, dtype=np.float32) for _ in texts]
+
+    queue = EmbeddingQueue(
+        embed, workers=1, max_batch=4, name="policy-test", nice=nice, store_worker_idle=store_worker_idle
+    )
+    try:
+        queue.submit(["a question"], query=True).result(timeout=WAIT)
+        queue.submit(["a memory"], query=False).result(timeout=WAIT)
+    finally:
+        queue.close()
+    return seen
+
+
+def test_the_store_worker_runs_only_on_what_the_other_threads_leave_of_the_core() -> None:
+    seen = _priorities_by_kind(nice=5)
+    assert seen[False][0] == os.SCHED_IDLE
+    assert seen[True] == (_policy_of_this_thread(), min(19, _nice_of_this_thread() + 5))
+
+
+def test_the_store_worker_not_idle_runs_at_the_query_workers_priority() -> None:
+    seen = _priorities_by_kind(nice=5, store_worker_idle=False)
+    assert seen[False] == seen[True] == (_policy_of_this_thread(), min(19, _nice_of_this_thread() + 5))

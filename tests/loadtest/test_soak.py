@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import resource
+import statistics
 import subprocess
 import sys
 
@@ -26,6 +28,18 @@ def test_defaults_are_the_hour_of_issue_26_in_two_minute_windows_on_a_data_set_o
     assert base.data_dir.name.startswith("soak-")
     # Its verdict is the comparison, not locust's gate over the whole run.
     assert base.p99_ms >= 1000 and base.max_fallback_rate == 1
+
+
+def test_the_writer_writes_memories_as_long_as_the_seeded_ones_unless_told_churn() -> None:
+    """What the server embeds for a write is what it costs: twelve churn words took a
+    tenth of a seeded memory's inference."""
+    assert soak.parse([])[0].write_texts == "memories"
+    rng = random.Random(7)
+    memories = [soak.WRITE_TEXTS["memories"](rng) for _ in range(200)]
+    churn = [soak.WRITE_TEXTS["churn"](rng) for _ in range(200)]
+    assert statistics.median(len(m.split()) for m in memories) > 50
+    assert {len(c.split()) for c in churn} == {12}
+    assert soak.parse(["--write-texts", "churn"])[0].write_texts == "churn"
 
 
 def test_store_cpu_includes_the_children_already_reaped() -> None:

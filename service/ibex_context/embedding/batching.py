@@ -14,18 +14,23 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
 * **A query nobody waits for any more is not computed** (``query_expiry``): a caller
   that searches with a stand-in vector once its own is late (``pipeline.retrieval``)
   leaves its query queued; computing it anyway would make every later query later.
-* **Bulk work never holds a query up for long.** A write (texts to store, however
-  few) or a job of more than ``max_batch`` texts is run a chunk of ``max_batch`` at a
-  time, and queued queries go before its next chunk: a query waits for at most one
-  chunk, not for the whole write.
+* **Writes never hold a query up.** Texts to store are embedded by a thread of their
+  own, the store worker, never by the query workers: a query does not wait for a
+  write's inference (MiniLM in fp32 takes 10-90 ms of a core for one memory, longer
+  than a call's whole deadline). The store worker runs under Linux's ``SCHED_IDLE``
+  policy (``run_when_idle``): any other thread that wants its core takes the core at
+  once, so writes are embedded in the time the calls leave free, however many are
+  queued. A write of many texts is run a chunk of ``max_batch`` at a time.
 * **Writes take turns by org too.** Chunks are taken from the org served longest ago,
   so an org importing thousands of memories delays another org's write by a chunk a
   turn, not by its whole import (a FIFO of jobs put the other write behind every job
   the import had queued).
+* **A job of more queries than a turn holds** runs on the query workers a chunk at a
+  time, after the queries queued before each chunk.
 
-* **Workers may run below the event loop** (``nice``): an inference holds a core for
-  milliseconds, the loop's work on each call for a fraction of one; with the workers'
-  nice value raised, the loop takes the core first and answers on time
+* **Query workers may run below the event loop** (``nice``): an inference holds a core
+  for milliseconds, the loop's work on each call for a fraction of one; with the
+  workers' nice value raised, the loop takes the core first and answers on time
   (``lower_thread_priority``).
 
 Each turn is all queries or all texts to store, and the embedding function is told
@@ -80,6 +85,22 @@ def lower_thread_priority(by: int) -> None:
         _log.warning("embedding worker priority unchanged", extra={"error": type(exc).__name__})
 
 
+def run_when_idle() -> None:
+    """Puts the calling thread under Linux's ``SCHED_IDLE`` policy: it runs only on what
+    the threads of the normal policy leave of its core, and any of them that wakes takes
+    the core from it at once (a raised nice value only shrinks its share, and a woken
+    thread may still wait for its slice to end). For work nobody waits on within a call's
+    deadline. A thread may lower its own policy without privilege; where it cannot
+    (elsewhere than Linux, or a sandbox that forbids it) it takes the lowest nice, 19."""
+    if sys.platform != "linux":
+        return
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        _log.warning("embedding store worker not idle-scheduled", extra={"error": type(exc).__name__})
+        lower_thread_priority(19)
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddingTurn:
     """What one turn of a worker cost: seconds, by ``time.perf_counter`` and the worker
@@ -124,7 +145,8 @@ class _Turn:
 
 
 class EmbeddingQueue:
-    """``workers`` threads computing ``embed_batch`` over the texts handed to ``submit``."""
+    """``workers`` threads computing ``embed_batch`` over the queries handed to ``submit``,
+    and one more over the texts to store."""
 
     def __init__(
         self,
@@ -137,12 +159,15 @@ class EmbeddingQueue:
         observe: TurnObserver | None = None,
         query_expiry: float | None = None,
         nice: int = 0,
+        store_worker_idle: bool = True,
     ) -> None:
-        """``queries_per_turn``: 1 for an embedding function that computes queries one at a
-        time anyway, so each query's result is handed over as soon as it is computed.
-        ``query_expiry``: seconds after its submission when a query still queued is no
-        longer computed; its future fails with ``QueryExpired`` (its caller has moved on).
-        ``nice``: how much lower than the process the workers run (``lower_thread_priority``)."""
+        """``workers``: the query workers. ``queries_per_turn``: 1 for an embedding function
+        that computes queries one at a time anyway, so each query's result is handed over as
+        soon as it is computed. ``query_expiry``: seconds after its submission when a query
+        still queued is no longer computed; its future fails with ``QueryExpired`` (its
+        caller has moved on). ``nice``: how much lower than the process the query workers
+        run (``lower_thread_priority``). ``store_worker_idle``: the store worker runs under
+        ``SCHED_IDLE`` (``run_when_idle``); False: at the query workers' priority."""
         if workers < 1 or max_batch < 1 or (queries_per_turn is not None and queries_per_turn < 1):
             raise ValueError("workers, max_batch and queries_per_turn must be at least 1")
         self._query_expiry = query_expiry
@@ -150,15 +175,36 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
-        self._nice = nice
         # Queued per tenant, taken in turns (``org_turns``).
         self._queries: OrgTurns[_Job] = OrgTurns()
-        self._bulk: OrgTurns[_Job] = OrgTurns()  # texts to store, and queries too many for one turn
+        self._query_chunks: OrgTurns[_Job] = OrgTurns()  # query jobs of more than a turn
+        self._stored: OrgTurns[_Job] = OrgTurns()  # texts to store
         self._closed = False
-        self._ready = threading.Condition()
+        # One lock; the query workers and the store worker wait on conditions of their own,
+        # so a write wakes the store worker and a query a query worker.
+        self._lock = threading.Lock()
+        self._query_ready = threading.Condition(self._lock)
+        self._store_ready = threading.Condition(self._lock)
         self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)
+            threading.Thread(
+                target=self._work,
+                args=(self._next_query_turn, lambda: lower_thread_priority(nice)),
+                name=f"{name}-{i}",
+                daemon=True,
+            )
+            for i in range(workers)
         ]
+        self._threads.append(
+            threading.Thread(
+                target=self._work,
+                args=(
+                    self._next_store_turn,
+                    run_when_idle if store_worker_idle else lambda: lower_thread_priority(nice),
+                ),
+                name=f"{name}-store",
+                daemon=True,
+            )
+        )
         for thread in self._threads:
             thread.start()
 
@@ -170,31 +216,38 @@ class EmbeddingQueue:
         if not job.texts:
             future.set_result([])
             return future
-        with self._ready:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the embedding queue is closed")
             if query and len(job.texts) <= self._queries_per_turn:
                 self._queries.add(tenant, job)
+                self._query_ready.notify()
+                return future
+            job.results = [None] * len(job.texts)
+            job.pending = len(job.texts)
+            if query:
+                self._query_chunks.add(tenant, job)
+                self._query_ready.notify()
             else:
-                job.results = [None] * len(job.texts)
-                job.pending = len(job.texts)
-                self._bulk.add(tenant, job)
-            self._ready.notify()
+                self._stored.add(tenant, job)
+                self._store_ready.notify()
         return future
 
     def close(self) -> None:
         """Stops the workers after their current turn; queued jobs are cancelled."""
-        with self._ready:
+        with self._lock:
             self._closed = True
-            for job in (*self._queries, *self._bulk):
+            for job in (*self._queries, *self._query_chunks, *self._stored):
                 job.future.cancel()
             self._queries.clear()
-            self._bulk.clear()
-            self._ready.notify_all()
+            self._query_chunks.clear()
+            self._stored.clear()
+            self._query_ready.notify_all()
+            self._store_ready.notify_all()
 
-    def _work(self) -> None:
-        lower_thread_priority(self._nice)
-        while (turn := self._next_turn()) is not None:
+    def _work(self, next_turn: Callable[[], _Turn | None], prioritise: Callable[[], None]) -> None:
+        prioritise()
+        while (turn := next_turn()) is not None:
             started, cpu = time.perf_counter(), time.thread_time()
             try:
                 vectors = self._embed_batch(turn.texts, turn.query)
@@ -215,15 +268,25 @@ class EmbeddingQueue:
                 except Exception:  # an observer's failure must not stop the worker
                     _log.exception("embedding turn observer failed")
 
-    def _next_turn(self) -> _Turn | None:
-        with self._ready:
+    def _next_query_turn(self) -> _Turn | None:
+        with self._query_ready:
             while True:
                 if self._closed:
                     return None
-                turn = self._take_queries() or self._take_bulk_chunk()
+                turn = self._take_queries() or self._take_chunk(self._query_chunks)
                 if turn is not None:
                     return turn
-                self._ready.wait()
+                self._query_ready.wait()
+
+    def _next_store_turn(self) -> _Turn | None:
+        with self._store_ready:
+            while True:
+                if self._closed:
+                    return None
+                turn = self._take_chunk(self._stored)
+                if turn is not None:
+                    return turn
+                self._store_ready.wait()
 
     def _take_queries(self) -> _Turn | None:
         texts: list[str] = []
@@ -248,19 +311,19 @@ class EmbeddingQueue:
         head = self._queries.take(lambda first: len(first.texts) <= room)
         return None if head is None else head[1]
 
-    def _take_bulk_chunk(self) -> _Turn | None:
-        """The next ``max_batch`` texts of the first job of the org served longest ago."""
-        while (head := self._bulk.first()) is not None:
+    def _take_chunk(self, jobs: OrgTurns[_Job]) -> _Turn | None:
+        """The next ``max_batch`` texts of the first of ``jobs`` of the org served longest ago."""
+        while (head := jobs.first()) is not None:
             tenant, job = head
             if job.next_offset == 0 and not job.future.set_running_or_notify_cancel():
-                self._bulk.remove(tenant, job)  # its caller has gone: no turn taken
+                jobs.remove(tenant, job)  # its caller has gone: no turn taken
                 continue
             start = job.next_offset
             count = min(self._max_batch, len(job.texts) - start)
             job.next_offset += count
-            self._bulk.served(tenant)
+            jobs.served(tenant)
             if job.next_offset == len(job.texts):
-                self._bulk.remove(tenant, job)
+                jobs.remove(tenant, job)
             return _Turn(job.texts[start : start + count], [(job, start, count)], job.query)
         return None
 
@@ -272,7 +335,7 @@ class EmbeddingQueue:
             if not job.results:  # a query: all of its texts were in this turn
                 job.future.set_result(computed)
                 continue
-            with self._ready:
+            with self._lock:
                 job.results[offset : offset + count] = computed
                 job.pending -= count
                 done = job.pending == 0 and not job.failed
@@ -281,9 +344,10 @@ class EmbeddingQueue:
 
     def _fail(self, turn: _Turn, exc: BaseException) -> None:
         for job, _, _ in turn.parts:
-            with self._ready:
+            with self._lock:
                 first = not job.failed
                 job.failed = True
-                self._bulk.remove(job.tenant, job)  # its other chunks are not worth computing
+                # Its other chunks are not worth computing.
+                (self._query_chunks if job.query else self._stored).remove(job.tenant, job)
             if first:
                 job.future.set_exception(exc)

@@ -30,6 +30,7 @@ def build_embedder(settings: Settings, *, observe: TurnObserver | None = None) -
             query_model=settings.embedding_query_model,
             stand_in_after=settings.embedding_stand_in_ms / 1000,
             worker_nice=settings.embedding_worker_nice,
+            store_worker_idle=settings.embedding_store_worker_idle,
         )
     else:
         embedder = OpenAIEmbedder.from_settings(settings)

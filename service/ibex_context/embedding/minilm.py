@@ -7,8 +7,9 @@ made one query slower, not faster (docs/adr/0011). Inferences run in a small poo
 worker threads (``workers``, ``embedding.batching``), never on the event loop;
 onnxruntime releases the GIL while it computes, so a worker's inference and the loop's
 own work overlap. Queries that queue while a worker computes run together in its next
-inference (a few texts: cheaper a text, and short enough for a call's deadline), and a
-write's texts go a few at a time, queries first.
+inference (a few texts: cheaper a text, and short enough for a call's deadline); the
+texts to store go a few at a time to a store worker of their own, which runs on what the
+calls leave of the core, so a query never waits for a write's inference.
 
 Queries can run on a second graph, the first quantised to int8 (``query_precision``,
 ``embedding.minilm_graph``): about half the CPU where the processor has int8 dot-product
@@ -68,7 +69,7 @@ def length_batches(lengths: Sequence[int], max_batch: int) -> list[list[int]]:
 
 # Texts a worker embeds in one inference: queued queries together, or a write's next few.
 # 4 short queries cost ~7.5 ms of CPU a text against ~11 ms alone (8: ~7.1 ms), and a turn
-# of 4 ends within a call's deadline, so a query never waits long behind a write.
+# of 4 ends within a call's deadline.
 TURN_TEXTS = 4
 
 
@@ -97,12 +98,15 @@ class MiniLMEmbedder:
         query_model: QueryModel = "minilm",
         query_expiry: float | None = None,
         worker_nice: int = 0,
+        store_worker_idle: bool = True,
     ) -> None:
         """``session`` embeds the texts to store; ``query_session`` the queries (default:
         ``session``); ``observe`` gets each worker turn's timings. ``static_queries``: the
         distilled table, which embeds every query when ``query_model`` is "static" and is
         the stand-in otherwise (``stand_in_queries``). ``query_expiry``: seconds after which
-        a query still queued is not computed (its caller has moved on to the stand-in)."""
+        a query still queued is not computed (its caller has moved on to the stand-in).
+        ``worker_nice`` and ``store_worker_idle``: the workers' priorities
+        (``embedding.batching.EmbeddingQueue``)."""
         if workers < 1:
             raise ConfigurationError(f"embedding_workers: at least 1, got {workers}")
         if query_model != "minilm" and static_queries is None:
@@ -126,6 +130,7 @@ class MiniLMEmbedder:
             observe=observe,
             query_expiry=query_expiry,
             nice=worker_nice,
+            store_worker_idle=store_worker_idle,
         )
 
     @classmethod
@@ -141,6 +146,7 @@ class MiniLMEmbedder:
         query_model: QueryModel = "minilm",
         stand_in_after: float = 0.0,
         worker_nice: int = 0,
+        store_worker_idle: bool = True,
     ) -> MiniLMEmbedder:
         """Reads the tokenizer and opens the graphs (under a second each), building a
         graph first when ``graph_dir`` has none (a few seconds, once); call at start-up.
@@ -183,6 +189,7 @@ class MiniLMEmbedder:
             query_model=query_model,
             query_expiry=stand_in_after if query_model != "static" and stand_in_after > 0 else None,
             worker_nice=worker_nice,
+            store_worker_idle=store_worker_idle,
         )
 
     @property
