@@ -408,8 +408,9 @@ class Settings(BaseSettings):
         "The minilm thread that embeds the texts to store (writes; fp32, 10-90 ms of a core a"
         " memory) runs under Linux's SCHED_IDLE policy: any other thread wanting its core takes it"
         " at once, so no query waits for a write's inference, and writes take the time the calls"
-        " leave free (a process whose core is full delays its writes, not its calls). false: it"
-        " runs at the query workers' priority and shares the core with them.",
+        " leave free; a write queued over a second is taken up by a query worker that has no"
+        " query, so a full core slows writes down and does not stop them. false: it runs at the"
+        " query workers' priority and shares the core with them.",
     )
     embedding_query_precision: Precision = _f(
         "int8",

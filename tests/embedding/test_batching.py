@@ -417,3 +417,31 @@ def test_the_store_worker_runs_only_on_what_the_other_threads_leave_of_the_core(
 def test_the_store_worker_not_idle_runs_at_the_query_workers_priority() -> None:
     seen = _priorities_by_kind(nice=5, store_worker_idle=False)
     assert seen[False] == seen[True] == (_policy_of_this_thread(), min(19, _nice_of_this_thread() + 5))
+
+
+def test_a_write_the_store_worker_does_not_reach_is_taken_up_by_an_idle_query_worker_once_overdue() -> None:
+    """As where the core has no idle time for the store worker: its turn never ends here."""
+    release = threading.Event()
+    ran: list[tuple[str, str]] = []
+
+    def embed(texts: list[str], query: bool) -> list[FloatVector]:
+        ran.append((texts[0], threading.current_thread().name))
+        if threading.current_thread().name.endswith("-store"):
+            assert release.wait(WAIT)
+        return [np.zeros(4, dtype=np.float32) for _ in texts]
+
+    queue = EmbeddingQueue(embed, workers=1, max_batch=4, name="overdue-test", store_overdue_after=0.05)
+    try:
+        starved = queue.submit(["w1"], query=False)
+        deadline = time.monotonic() + WAIT
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.001)
+        submitted = time.monotonic()
+        write = queue.submit(["w2"], query=False)
+        write.result(WAIT)
+        assert time.monotonic() - submitted >= 0.05  # not before it was overdue
+        assert not starved.done()
+    finally:
+        release.set()
+        queue.close()
+    assert ran == [("w1", "overdue-test-store"), ("w2", "overdue-test-0")]

@@ -21,6 +21,11 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   policy (``run_when_idle``): any other thread that wants its core takes the core at
   once, so writes are embedded in the time the calls leave free, however many are
   queued. A write of many texts is run a chunk of ``max_batch`` at a time.
+* **Writes are not starved either.** Where the calls (or anything else on the core) leave
+  it no idle time, a write that has waited ``store_overdue_after`` (1 s) is taken up by a
+  query worker when it has no query: at the query workers' priority, a chunk at a time
+  with queries first, as one worker took writes before. A core full for a second is
+  overloaded anyway; its writes then slow down, and do not stop.
 * **Writes take turns by org too.** Chunks are taken from the org served longest ago,
   so an org importing thousands of memories delays another org's write by a chunk a
   turn, not by its whole import (a FIFO of jobs put the other write behind every job
@@ -160,6 +165,7 @@ class EmbeddingQueue:
         query_expiry: float | None = None,
         nice: int = 0,
         store_worker_idle: bool = True,
+        store_overdue_after: float = 1.0,
     ) -> None:
         """``workers``: the query workers. ``queries_per_turn``: 1 for an embedding function
         that computes queries one at a time anyway, so each query's result is handed over as
@@ -167,7 +173,9 @@ class EmbeddingQueue:
         still queued is no longer computed; its future fails with ``QueryExpired`` (its
         caller has moved on). ``nice``: how much lower than the process the query workers
         run (``lower_thread_priority``). ``store_worker_idle``: the store worker runs under
-        ``SCHED_IDLE`` (``run_when_idle``); False: at the query workers' priority."""
+        ``SCHED_IDLE`` (``run_when_idle``); False: at the query workers' priority.
+        ``store_overdue_after``: seconds after which a write still queued may be taken up
+        by an idle query worker too."""
         if workers < 1 or max_batch < 1 or (queries_per_turn is not None and queries_per_turn < 1):
             raise ValueError("workers, max_batch and queries_per_turn must be at least 1")
         self._query_expiry = query_expiry
@@ -175,6 +183,7 @@ class EmbeddingQueue:
         self._embed_batch = embed_batch
         self._observe = observe
         self._max_batch = max_batch
+        self._store_overdue_after = store_overdue_after
         # Queued per tenant, taken in turns (``org_turns``).
         self._queries: OrgTurns[_Job] = OrgTurns()
         self._query_chunks: OrgTurns[_Job] = OrgTurns()  # query jobs of more than a turn
@@ -231,6 +240,7 @@ class EmbeddingQueue:
             else:
                 self._stored.add(tenant, job)
                 self._store_ready.notify()
+                self._query_ready.notify()  # a query worker waiting idle times the write's overdue
         return future
 
     def close(self) -> None:
@@ -273,10 +283,23 @@ class EmbeddingQueue:
             while True:
                 if self._closed:
                     return None
-                turn = self._take_queries() or self._take_chunk(self._query_chunks)
+                turn = (
+                    self._take_queries() or self._take_chunk(self._query_chunks) or self._take_overdue_write()
+                )
                 if turn is not None:
                     return turn
-                self._query_ready.wait()
+                # Woken by a query, or when the oldest write queued becomes overdue.
+                oldest = min((job.submitted for job in self._stored), default=None)
+                self._query_ready.wait(
+                    None
+                    if oldest is None
+                    else max(0.001, oldest + self._store_overdue_after - time.perf_counter())
+                )
+
+    def _take_overdue_write(self) -> _Turn | None:
+        """A chunk of a write queued over ``store_overdue_after`` ago, for a query worker."""
+        overdue_before = time.perf_counter() - self._store_overdue_after
+        return self._take_chunk(self._stored, lambda job: job.submitted <= overdue_before)
 
     def _next_store_turn(self) -> _Turn | None:
         with self._store_ready:
@@ -311,9 +334,10 @@ class EmbeddingQueue:
         head = self._queries.take(lambda first: len(first.texts) <= room)
         return None if head is None else head[1]
 
-    def _take_chunk(self, jobs: OrgTurns[_Job]) -> _Turn | None:
-        """The next ``max_batch`` texts of the first of ``jobs`` of the org served longest ago."""
-        while (head := jobs.first()) is not None:
+    def _take_chunk(self, jobs: OrgTurns[_Job], fits: Callable[[_Job], bool] | None = None) -> _Turn | None:
+        """The next ``max_batch`` texts of the first of ``jobs`` of the org served longest ago
+        (of the orgs whose first job ``fits``)."""
+        while (head := jobs.first(fits)) is not None:
             tenant, job = head
             if job.next_offset == 0 and not job.future.set_running_or_notify_cancel():
                 jobs.remove(tenant, job)  # its caller has gone: no turn taken
