@@ -445,3 +445,17 @@ def test_a_write_the_store_worker_does_not_reach_is_taken_up_by_an_idle_query_wo
         release.set()
         queue.close()
     assert ran == [("w1", "overdue-test-store"), ("w2", "overdue-test-0")]
+
+
+def test_where_the_idle_policy_is_refused_the_store_worker_takes_the_lowest_nice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox may refuse sched_setscheduler: the store worker still yields to the calls."""
+
+    def refuse(pid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError("sched_setscheduler refused")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    seen = _priorities_by_kind(nice=0)
+    assert seen[False] == (_policy_of_this_thread(), 19)
+    assert seen[True] == (_policy_of_this_thread(), _nice_of_this_thread())
