@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.machine import BIN, ROOT, free_port, free_port_run, taskset
+from loadtest.options import WORKER_NICE_VARIABLE
 
 
 def scrape(port: int) -> str:
@@ -158,10 +159,10 @@ def server_environment(
         IBEX_METRICS_PORT=str(metrics_port),
         IBEX_EMBEDDER=args.embedder,
         IBEX_EMBEDDING_DIM=str(args.dim),
-        IBEX_EMBEDDING_WORKER_NICE=str(args.worker_nice),
         IBEX_LOG_LEVEL=args.server_log_level,
         IBEX_TRACING_EXPORTER="none",
         IBEX_AUTH_ENABLED="false",
+        **{WORKER_NICE_VARIABLE: str(args.worker_nice)},
     )
 
 

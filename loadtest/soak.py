@@ -141,9 +141,9 @@ def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 # What the soak's writer writes (``--write-texts``): memories as the seed makes them (50-400
 # tokens, ~110 typical: what an agent stores, and what a server embedding them spends its
 # CPU on), or twelve words of a small vocabulary (the stores' churn alone).
-WRITE_TEXTS: dict[str, Callable[[random.Random], str]] = {
-    "memories": lambda rng: memory_spec(rng).content,
-    "churn": churn_words,
+WRITE_TEXTS: dict[str, tuple[str, Callable[[random.Random], str]]] = {
+    "memories": ("as seeded, 50-400 tokens", lambda rng: memory_spec(rng).content),
+    "churn": ("twelve churn words", churn_words),
 }
 
 
@@ -401,7 +401,7 @@ def run(soak: argparse.Namespace, base: argparse.Namespace) -> tuple[list[Mark],
                     soak.writes_per_second,
                     soak.keep,
                     base.seed,
-                    text=WRITE_TEXTS[soak.write_texts],
+                    text=WRITE_TEXTS[soak.write_texts][1],
                 )
                 import subprocess
 
@@ -520,7 +520,7 @@ def report(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}. Command: `loadtest/soak {' '.join(sys.argv[1:])}`",
         "",
         f"- Load: AssembleContext at {soak.rps:g} RPS (locust, {setup['users']} users) for {soak.minutes:g} min after {soak.warmup:g} s of warm-up; "
-        f"a writer upserting {soak.writes_per_second:g} memories/s ({soak.write_texts}: {'as seeded, 50-400 tokens' if soak.write_texts == 'memories' else 'twelve churn words'}) into random seeded agents and deleting each {soak.keep} writes later "
+        f"a writer upserting {soak.writes_per_second:g} memories/s ({soak.write_texts}: {WRITE_TEXTS[soak.write_texts][0]}) into random seeded agents and deleting each {soak.keep} writes later "
         f"(done: {writer.upserts} upserts, {writer.deletes} deletes, {writer.errors} errors).",
         f"- Data: {base.agents} agents x {base.memories} memories ({base.vectors} vectors, {base.seed_embedder} seed embedder), seeded in `{base.data_dir.relative_to(ROOT)}`; "
         f"service embedder `{base.embedder}` (its inference threads at nice {base.worker_nice}: {base.worker_nice_why})"

@@ -35,8 +35,8 @@ def test_the_writer_writes_memories_as_long_as_the_seeded_ones_unless_told_churn
     tenth of a seeded memory's inference."""
     assert soak.parse([])[0].write_texts == "memories"
     rng = random.Random(7)
-    memories = [soak.WRITE_TEXTS["memories"](rng) for _ in range(200)]
-    churn = [soak.WRITE_TEXTS["churn"](rng) for _ in range(200)]
+    memories = [soak.WRITE_TEXTS["memories"][1](rng) for _ in range(200)]
+    churn = [soak.WRITE_TEXTS["churn"][1](rng) for _ in range(200)]
     assert statistics.median(len(m.split()) for m in memories) > 50
     assert {len(c.split()) for c in churn} == {12}
     assert soak.parse(["--write-texts", "churn"])[0].write_texts == "churn"

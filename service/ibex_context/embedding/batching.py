@@ -52,6 +52,7 @@ for the GIL, which the process's other threads (the event loop, grpc's poller) h
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -194,10 +195,11 @@ class EmbeddingQueue:
         self._lock = threading.Lock()
         self._query_ready = threading.Condition(self._lock)
         self._store_ready = threading.Condition(self._lock)
+        at_query_priority = functools.partial(lower_thread_priority, nice)
         self._threads = [
             threading.Thread(
                 target=self._work,
-                args=(self._next_query_turn, lambda: lower_thread_priority(nice)),
+                args=(self._next_query_turn, at_query_priority),
                 name=f"{name}-{i}",
                 daemon=True,
             )
@@ -208,7 +210,7 @@ class EmbeddingQueue:
                 target=self._work,
                 args=(
                     self._next_store_turn,
-                    run_when_idle if store_worker_idle else lambda: lower_thread_priority(nice),
+                    run_when_idle if store_worker_idle else at_query_priority,
                 ),
                 name=f"{name}-store",
                 daemon=True,
