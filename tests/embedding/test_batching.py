@@ -459,3 +459,43 @@ def test_where_the_idle_policy_is_refused_the_store_worker_takes_the_lowest_nice
     seen = _priorities_by_kind(nice=0)
     assert seen[False] == (_policy_of_this_thread(), 19)
     assert seen[True] == (_policy_of_this_thread(), _nice_of_this_thread())
+
+
+def test_an_orgs_overdue_import_on_a_query_worker_holds_another_orgs_query_for_one_chunk_at_most() -> None:
+    """The hand-off shares the query worker the way one worker took writes before: queries
+    first, the import a chunk at a time, so a flooding org cannot keep another's query waiting."""
+    release_store, release_chunk, chunk_started = threading.Event(), threading.Event(), threading.Event()
+    ran: list[tuple[str, str]] = []
+
+    def embed(texts: list[str], query: bool) -> list[FloatVector]:
+        name = threading.current_thread().name
+        ran.append((texts[0], name))
+        if name.endswith("-store"):
+            assert release_store.wait(WAIT)  # a core with no idle time: the store worker never gets on
+        elif texts[0] == "a0":
+            chunk_started.set()
+            assert release_chunk.wait(WAIT)
+        return [np.zeros(4, dtype=np.float32) for _ in texts]
+
+    queue = EmbeddingQueue(embed, workers=1, max_batch=4, name="handoff-test", store_overdue_after=0.01)
+    try:
+        queue.submit(["s0"], query=False, tenant="org-c")
+        deadline = time.monotonic() + WAIT
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.001)
+        imported = queue.submit([f"a{i}" for i in range(8)], query=False, tenant="org-a")
+        assert chunk_started.wait(WAIT)  # the import's first chunk, overdue, on the query worker
+        asked = queue.submit(["question"], query=True, tenant="org-b")
+        release_chunk.set()
+        asked.result(WAIT)
+        imported.result(WAIT)
+    finally:
+        release_store.set()
+        release_chunk.set()
+        queue.close()
+    assert ran == [
+        ("s0", "handoff-test-store"),
+        ("a0", "handoff-test-0"),
+        ("question", "handoff-test-0"),
+        ("a4", "handoff-test-0"),
+    ]
