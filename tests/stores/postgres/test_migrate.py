@@ -412,7 +412,9 @@ async def test_the_graphs_recorded_before_sparse_ones_existed_are_recorded_by_th
                 for n, (org, agent, halfvec) in enumerate(recorded)
             ],
         )
-        assert await apply_migrations(conn, 8) == ["0022_sparse_agent_graphs"]
+        assert await apply_migrations(conn, 8, [m for m in migrations if m.version <= 22]) == [
+            "0022_sparse_agent_graphs"
+        ]
         links = await conn.fetch(
             "SELECT halfvec, links, rebuild_requested_at FROM agent_graphs ORDER BY links DESC"
         )
@@ -541,6 +543,41 @@ async def test_the_bounded_lexical_migration_derives_each_agents_document_freque
         )
         await conn.execute("DELETE FROM memories WHERE org_id = $1 AND content LIKE '% note5'", org)
         assert [tuple(r) for r in await conn.fetch(lexicon)] == [tuple(r) for r in await conn.fetch(counted)]
+    finally:
+        await conn.close()
+
+
+async def test_the_pruning_migration_removes_the_lexemes_no_memory_holds(empty_database_dsn: str) -> None:
+    """A database at 0022 whose deletes left lexemes at df 0, migrated: those rows are
+    gone, the others kept as they were, and later deletes leave none."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version <= 22])
+        org, agent = uuid.uuid4(), uuid.uuid4()
+        insert = (
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " VALUES ($1, $2, gen_random_uuid(), $3, $4, 'factual', '[1,0,0,0,0,0,0,0]')"
+        )
+        await conn.executemany(
+            insert,
+            [(org, agent, text, text.encode()) for text in ("river camp", "river lodge", "desert well")],
+        )
+        await conn.execute("DELETE FROM memories WHERE content IN ('river camp', 'desert well')")
+        lexicon = "SELECT lexeme, df FROM memory_lexicon ORDER BY lexeme"
+        assert [tuple(r) for r in await conn.fetch(lexicon)] == [
+            ("camp", 0),
+            ("desert", 0),
+            ("lodg", 1),
+            ("river", 1),
+            ("well", 0),
+        ]
+
+        assert await apply_migrations(conn, 8) == ["0023_unused_lexemes_pruned"]
+        assert [tuple(r) for r in await conn.fetch(lexicon)] == [("lodg", 1), ("river", 1)]
+        await conn.execute(insert, org, agent, "river camp", b"again")
+        await conn.execute("DELETE FROM memories WHERE content = 'river lodge'")
+        assert [tuple(r) for r in await conn.fetch(lexicon)] == [("camp", 1), ("river", 1)]
     finally:
         await conn.close()
 
