@@ -221,7 +221,7 @@ async def ensure_table(
     return seconds
 
 
-def _backend_cpu_seconds(pid: int) -> float:
+def backend_cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -263,13 +263,13 @@ async def measure(
             await conn.fetch(statement, question)
         walls: list[float] = []
         recalls: list[float] = []
-        cpu_before = _backend_cpu_seconds(pid)
+        cpu_before = backend_cpu_seconds(pid)
         for question, truth in zip(data.questions, exact, strict=True):
             started = time.perf_counter()
             rows = await conn.fetch(statement, question)
             walls.append((time.perf_counter() - started) * 1e3)
             recalls.append(len({r["id"] for r in rows} & set(truth.tolist())) / LIMIT)
-        cpu_ms = (_backend_cpu_seconds(pid) - cpu_before) * 1e3 / len(walls)
+        cpu_ms = (backend_cpu_seconds(pid) - cpu_before) * 1e3 / len(walls)
     walls.sort()
     recalls.sort()
     return Measured(

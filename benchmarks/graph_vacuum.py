@@ -42,12 +42,13 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
+from ibex_context.stores.postgres.codecs import init_connection
 from ibex_context.stores.postgres.graphs import AGENT_GRAPH_OPTIONS
 
+from benchmarks.agent_graph import LIMIT, backend_cpu_seconds
 from loadtest import pgcopy
 from loadtest.vectors import reference_sample
 
-LIMIT = 50
 RECALL_QUESTIONS = 100
 
 
@@ -63,15 +64,6 @@ class Arm:
     vacuum_cpu_s: tuple[float, ...]  # each vacuum's, its REINDEX included
     recall_before_last_vacuum: tuple[float, float]  # mean, p5
     recall_after: tuple[float, float]
-
-
-def _backend_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _vector_text(vector: np.ndarray) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
 async def load_rows(conn: asyncpg.Connection, vectors: np.ndarray) -> None:
@@ -104,8 +96,8 @@ async def _recall(
         scores = vectors[live] @ question
         top = set(live[np.argpartition(-scores, LIMIT)[:LIMIT]].tolist())
         rows = await conn.fetch(
-            f"SELECT id FROM agent ORDER BY embedding::halfvec({dim}) <=> $1::text::vector::halfvec({dim}) LIMIT {LIMIT}",
-            _vector_text(question),
+            f"SELECT id FROM agent ORDER BY embedding::halfvec({dim}) <=> $1::vector::halfvec({dim}) LIMIT {LIMIT}",
+            question,
         )
         shares.append(len({r["id"] for r in rows} & top) / LIMIT)
     shares.sort()
@@ -128,6 +120,7 @@ async def run_arm(
     """Builds the agent's table and graph afresh from ``rows`` (``load_rows``), then replaces
     ``churn`` rows in ``cycles`` steps, vacuuming after each."""
     dim = vectors.shape[1]
+    await init_connection(conn)  # vectors as numpy arrays, as the service's pool sends them
     pid = await conn.fetchval("SELECT pg_backend_pid()")
     await conn.execute("DROP TABLE IF EXISTS agent")
     await conn.execute(
@@ -154,22 +147,22 @@ async def run_arm(
     for cycle in range(cycles):
         gone = rng.choice(live, size=rows_each, replace=False)
         await conn.execute("DELETE FROM agent WHERE id = ANY($1::integer[])", gone.tolist())
-        cpu_before = _backend_cpu_seconds(pid)
+        cpu_before = backend_cpu_seconds(pid)
         await conn.execute(
             "INSERT INTO agent SELECT id, embedding FROM rows WHERE id >= $1 AND id < $2",
             next_row,
             next_row + rows_each,
         )
-        inserts_cpu += _backend_cpu_seconds(pid) - cpu_before
+        inserts_cpu += backend_cpu_seconds(pid) - cpu_before
         live = np.concatenate([np.setdiff1d(live, gone), np.arange(next_row, next_row + rows_each)])
         next_row += rows_each
         if cycle == cycles - 1:
             before_last = await _recall(conn, vectors, questions, live)
-        cpu_before = _backend_cpu_seconds(pid)
+        cpu_before = backend_cpu_seconds(pid)
         if reindex_first:
             await conn.execute("REINDEX TABLE agent")
         await conn.execute("VACUUM (PARALLEL 0) agent")
-        vacuum_cpu.append(_backend_cpu_seconds(pid) - cpu_before)
+        vacuum_cpu.append(backend_cpu_seconds(pid) - cpu_before)
     return Arm(
         cycles=cycles,
         rows_each=rows_each,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -212,13 +213,17 @@ async def test_document_frequencies_follow_inserts_updates_feedback_and_deletes(
     assert await _lexicon(postgres_dsn, tenant) == ({}, {})
 
 
-async def _lexicon_rows(conn: asyncpg.Connection, tenant: Tenant) -> dict[str, int]:
+async def _lexicon_rows(dsn: str, tenant: Tenant) -> dict[str, int]:
     """Every row of the agent's lexicon, zeros included."""
-    rows = await conn.fetch(
-        "SELECT lexeme, df FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2",
-        tenant.org_id,
-        tenant.agent_id,
-    )
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT lexeme, df FROM memory_lexicon WHERE org_id = $1 AND agent_id = $2",
+            tenant.org_id,
+            tenant.agent_id,
+        )
+    finally:
+        await conn.close()
     return {r["lexeme"]: r["df"] for r in rows}
 
 
@@ -234,32 +239,43 @@ async def test_a_lexeme_no_memory_holds_any_more_leaves_the_agents_lexicon(
     first, second = make_memory("river camp"), make_memory("river lodge")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first, second])
     await pg_store.upsert_memories(other.org_id, other.agent_id, [make_memory("river lodge")])
-    conn = await asyncpg.connect(postgres_dsn)
+    await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("river cabin", id=second.id)])
+    assert await _lexicon_rows(postgres_dsn, tenant) == {"river": 2, "camp": 1, "cabin": 1}
+    await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [first.id])
+    assert await _lexicon_rows(postgres_dsn, tenant) == {"river": 1, "cabin": 1}
+    await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [second.id])
+    assert await _lexicon_rows(postgres_dsn, tenant) == {}
+    # Another agent holding the same words keeps them.
+    assert await _lexicon_rows(postgres_dsn, other) == {"river": 1, "lodg": 1}
+
+
+_DELETE_ONE = "DELETE FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = $3"
+
+
+async def _write_behind_open_transaction(
+    dsn: str, statement: str, args: Sequence[object], write: Coroutine[Any, Any, object]
+) -> None:
+    """Runs ``statement`` in a transaction left open, starts ``write``, waits (10 s at
+    most) until ``write`` waits on a lock of that transaction, commits, and lets ``write``
+    finish (10 s at most)."""
+    holder, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
     try:
-        await pg_store.upsert_memories(
-            tenant.org_id, tenant.agent_id, [make_memory("river cabin", id=second.id)]
-        )
-        assert await _lexicon_rows(conn, tenant) == {"river": 2, "camp": 1, "cabin": 1}
-        await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [first.id])
-        assert await _lexicon_rows(conn, tenant) == {"river": 1, "cabin": 1}
-        await pg_store.delete_memories(tenant.org_id, tenant.agent_id, [second.id])
-        assert await _lexicon_rows(conn, tenant) == {}
-        # Another agent holding the same words keeps them.
-        assert await _lexicon_rows(conn, other) == {"river": 1, "lodg": 1}
+        async with holder.transaction():
+            await holder.execute(statement, *args)
+            task = asyncio.create_task(write)
+            pid = holder.get_server_pid()
+            for _ in range(400):
+                if await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid
+                ):
+                    break
+                await asyncio.sleep(0.025)
+            else:
+                raise AssertionError("no writer waited on the open transaction")
+        await asyncio.wait_for(task, 10)
     finally:
-        await conn.close()
-
-
-async def _until_blocked_by(conn: asyncpg.Connection, holder: asyncpg.Connection) -> None:
-    """Waits (10 s at most) until some backend waits on a lock ``holder`` holds."""
-    pid = holder.get_server_pid()
-    for _ in range(400):
-        if await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid
-        ):
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("no writer waited on the open transaction")
+        await holder.close()
+        await watcher.close()
 
 
 async def test_a_lexeme_pruned_while_another_writer_adds_it_is_counted_once(
@@ -269,26 +285,15 @@ async def test_a_lexeme_pruned_while_another_writer_adds_it_is_counted_once(
     # prunes the lexeme's row; a write adding the lexeme waits on that row, then inserts it.
     last = make_memory("a lighthouse")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [last, make_memory("a harbour")])
-    holder, watcher = await asyncpg.connect(postgres_dsn), await asyncpg.connect(postgres_dsn)
-    try:
-        async with holder.transaction():
-            await holder.execute(
-                "DELETE FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = $3",
-                tenant.org_id,
-                tenant.agent_id,
-                last.id,
-            )
-            adding = asyncio.create_task(
-                pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("lighthouse keeper")])
-            )
-            await _until_blocked_by(watcher, holder)
-        await asyncio.wait_for(adding, 10)
-        kept, counted = await _lexicon(postgres_dsn, tenant)
-        assert kept == counted == {"lighthous": 1, "keeper": 1, "harbour": 1}
-        assert await _lexicon_rows(watcher, tenant) == kept
-    finally:
-        await holder.close()
-        await watcher.close()
+    await _write_behind_open_transaction(
+        postgres_dsn,
+        _DELETE_ONE,
+        (tenant.org_id, tenant.agent_id, last.id),
+        pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [make_memory("lighthouse keeper")]),
+    )
+    kept, counted = await _lexicon(postgres_dsn, tenant)
+    assert kept == counted == {"lighthous": 1, "keeper": 1, "harbour": 1}
+    assert await _lexicon_rows(postgres_dsn, tenant) == kept
 
 
 async def test_a_lexeme_added_while_another_writer_deletes_it_is_kept(
@@ -298,26 +303,17 @@ async def test_a_lexeme_added_while_another_writer_deletes_it_is_kept(
     # the delete of the lexeme's other memory waits, lowers it to 1 and leaves the row.
     old = make_memory("a lighthouse")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [old])
-    holder, watcher = await asyncpg.connect(postgres_dsn), await asyncpg.connect(postgres_dsn)
-    try:
-        async with holder.transaction():
-            await holder.execute(
-                "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
-                " SELECT org_id, agent_id, gen_random_uuid(), 'lighthouse keeper', 'keeper', category,"
-                " embedding FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = $3",
-                tenant.org_id,
-                tenant.agent_id,
-                old.id,
-            )
-            deleting = asyncio.create_task(pg_store.delete_memories(tenant.org_id, tenant.agent_id, [old.id]))
-            await _until_blocked_by(watcher, holder)
-        await asyncio.wait_for(deleting, 10)
-        kept, counted = await _lexicon(postgres_dsn, tenant)
-        assert kept == counted == {"lighthous": 1, "keeper": 1}
-        assert await _lexicon_rows(watcher, tenant) == kept
-    finally:
-        await holder.close()
-        await watcher.close()
+    await _write_behind_open_transaction(
+        postgres_dsn,
+        "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+        " SELECT org_id, agent_id, gen_random_uuid(), 'lighthouse keeper', 'keeper', category,"
+        " embedding FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = $3",
+        (tenant.org_id, tenant.agent_id, old.id),
+        pg_store.delete_memories(tenant.org_id, tenant.agent_id, [old.id]),
+    )
+    kept, counted = await _lexicon(postgres_dsn, tenant)
+    assert kept == counted == {"lighthous": 1, "keeper": 1}
+    assert await _lexicon_rows(postgres_dsn, tenant) == kept
 
 
 async def test_writers_deleting_memories_that_share_lexemes_do_not_deadlock(
@@ -326,24 +322,13 @@ async def test_writers_deleting_memories_that_share_lexemes_do_not_deadlock(
     # Each delete lowers the shared lexemes in key order and prunes only rows it lowered.
     first, second = make_memory("zebra yak xylophone"), make_memory("xylophone yak zebra quartz")
     await pg_store.upsert_memories(tenant.org_id, tenant.agent_id, [first, second])
-    holder, watcher = await asyncpg.connect(postgres_dsn), await asyncpg.connect(postgres_dsn)
-    try:
-        async with holder.transaction():
-            await holder.execute(
-                "DELETE FROM memories WHERE org_id = $1 AND agent_id = $2 AND id = $3",
-                tenant.org_id,
-                tenant.agent_id,
-                second.id,
-            )
-            deleting = asyncio.create_task(
-                pg_store.delete_memories(tenant.org_id, tenant.agent_id, [first.id])
-            )
-            await _until_blocked_by(watcher, holder)
-        await asyncio.wait_for(deleting, 10)
-        assert await _lexicon_rows(watcher, tenant) == {}
-    finally:
-        await holder.close()
-        await watcher.close()
+    await _write_behind_open_transaction(
+        postgres_dsn,
+        _DELETE_ONE,
+        (tenant.org_id, tenant.agent_id, second.id),
+        pg_store.delete_memories(tenant.org_id, tenant.agent_id, [first.id]),
+    )
+    assert await _lexicon_rows(postgres_dsn, tenant) == {}
 
 
 async def test_a_fresh_agents_search_reads_only_its_query_words_best_postings(
