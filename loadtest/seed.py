@@ -548,6 +548,7 @@ async def _agent_graphs(dsn: str) -> int:
             pool,
             min_memories=settings.cold_exact_max_memories,
             sparse_max_memories=settings.cold_sparse_graph_max_memories,
+            rebuild_replaced_share=settings.cold_graph_rebuild_replaced_share,
             build_memory_mb=settings.graph_build_memory_mb,
         )
         return await graphs.promote_grown()

@@ -296,6 +296,16 @@ class Settings(BaseSettings):
         " 15). For agents that write much and delete little.",
         ge=0,
     )
+    cold_graph_rebuild_replaced_share: float = _f(
+        0.1,
+        "An agent's own graph is rebuilt in the background (REINDEX CONCURRENTLY: searches and"
+        " writes go on) once more than this share of its memories were deleted or re-embedded"
+        " since it was built, before a vacuum repairs it around each dead vector: on 10k MiniLM"
+        " memories the repair of 2,000 replaced rows took 38-41 s of PostgreSQL's CPU, a rebuild"
+        " and the vacuum after it 13 s (migration 0024, large-agents-2026-12-06.md section 20).",
+        gt=0,
+        le=1,
+    )
     cold_large_agent_memories: int = _f(
         50_000,
         "Agents with more memories than this are searched with hnsw_ef_search_large_agents.",

@@ -269,8 +269,10 @@ class Metrics:
         )
         self.graph_build_seconds = declare.histogram(
             "ibex_context_graph_build_seconds",
-            "Each build of a large agent's own graph, wall time, by graph (dense, sparse) and"
-            " outcome (built, failed). The agent is searched exactly while it waits and builds.",
+            "Each build of a large agent's own graph (its promotion, its dense rebuild, or the"
+            " rebuild of a churned graph), wall time, by graph (dense, sparse) and outcome (built,"
+            " failed). The agent is searched exactly while it waits for its first graph, and"
+            " through its current one during a rebuild.",
             ["graph", "outcome"],
             buckets=GRAPH_BUILD_BUCKETS,
         )

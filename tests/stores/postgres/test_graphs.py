@@ -11,6 +11,7 @@ import asyncpg
 import numpy as np
 import pytest
 from ibex_context.errors import StoreError
+from ibex_context.stores.base import PreparedMemory
 from ibex_context.stores.cold_plan import ColdMatches, ColdPlan
 from ibex_context.stores.postgres import PostgresMemoryStore, create_graph_pool, create_pool
 from ibex_context.stores.postgres.codecs import init_connection
@@ -613,3 +614,166 @@ async def test_agents_due_a_build_are_those_past_a_limit_without_the_graph_it_ca
     due = await sparse_store.graphs.grown()
     mine = [(t.org_id, t.agent_id) for t in tenants]
     assert [d for d in due if d in mine] == [mine[2], mine[0]]  # largest first
+
+
+# ------------------------------------------------------------------ a churned graph's rebuild
+
+
+async def _replaced(conn: asyncpg.Connection, tenant: Tenant) -> int | None:
+    """The agent's rows replaced since its graph was built (migration 0024)."""
+    return await conn.fetchval(
+        "SELECT replaced FROM agent_graphs WHERE org_id = $1 AND agent_id = $2",
+        uuid.UUID(tenant.org_id),
+        uuid.UUID(tenant.agent_id),
+    )
+
+
+async def _filenode(conn: asyncpg.Connection, index: str) -> int:
+    """The storage of the graph under ``index``: a rebuild writes a new one."""
+    return int(await conn.fetchval("SELECT pg_relation_filenode($1::regclass)", index))
+
+
+async def _promoted(
+    store: PostgresMemoryStore, tenant: Tenant, make_memory: MakeMemory, query: np.ndarray, size: int
+) -> list[PreparedMemory]:
+    memories = [make_memory(f"churn {i}", embedding=near(query, 1.0, seed=700 + i)) for i in range(size)]
+    await store.upsert_memories(tenant.org_id, tenant.agent_id, memories)
+    await asyncio.wait_for(store.promotions_idle(), 60)
+    return memories
+
+
+async def test_a_graph_is_rebuilt_in_place_once_more_than_a_tenth_of_its_agents_memories_were_replaced(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    query = unit_vector(5)
+    memories = await _promoted(graph_store, tenant, make_memory, query, LIMIT + 10)
+    name = graph_index_name(uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    built = await _filenode(conn, name)
+    assert await _replaced(conn, tenant) == 0
+
+    await graph_store.delete_memories(tenant.org_id, tenant.agent_id, [memories[0].id])
+    # Re-embedded: a new text under the same id.
+    await graph_store.upsert_memories(
+        tenant.org_id,
+        tenant.agent_id,
+        [make_memory("churn rewritten", id=memories[1].id, embedding=near(query, 1.0, seed=799))],
+    )
+    # Feedback and metadata leave the vector, and the graph, as they were.
+    await conn.execute(
+        "UPDATE memories SET usefulness = 0.9 WHERE org_id = $1 AND agent_id = $2",
+        uuid.UUID(tenant.org_id),
+        uuid.UUID(tenant.agent_id),
+    )
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    assert await _replaced(conn, tenant) == 2  # of 29: not yet a tenth
+    assert await _filenode(conn, name) == built
+
+    await graph_store.delete_memories(tenant.org_id, tenant.agent_id, [m.id for m in memories[2:4]])
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    assert await _filenode(conn, name) != built  # a new graph under the same name
+    assert await _replaced(conn, tenant) == 0
+    graph = await _graph(conn, tenant.org_id, tenant.agent_id)
+    assert graph is not None and graph["ready"] and graph["valid"] and "m='48'" in graph["definition"]
+    assert f"'{tenant.agent_id}'::uuid" in graph["definition"]
+    assert not await conn.fetchval(
+        "SELECT count(*) FROM pg_class WHERE relname LIKE $1", f"{name}\\_cc%"
+    )  # the old graph dropped
+    found = await graph_store.search(tenant.org_id, tenant.agent_id, query, 10)
+    assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
+    assert await _exact_similarities(conn, tenant, query, 10) == _as_found(found)
+    assert not await graph_store.graphs.build_due(tenant.org_id, tenant.agent_id)  # nothing due
+
+
+async def test_only_the_agents_own_deletes_count_toward_its_graphs_rebuild(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    await _promoted(graph_store, tenant, make_memory, unit_vector(6), LIMIT + 10)
+    neighbour = await tenant_in_the_partition_of(conn, tenant.org_id, tenant.agent_id)
+    theirs = [make_memory(f"theirs {i}", embedding=unit_vector(800 + i)) for i in range(10)]
+    await graph_store.upsert_memories(*neighbour, theirs)
+    await graph_store.delete_memories(*neighbour, [m.id for m in theirs])
+    assert await _replaced(conn, tenant) == 0
+    # The small neighbour has no graph, so nothing counts its deletes.
+    assert not await conn.fetchval(
+        "SELECT count(*) FROM agent_graphs WHERE org_id = $1 AND agent_id = $2",
+        *(uuid.UUID(x) for x in neighbour),
+    )
+
+
+async def test_a_rebuild_is_claimed_once_and_what_a_dead_one_left_is_dropped_first(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    await _promoted(graph_store, tenant, make_memory, unit_vector(7), LIMIT + 10)
+    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    name = graph_index_name(*key)
+    assert not await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)  # nothing replaced
+    await conn.execute("UPDATE agent_graphs SET replaced = 10 WHERE org_id = $1 AND agent_id = $2", *key)
+    claim = (
+        "UPDATE agent_graphs SET rebuild_requested_at = now() - $3::interval"
+        " WHERE org_id = $1 AND agent_id = $2"
+    )
+    await conn.execute(claim, *key, timedelta(minutes=5))  # another process rebuilding it
+    assert not await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)
+    # That process died inside its REINDEX, leaving its new graph, invalid, beside the old.
+    partition = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1", *key
+    )
+    await conn.execute(f"CREATE INDEX {name}_ccnew ON {partition} (id) WHERE agent_id = '{key[1]}'::uuid")
+    await conn.execute(claim, *key, timedelta(hours=2))
+    assert await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)
+    assert await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{name}_ccnew")
+    assert await _replaced(conn, tenant) == 0
+    assert await conn.fetchval(
+        "SELECT rebuild_requested_at IS NULL FROM agent_graphs WHERE org_id = $1 AND agent_id = $2", *key
+    )
+
+
+async def test_rows_replaced_while_a_graph_is_rebuilt_count_toward_its_next_rebuild(
+    graph_store: PostgresMemoryStore,
+    conn: asyncpg.Connection,
+    postgres_dsn: str,
+    tenant: Tenant,
+    make_memory: MakeMemory,
+) -> None:
+    memories = await _promoted(graph_store, tenant, make_memory, unit_vector(8), LIMIT + 10)
+    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    await conn.execute("UPDATE agent_graphs SET replaced = 10 WHERE org_id = $1 AND agent_id = $2", *key)
+    partition = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1", *key
+    )
+    # A writer's open transaction on the partition holds the REINDEX at its first wait.
+    writer = await asyncpg.connect(postgres_dsn)
+    try:
+        async with writer.transaction():
+            await writer.execute(f"LOCK TABLE {partition} IN ROW EXCLUSIVE MODE")
+            renewing = asyncio.ensure_future(graph_store.graphs.renew(tenant.org_id, tenant.agent_id))
+            waiting = None
+            for _ in range(200):  # at most 10 s
+                waiting = await conn.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE 'REINDEX INDEX CONCURRENTLY %' AND datname = current_database()"
+                )
+                if waiting is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting is not None
+            await graph_store.delete_memories(tenant.org_id, tenant.agent_id, [m.id for m in memories[:2]])
+        assert await asyncio.wait_for(renewing, 30)
+        await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    finally:
+        await writer.close()
+    assert await _replaced(conn, tenant) == 2  # the ten before the claim are gone from the graph
+
+
+async def test_at_start_an_agent_whose_graph_is_churned_is_due_its_rebuild(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    await _promoted(graph_store, tenant, make_memory, unit_vector(10), LIMIT + 10)
+    mine = (tenant.org_id, tenant.agent_id)
+    assert mine not in await graph_store.graphs.grown()
+    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    await conn.execute("UPDATE agent_graphs SET replaced = 4 WHERE org_id = $1 AND agent_id = $2", *key)
+    assert mine in await graph_store.graphs.grown()
+    assert await graph_store.queue_grown() >= 1
+    await asyncio.wait_for(graph_store.promotions_idle(), 60)
+    assert await _replaced(conn, tenant) == 0

@@ -573,7 +573,9 @@ async def test_the_pruning_migration_removes_the_lexemes_no_memory_holds(empty_d
             ("well", 0),
         ]
 
-        assert await apply_migrations(conn, 8) == ["0023_unused_lexemes_pruned"]
+        assert await apply_migrations(conn, 8, [m for m in migrations if m.version <= 23]) == [
+            "0023_unused_lexemes_pruned"
+        ]
         assert [tuple(r) for r in await conn.fetch(lexicon)] == [("lodg", 1), ("river", 1)]
         await conn.execute(insert, org, agent, "river camp", b"again")
         await conn.execute("DELETE FROM memories WHERE content = 'river lodge'")
@@ -584,6 +586,42 @@ async def test_the_pruning_migration_removes_the_lexemes_no_memory_holds(empty_d
 
 def _by_score(ranking: list[tuple[object, float]]) -> list[tuple[float, str]]:
     return sorted((-round(score, 9), str(memory)) for memory, score in ranking)
+
+
+async def test_the_churn_migration_counts_each_graphed_agents_replaced_rows_from_then_on(
+    empty_database_dsn: str,
+) -> None:
+    """0024: graphs recorded before start at 0; deletes and re-embedding updates of an agent
+    with a graph count, other updates and agents without a graph do not."""
+    conn = await asyncpg.connect(empty_database_dsn)
+    try:
+        migrations = load_migrations()
+        await apply_migrations(conn, 8, [m for m in migrations if m.version <= 23])
+        graphed, plain = uuid.uuid4(), uuid.uuid4()
+        org = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO agent_graphs (org_id, agent_id, index_name, ready) VALUES ($1, $2, 'g', true)",
+            org,
+            graphed,
+        )
+        insert = (
+            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
+            " SELECT $1, $2, gen_random_uuid(), 'm' || i, ('m' || i)::bytea, 'factual', '[1,0,0,0,0,0,0,0]'"
+            " FROM generate_series(1, 4) AS i"
+        )
+        for agent in (graphed, plain):
+            await conn.execute(insert, org, agent)
+
+        assert await apply_migrations(conn, 8) == ["0024_churned_graphs_rebuilt"]
+        replaced = "SELECT replaced FROM agent_graphs WHERE agent_id = $1"
+        assert await conn.fetchval(replaced, graphed) == 0
+        await conn.execute("DELETE FROM memories WHERE content = 'm1'")  # both agents'
+        await conn.execute("UPDATE memories SET usefulness = 0.9")  # the vectors stay
+        await conn.execute("UPDATE memories SET embedding = '[0,1,0,0,0,0,0,0]' WHERE content = 'm2'")
+        assert await conn.fetchval(replaced, graphed) == 2
+        assert await conn.fetchval("SELECT count(*) FROM agent_graphs") == 1
+    finally:
+        await conn.close()
 
 
 async def test_a_migrations_after_commit_statements_run_outside_its_transaction_once(

@@ -16,6 +16,12 @@ The store starts a build in the background when a write leaves the agent past a 
 on the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
 builds every graph due, e.g. after a bulk load.
 
+A graph whose agent has had a tenth of its memories replaced (deleted, or re-embedded)
+since it was built is rebuilt in place (``REINDEX_SQL``, migration 0024): a vacuum would
+otherwise repair it around each dead vector, at three times the CPU of the rebuild and
+the vacuum after it (large-agents-2026-12-06.md section 20). Deletes and updates queue the
+agent's check as creations do.
+
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
 leftover index dropped before building again.
@@ -26,12 +32,14 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
 
+from ibex_context.settings import Settings
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.postgres.codecs import as_uuid
 from ibex_context.stores.postgres.migrate import recorded_embedding_dim
@@ -72,6 +80,14 @@ DENSE_GRAPH = GraphBuild(links=48, ef_construction=256, suffix="", name="dense")
 SPARSE_GRAPH = GraphBuild(links=16, ef_construction=128, suffix="_s", name="sparse")
 AGENT_GRAPH_OPTIONS = DENSE_GRAPH.options
 
+# A churned graph's rebuild: a new graph built beside it from the live rows, swapped in
+# under its name (``index``), the old one dropped; searches and writes go on.
+REINDEX_SQL = "REINDEX INDEX CONCURRENTLY {index}"
+# The share of an agent's memories replaced (deleted, or re-embedded by an update) since its
+# graph was built past which the graph is rebuilt (``REINDEX_SQL``) rather than left to a
+# vacuum to repair.
+REBUILD_REPLACED_SHARE: float = Settings.model_fields["cold_graph_rebuild_replaced_share"].default
+
 
 @dataclass(frozen=True, slots=True)
 class GraphBuildTiming:
@@ -86,6 +102,11 @@ class GraphBuildTiming:
 GraphBuildObserver = Callable[[GraphBuildTiming], None]
 
 
+@dataclass(slots=True)
+class _Outcome:
+    built: bool = False
+
+
 def graph_for(memories: int, sparse_max_memories: int) -> GraphBuild:
     """The graph an agent of ``memories`` memories gets."""
     return SPARSE_GRAPH if memories <= sparse_max_memories else DENSE_GRAPH
@@ -93,36 +114,54 @@ def graph_for(memories: int, sparse_max_memories: int) -> GraphBuild:
 
 _CLAIM_SQL = """
     INSERT INTO agent_graphs AS g (org_id, agent_id, index_name) VALUES ($1, $2, $3)
-    ON CONFLICT (org_id, agent_id) DO UPDATE SET requested_at = now(), index_name = EXCLUDED.index_name
+    ON CONFLICT (org_id, agent_id) DO UPDATE
+        SET requested_at = now(), index_name = EXCLUDED.index_name, replaced = 0
         WHERE NOT g.ready AND g.requested_at < now() - $4::interval
     RETURNING true
 """
 _READY_SQL = """
     UPDATE agent_graphs SET ready = true, halfvec = true, links = $3 WHERE org_id = $1 AND agent_id = $2
 """
-# A sparse graph's rebuild: claimed on its record (one process at a time, a stale claim
-# taken over), recorded dense when built.
+# A rebuild (a sparse graph's dense one, or a churned graph's): claimed on its record (one
+# process at a time, a stale claim taken over), returning the graph's name and the rows
+# replaced so far, which the new graph no longer holds once it is built.
 _REBUILD_CLAIM_SQL = """
     UPDATE agent_graphs SET rebuild_requested_at = now()
     WHERE org_id = $1 AND agent_id = $2 AND ready AND halfvec AND links < $3
       AND (rebuild_requested_at IS NULL OR rebuild_requested_at < now() - $4::interval)
-    RETURNING index_name
+    RETURNING index_name, replaced
 """
 _REBUILT_SQL = """
-    UPDATE agent_graphs SET links = $3, index_name = $4, rebuild_requested_at = NULL
+    UPDATE agent_graphs
+    SET links = $3, index_name = $4, rebuild_requested_at = NULL, replaced = greatest(replaced - $5, 0)
     WHERE org_id = $1 AND agent_id = $2 RETURNING true
+"""
+# A churned graph's rebuild: due once more than $3 of the agent's memories were replaced.
+_RENEW_CLAIM_SQL = """
+    UPDATE agent_graphs AS g SET rebuild_requested_at = now()
+    FROM memory_stats AS s
+    WHERE g.org_id = $1 AND g.agent_id = $2 AND g.ready
+      AND s.org_id = g.org_id AND s.agent_id = g.agent_id AND g.replaced > $3::float8 * s.memories
+      AND (g.rebuild_requested_at IS NULL OR g.rebuild_requested_at < now() - $4::interval)
+    RETURNING g.index_name, g.replaced, s.memories, g.links
+"""
+_RENEWED_SQL = """
+    UPDATE agent_graphs SET rebuild_requested_at = NULL, replaced = greatest(replaced - $3, 0)
+    WHERE org_id = $1 AND agent_id = $2
 """
 _REBUILD_RELEASE_SQL = (
     "UPDATE agent_graphs SET rebuild_requested_at = NULL WHERE org_id = $1 AND agent_id = $2"
 )
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
-# Agents due a build: past the exact scan's limit without a graph ($1), or past the sparse
-# graph's limit ($2) on a sparse one ($3: the dense graph's links).
+# Agents due a build: past the exact scan's limit without a graph ($1), past the sparse
+# graph's limit ($2) on a sparse one ($3: the dense graph's links), or with more than $4 of
+# their memories replaced since their graph was built.
 _GROWN_SQL = """
     SELECT s.org_id::text, s.agent_id::text FROM memory_stats AS s
     LEFT JOIN agent_graphs AS g ON g.org_id = s.org_id AND g.agent_id = s.agent_id
     WHERE s.memories > $1
-      AND (g.org_id IS NULL OR (g.ready AND g.halfvec AND g.links < $3 AND s.memories > $2))
+      AND (g.org_id IS NULL OR (g.ready AND g.halfvec AND g.links < $3 AND s.memories > $2)
+           OR (g.ready AND g.replaced > $4::float8 * s.memories))
     ORDER BY s.memories DESC
 """
 # The agent's memory count and the plan that searches its own graph once that is ready
@@ -148,9 +187,17 @@ def graph_index_name(org: uuid.UUID, agent: uuid.UUID, build: GraphBuild = DENSE
     return "memories_agent_" + hashlib.sha256(org.bytes + agent.bytes).hexdigest()[:16] + build.suffix
 
 
+def rebuild_leftovers(index: str) -> tuple[str, str]:
+    """What a ``REINDEX_SQL`` of ``index`` that died leaves beside it: the new graph (invalid,
+    still written to) or, past the swap, the old one; PostgreSQL's names for them."""
+    return f"{index}_ccnew", f"{index}_ccold"
+
+
 def graph_index_names(org: uuid.UUID, agent: uuid.UUID) -> tuple[str, ...]:
-    """Every name the agent's graph may have (a purge drops them all)."""
-    return tuple(graph_index_name(org, agent, build) for build in (DENSE_GRAPH, SPARSE_GRAPH))
+    """Every name the agent's graph may have, leftovers of a rebuild included (a purge
+    drops them all)."""
+    names = [graph_index_name(org, agent, build) for build in (DENSE_GRAPH, SPARSE_GRAPH)]
+    return tuple(n for name in names for n in (name, *rebuild_leftovers(name)))
 
 
 # What a build asks for per memory of the agent (maintenance_work_mem): pgvector holds the
@@ -173,9 +220,10 @@ class AgentGraphs:
     """Builds and records large agents' own graphs, through the primary's pool.
 
     ``sparse_max_memories``: agents promoted with at most this many memories get the sparse
-    graph, rebuilt dense once they grow past it (0: every graph dense). ``build_memory_mb``:
-    the most memory one build may take (``build_memory_mb``). ``observe``: told each
-    build's timing."""
+    graph, rebuilt dense once they grow past it (0: every graph dense). ``rebuild_replaced_share``:
+    a graph is rebuilt once more than this share of its agent's memories were replaced since
+    it was built. ``build_memory_mb``: the most memory one build may take
+    (``build_memory_mb``). ``observe``: told each build's timing."""
 
     def __init__(
         self,
@@ -183,6 +231,7 @@ class AgentGraphs:
         *,
         min_memories: int,
         sparse_max_memories: int = 0,
+        rebuild_replaced_share: float = REBUILD_REPLACED_SHARE,
         stale_after: timedelta = timedelta(hours=1),
         build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
         observe: GraphBuildObserver | None = None,
@@ -190,6 +239,7 @@ class AgentGraphs:
         self._pool = pool
         self.min_memories = min_memories
         self.sparse_max_memories = sparse_max_memories
+        self.rebuild_replaced_share = rebuild_replaced_share
         self._stale_after = stale_after
         self._build_memory_mb = build_memory_mb
         self._observe = observe
@@ -227,9 +277,10 @@ class AgentGraphs:
         process is rebuilding it."""
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with self._pool.acquire() as conn:
-            sparse = await conn.fetchval(_REBUILD_CLAIM_SQL, org, agent, DENSE_GRAPH.links, self._stale_after)
-            if sparse is None:
+            claim = await conn.fetchrow(_REBUILD_CLAIM_SQL, org, agent, DENSE_GRAPH.links, self._stale_after)
+            if claim is None:
                 return False
+            sparse, replaced = claim
             name = graph_index_name(org, agent, DENSE_GRAPH)
             rebuilt = False
             try:
@@ -239,13 +290,63 @@ class AgentGraphs:
                     # leaves a dense graph recorded sparse (rebuilt again), never a sparse
                     # graph that every write pays for and no record names.
                     await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {sparse}")
-                    rebuilt = bool(await conn.fetchval(_REBUILT_SQL, org, agent, DENSE_GRAPH.links, name))
+                    rebuilt = bool(
+                        await conn.fetchval(_REBUILT_SQL, org, agent, DENSE_GRAPH.links, name, replaced)
+                    )
                     if not rebuilt:  # the agent was purged meanwhile
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
             finally:
                 if not rebuilt:
                     await conn.execute(_REBUILD_RELEASE_SQL, org, agent)
         return rebuilt
+
+    @store_errors
+    async def renew(self, org_id: str, agent_id: str) -> bool:
+        """Rebuilds the agent's graph in place (``REINDEX_SQL``) once more than
+        ``rebuild_replaced_share`` of its memories were replaced since it was built: the new
+        graph holds only live rows. False when none is due or another process rebuilds it."""
+        org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
+        async with self._pool.acquire() as conn:
+            claim = await conn.fetchrow(
+                _RENEW_CLAIM_SQL, org, agent, self.rebuild_replaced_share, self._stale_after
+            )
+            if claim is None:
+                return False
+            name, replaced, memories, links = claim
+            graph = SPARSE_GRAPH if links == SPARSE_GRAPH.links else DENSE_GRAPH
+            renewed = False
+            try:
+                async with self._maintenance(conn, graph, memories) as timing:
+                    for leftover in rebuild_leftovers(name):
+                        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
+                    await conn.execute(REINDEX_SQL.format(index=name))
+                    timing.built = True
+                await conn.execute(_RENEWED_SQL, org, agent, replaced)
+                renewed = True
+            finally:
+                if not renewed:
+                    await conn.execute(_REBUILD_RELEASE_SQL, org, agent)
+        return renewed
+
+    @asynccontextmanager
+    async def _maintenance(
+        self, conn: asyncpg.Connection, graph: GraphBuild, memories: int
+    ) -> AsyncIterator[_Outcome]:
+        """Settings for a build of ``memories`` memories' graph on ``conn``, reset after it,
+        and its timing told to ``observe`` (built once the body sets ``built``)."""
+        # A build takes seconds to minutes: past the pool's statement timeout.
+        await conn.execute("SET statement_timeout = 0")
+        await conn.execute(
+            f"SET maintenance_work_mem = '{build_memory_mb(memories, self._build_memory_mb)}MB'"
+        )
+        started, outcome = time.perf_counter(), _Outcome()
+        try:
+            yield outcome
+        finally:
+            if self._observe is not None:
+                self._observe(GraphBuildTiming(graph.name, outcome.built, time.perf_counter() - started))
+            await conn.execute("RESET statement_timeout")
+            await conn.execute("RESET maintenance_work_mem")
 
     async def _build(
         self,
@@ -263,13 +364,7 @@ class AgentGraphs:
         dim = await recorded_embedding_dim(conn)
         if partition is None or dim is None:
             return False
-        # A build takes seconds to minutes: past the pool's statement timeout.
-        await conn.execute("SET statement_timeout = 0")
-        await conn.execute(
-            f"SET maintenance_work_mem = '{build_memory_mb(memories, self._build_memory_mb)}MB'"
-        )
-        started, built = time.perf_counter(), False
-        try:
+        async with self._maintenance(conn, build, memories) as timing:
             for leftover in leftovers:
                 await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
             await conn.execute(
@@ -278,18 +373,14 @@ class AgentGraphs:
                 f" WITH ({build.options})"
                 f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
             )
-            built = True
-        finally:
-            if self._observe is not None:
-                self._observe(GraphBuildTiming(build.name, built, time.perf_counter() - started))
-            await conn.execute("RESET statement_timeout")
-            await conn.execute("RESET maintenance_work_mem")
+            timing.built = True
         return True
 
     @store_errors
     async def build_due(self, org_id: str, agent_id: str) -> bool:
         """Builds what the agent's size calls for: its own graph past the exact scan's limit,
-        the dense one past the sparse graph's; False when nothing was built."""
+        the dense one past the sparse graph's, a new one once its graph is churned
+        (``renew``); False when nothing was built."""
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         state = await self._pool.fetchrow(AGENT_STATE_SQL, org, agent)
         if state is None or state[0] <= self.min_memories:
@@ -299,13 +390,17 @@ class AgentGraphs:
             return await self.promote(org_id, agent_id)
         if plan is ColdPlan.AGENT_SPARSE and state[0] > self.sparse_max_memories:
             return await self.densify(org_id, agent_id)
-        return False
+        return await self.renew(org_id, agent_id)
 
     @store_errors
     async def grown(self) -> list[tuple[str, str]]:
         """The (org_id, agent_id) of agents due a build (``build_due``), largest first."""
         rows = await self._pool.fetch(
-            _GROWN_SQL, self.min_memories, self.sparse_max_memories, DENSE_GRAPH.links
+            _GROWN_SQL,
+            self.min_memories,
+            self.sparse_max_memories,
+            DENSE_GRAPH.links,
+            self.rebuild_replaced_share,
         )
         return [(r[0], r[1]) for r in rows]
 

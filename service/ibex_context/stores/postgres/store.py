@@ -35,7 +35,12 @@ from ibex_context.stores.postgres.build_queue import GraphBuildQueue
 from ibex_context.stores.postgres.codecs import TokenCountsDecoder
 from ibex_context.stores.postgres.counters import InjectionCounters
 from ibex_context.stores.postgres.feedback import FeedbackLog
-from ibex_context.stores.postgres.graphs import DEFAULT_BUILD_MEMORY_MB, AgentGraphs, GraphBuildObserver
+from ibex_context.stores.postgres.graphs import (
+    DEFAULT_BUILD_MEMORY_MB,
+    REBUILD_REPLACED_SHARE,
+    AgentGraphs,
+    GraphBuildObserver,
+)
 from ibex_context.stores.postgres.pool import create_graph_pool, create_pool, postgres_tls
 from ibex_context.stores.postgres.reads import MemoryReads
 from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES, MemorySearches
@@ -87,6 +92,7 @@ class PostgresMemoryStore:
         graph_pool: asyncpg.Pool | None = None,
         graph_build_memory_mb: int = DEFAULT_BUILD_MEMORY_MB,
         sparse_graph_max_memories: int = 0,
+        graph_rebuild_replaced_share: float = REBUILD_REPLACED_SHARE,
         quotas: OrgQuotas | None = None,
         ssl: ssl_module.SSLContext | None = None,
         observe_graph_build: GraphBuildObserver | None = None,
@@ -125,6 +131,7 @@ class PostgresMemoryStore:
             graph_pool or pool,
             min_memories=exact_max_memories,
             sparse_max_memories=sparse_graph_max_memories,
+            rebuild_replaced_share=graph_rebuild_replaced_share,
             build_memory_mb=graph_build_memory_mb,
             observe=observe_graph_build,
         )
@@ -167,6 +174,7 @@ class PostgresMemoryStore:
             agent_graphs=settings.cold_agent_graphs,
             graph_build_memory_mb=settings.graph_build_memory_mb,
             sparse_graph_max_memories=settings.cold_sparse_graph_max_memories,
+            graph_rebuild_replaced_share=settings.cold_graph_rebuild_replaced_share,
             graph_width=GraphSearchWidth.from_settings(settings),
             observe_graph_build=observe_graph_build,
             write_connections=max(
@@ -251,13 +259,15 @@ class PostgresMemoryStore:
         self, org_id: str, agent_id: str, memories: Sequence[PreparedMemory]
     ) -> list[UpsertResult]:
         results = await self.writes.upsert_memories(org_id, agent_id, memories)
-        if self._agent_graphs and any(r.outcome == "created" for r in results):
+        # Created: the agent grew. Updated: its text, so its vector, may have been replaced.
+        if self._agent_graphs and any(r.outcome in ("created", "updated") for r in results):
             self._queue_promotion(org_id, agent_id)
         return results
 
     def _queue_promotion(self, org_id: str, agent_id: str) -> bool:
-        """Queues the agent for a size check and, past a limit, a graph of its own or its
-        dense rebuild (built in the background, one at a time; ``graphs.AgentGraphs.build_due``).
+        """Queues the agent for a check and, past a limit, a graph of its own, its dense
+        rebuild or a churned graph's rebuild (built in the background, one at a time;
+        ``graphs.AgentGraphs.build_due``).
         The write has committed and waits for none of it. False: not queued (queued
         already, or its org's flood of new agents filled the queue)."""
         if not self._promotions.add(org_id, agent_id):
@@ -303,7 +313,10 @@ class PostgresMemoryStore:
             await asyncio.gather(asyncio.shield(self._promoter), return_exceptions=True)
 
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
-        return await self.writes.delete_memories(org_id, agent_id, ids)
+        deleted = await self.writes.delete_memories(org_id, agent_id, ids)
+        if self._agent_graphs and deleted:
+            self._queue_promotion(org_id, agent_id)  # its graph may be due a rebuild
+        return deleted
 
     async def set_directive(
         self, org_id: str, agent_id: str, content: str, token_counts: Mapping[str, int]
