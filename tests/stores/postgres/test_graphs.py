@@ -18,6 +18,7 @@ from ibex_context.stores.postgres.codecs import init_connection
 from ibex_context.stores.postgres.graphs import (
     DENSE_GRAPH,
     GRAPH_OPTIONS,
+    REBUILD_PAUSE,
     SPARSE_GRAPH,
     AgentGraphs,
     GraphBuildTiming,
@@ -628,6 +629,15 @@ async def _replaced(conn: asyncpg.Connection, tenant: Tenant) -> int | None:
     )
 
 
+async def _last_built_long_ago(conn: asyncpg.Connection, tenant: Tenant) -> None:
+    """The pause after the agent's last build (``REBUILD_PAUSE`` x its seconds) is over."""
+    await conn.execute(
+        "UPDATE agent_graphs SET built_at = now() - interval '1 hour' WHERE org_id = $1 AND agent_id = $2",
+        uuid.UUID(tenant.org_id),
+        uuid.UUID(tenant.agent_id),
+    )
+
+
 async def _filenode(conn: asyncpg.Connection, index: str) -> int:
     """The storage of the graph under ``index``: a rebuild writes a new one."""
     return int(await conn.fetchval("SELECT pg_relation_filenode($1::regclass)", index))
@@ -668,6 +678,7 @@ async def test_a_graph_is_rebuilt_in_place_once_more_than_a_tenth_of_its_agents_
     assert await _replaced(conn, tenant) == 2  # of 29: not yet a tenth
     assert await _filenode(conn, name) == built
 
+    await _last_built_long_ago(conn, tenant)
     await graph_store.delete_memories(tenant.org_id, tenant.agent_id, [m.id for m in memories[2:4]])
     await asyncio.wait_for(graph_store.promotions_idle(), 60)
     assert await _filenode(conn, name) != built  # a new graph under the same name
@@ -708,6 +719,7 @@ async def test_a_rebuild_is_claimed_once_and_what_a_dead_one_left_is_dropped_fir
     name = graph_index_name(*key)
     assert not await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)  # nothing replaced
     await conn.execute("UPDATE agent_graphs SET replaced = 10 WHERE org_id = $1 AND agent_id = $2", *key)
+    await _last_built_long_ago(conn, tenant)
     claim = (
         "UPDATE agent_graphs SET rebuild_requested_at = now() - $3::interval"
         " WHERE org_id = $1 AND agent_id = $2"
@@ -738,6 +750,7 @@ async def test_rows_replaced_while_a_graph_is_rebuilt_count_toward_its_next_rebu
     memories = await _promoted(graph_store, tenant, make_memory, unit_vector(8), LIMIT + 10)
     key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
     await conn.execute("UPDATE agent_graphs SET replaced = 10 WHERE org_id = $1 AND agent_id = $2", *key)
+    await _last_built_long_ago(conn, tenant)
     partition = await conn.fetchval(
         "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1", *key
     )
@@ -773,7 +786,32 @@ async def test_at_start_an_agent_whose_graph_is_churned_is_due_its_rebuild(
     assert mine not in await graph_store.graphs.grown()
     key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
     await conn.execute("UPDATE agent_graphs SET replaced = 4 WHERE org_id = $1 AND agent_id = $2", *key)
+    assert mine not in await graph_store.graphs.grown()  # built a moment ago: it waits
+    await _last_built_long_ago(conn, tenant)
     assert mine in await graph_store.graphs.grown()
     assert await graph_store.queue_grown() >= 1
     await asyncio.wait_for(graph_store.promotions_idle(), 60)
     assert await _replaced(conn, tenant) == 0
+
+
+async def test_a_graph_is_rebuilt_at_most_a_quarter_of_the_time(
+    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """After a build of T seconds, the next rebuild waits REBUILD_PAUSE x T (3: a quarter of
+    the time rebuilding at most), however many rows were replaced meanwhile."""
+    await _promoted(graph_store, tenant, make_memory, unit_vector(13), LIMIT + 10)
+    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
+    record = "SELECT built_at, build_seconds FROM agent_graphs WHERE org_id = $1 AND agent_id = $2"
+    promoted = await conn.fetchrow(record, *key)
+    assert promoted["built_at"] is not None and promoted["build_seconds"] > 0
+    assert REBUILD_PAUSE == 3.0
+    pause = (
+        "UPDATE agent_graphs SET replaced = 10, build_seconds = 60, built_at = now() - $3::interval"
+        " WHERE org_id = $1 AND agent_id = $2"
+    )
+    await conn.execute(pause, *key, timedelta(seconds=170))  # 3 x 60 s not yet over
+    assert not await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)
+    await conn.execute(pause, *key, timedelta(seconds=190))
+    assert await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)
+    renewed = await conn.fetchrow(record, *key)
+    assert renewed["built_at"] > promoted["built_at"] and 0 < renewed["build_seconds"] < 60

@@ -87,6 +87,11 @@ REINDEX_SQL = "REINDEX INDEX CONCURRENTLY {index}"
 # graph was built past which the graph is rebuilt (``REINDEX_SQL``) rather than left to a
 # vacuum to repair.
 REBUILD_REPLACED_SHARE: float = Settings.model_fields["cold_graph_rebuild_replaced_share"].default
+# After a build of T seconds the agent's graph is rebuilt no sooner than REBUILD_PAUSE x T
+# later: at most a quarter of the time. A rebuild runs at full speed where autovacuum's repair
+# is throttled; at 100 writes a second into one 10k agent back-to-back rebuilds took its
+# writers from 76-82 to 50 a second (large-agents-2026-12-06.md section 22).
+REBUILD_PAUSE = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,7 @@ GraphBuildObserver = Callable[[GraphBuildTiming], None]
 @dataclass(slots=True)
 class _Outcome:
     built: bool = False
+    seconds: float = 0.0
 
 
 def graph_for(memories: int, sparse_max_memories: int) -> GraphBuild:
@@ -120,7 +126,8 @@ _CLAIM_SQL = """
     RETURNING true
 """
 _READY_SQL = """
-    UPDATE agent_graphs SET ready = true, halfvec = true, links = $3 WHERE org_id = $1 AND agent_id = $2
+    UPDATE agent_graphs SET ready = true, halfvec = true, links = $3, built_at = now(), build_seconds = $4
+    WHERE org_id = $1 AND agent_id = $2
 """
 # A rebuild (a sparse graph's dense one, or a churned graph's): claimed on its record (one
 # process at a time, a stale claim taken over), returning the graph's name and the rows
@@ -133,20 +140,28 @@ _REBUILD_CLAIM_SQL = """
 """
 _REBUILT_SQL = """
     UPDATE agent_graphs
-    SET links = $3, index_name = $4, rebuild_requested_at = NULL, replaced = greatest(replaced - $5, 0)
+    SET links = $3, index_name = $4, rebuild_requested_at = NULL, replaced = greatest(replaced - $5, 0),
+        built_at = now(), build_seconds = $6
     WHERE org_id = $1 AND agent_id = $2 RETURNING true
 """
-# A churned graph's rebuild: due once more than $3 of the agent's memories were replaced.
-_RENEW_CLAIM_SQL = """
+# A churned graph's rebuild: due once more than $3 of the agent's memories were replaced,
+# and $5 times its last build's seconds after that build.
+_CHURNED = """
+    g.ready AND g.replaced > $3::float8 * s.memories
+    AND (g.built_at IS NULL OR g.built_at + make_interval(secs => $5 * g.build_seconds) < now())
+"""
+_RENEW_CLAIM_SQL = f"""
     UPDATE agent_graphs AS g SET rebuild_requested_at = now()
     FROM memory_stats AS s
-    WHERE g.org_id = $1 AND g.agent_id = $2 AND g.ready
-      AND s.org_id = g.org_id AND s.agent_id = g.agent_id AND g.replaced > $3::float8 * s.memories
+    WHERE g.org_id = $1 AND g.agent_id = $2 AND s.org_id = g.org_id AND s.agent_id = g.agent_id
+      AND {_CHURNED}
       AND (g.rebuild_requested_at IS NULL OR g.rebuild_requested_at < now() - $4::interval)
     RETURNING g.index_name, g.replaced, s.memories, g.links
 """
 _RENEWED_SQL = """
-    UPDATE agent_graphs SET rebuild_requested_at = NULL, replaced = greatest(replaced - $3, 0)
+    UPDATE agent_graphs
+    SET rebuild_requested_at = NULL, replaced = greatest(replaced - $3, 0),
+        built_at = now(), build_seconds = $4
     WHERE org_id = $1 AND agent_id = $2
 """
 _REBUILD_RELEASE_SQL = (
@@ -154,14 +169,13 @@ _REBUILD_RELEASE_SQL = (
 )
 _PARTITION_SQL = "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1"
 # Agents due a build: past the exact scan's limit without a graph ($1), past the sparse
-# graph's limit ($2) on a sparse one ($3: the dense graph's links), or with more than $4 of
-# their memories replaced since their graph was built.
-_GROWN_SQL = """
+# graph's limit ($2) on a sparse one ($4: the dense graph's links), or churned (``_CHURNED``).
+_GROWN_SQL = f"""
     SELECT s.org_id::text, s.agent_id::text FROM memory_stats AS s
     LEFT JOIN agent_graphs AS g ON g.org_id = s.org_id AND g.agent_id = s.agent_id
     WHERE s.memories > $1
-      AND (g.org_id IS NULL OR (g.ready AND g.halfvec AND g.links < $3 AND s.memories > $2)
-           OR (g.ready AND g.replaced > $4::float8 * s.memories))
+      AND (g.org_id IS NULL OR (g.ready AND g.halfvec AND g.links < $4 AND s.memories > $2)
+           OR ({_CHURNED}))
     ORDER BY s.memories DESC
 """
 # The agent's memory count and the plan that searches its own graph once that is ready
@@ -258,10 +272,11 @@ class AgentGraphs:
             built = False
             try:
                 # A claim taken over may have left an index under either name.
-                if await self._build(
+                seconds = await self._build(
                     conn, org, agent, build, memories, leftovers=graph_index_names(org, agent)
-                ):
-                    await conn.execute(_READY_SQL, org, agent, build.links)
+                )
+                if seconds is not None:
+                    await conn.execute(_READY_SQL, org, agent, build.links, seconds)
                     built = True
             finally:
                 if not built:
@@ -285,13 +300,16 @@ class AgentGraphs:
             rebuilt = False
             try:
                 memories = int(await conn.fetchval(AGENT_STATE_SQL, org, agent) or 0)
-                if await self._build(conn, org, agent, DENSE_GRAPH, memories, leftovers=(name,)):
+                seconds = await self._build(conn, org, agent, DENSE_GRAPH, memories, leftovers=(name,))
+                if seconds is not None:
                     # The sparse graph goes before the record says dense: a crash between
                     # leaves a dense graph recorded sparse (rebuilt again), never a sparse
                     # graph that every write pays for and no record names.
                     await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {sparse}")
                     rebuilt = bool(
-                        await conn.fetchval(_REBUILT_SQL, org, agent, DENSE_GRAPH.links, name, replaced)
+                        await conn.fetchval(
+                            _REBUILT_SQL, org, agent, DENSE_GRAPH.links, name, replaced, seconds
+                        )
                     )
                     if not rebuilt:  # the agent was purged meanwhile
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
@@ -308,7 +326,7 @@ class AgentGraphs:
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
         async with self._pool.acquire() as conn:
             claim = await conn.fetchrow(
-                _RENEW_CLAIM_SQL, org, agent, self.rebuild_replaced_share, self._stale_after
+                _RENEW_CLAIM_SQL, org, agent, self.rebuild_replaced_share, self._stale_after, REBUILD_PAUSE
             )
             if claim is None:
                 return False
@@ -321,7 +339,7 @@ class AgentGraphs:
                         await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
                     await conn.execute(REINDEX_SQL.format(index=name))
                     timing.built = True
-                await conn.execute(_RENEWED_SQL, org, agent, replaced)
+                await conn.execute(_RENEWED_SQL, org, agent, replaced, timing.seconds)
                 renewed = True
             finally:
                 if not renewed:
@@ -343,8 +361,9 @@ class AgentGraphs:
         try:
             yield outcome
         finally:
+            outcome.seconds = time.perf_counter() - started
             if self._observe is not None:
-                self._observe(GraphBuildTiming(graph.name, outcome.built, time.perf_counter() - started))
+                self._observe(GraphBuildTiming(graph.name, outcome.built, outcome.seconds))
             await conn.execute("RESET statement_timeout")
             await conn.execute("RESET maintenance_work_mem")
 
@@ -357,13 +376,13 @@ class AgentGraphs:
         memories: int,
         *,
         leftovers: tuple[str, ...],
-    ) -> bool:
-        """Builds ``build``'s graph of the agent (its ``leftovers`` dropped first); False
-        when it has no memories or the schema no recorded dimension."""
+    ) -> float | None:
+        """Builds ``build``'s graph of the agent (its ``leftovers`` dropped first); its
+        seconds, or None when it has no memories or the schema no recorded dimension."""
         partition = await conn.fetchval(_PARTITION_SQL, org, agent)
         dim = await recorded_embedding_dim(conn)
         if partition is None or dim is None:
-            return False
+            return None
         async with self._maintenance(conn, build, memories) as timing:
             for leftover in leftovers:
                 await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {leftover}")
@@ -374,7 +393,7 @@ class AgentGraphs:
                 f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
             )
             timing.built = True
-        return True
+        return timing.seconds
 
     @store_errors
     async def build_due(self, org_id: str, agent_id: str) -> bool:
@@ -399,8 +418,9 @@ class AgentGraphs:
             _GROWN_SQL,
             self.min_memories,
             self.sparse_max_memories,
-            DENSE_GRAPH.links,
             self.rebuild_replaced_share,
+            DENSE_GRAPH.links,
+            REBUILD_PAUSE,
         )
         return [(r[0], r[1]) for r in rows]
 
