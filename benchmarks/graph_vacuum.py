@@ -17,8 +17,10 @@ in a table of its own (autovacuum off) with the service's own-graph index (half 
 rows (deletes that many random rows and inserts as many new ones, the sample's next rows) in
 ``cycles`` equal steps and runs ``VACUUM (PARALLEL 0)`` after each: 10 steps are a 2 % scale
 factor's pace, 1 step the default 20 %'s. An arm written ``Nr`` in ``--order`` rebuilds the
-graph (``REINDEX``) before each vacuum, as pgvector's documentation advises for HNSW: the
-vacuum then has nothing to repair. Per arm: the build's seconds, the backend's CPU
+graph before each vacuum as the service rebuilds a churned graph (``graphs.REINDEX_SQL``,
+``REINDEX INDEX CONCURRENTLY``; pgvector's documentation advises a rebuild for HNSW): the
+vacuum then has nothing to repair. ``2r`` is the service's pace (a rebuild once a tenth of
+the agent's memories were replaced, ``graphs.REBUILD_REPLACED_SHARE``). Per arm: the build's seconds, the backend's CPU
 (``/proc``) of the inserts and of the vacuums, and recall@50 at ``--ef-search`` against the
 exact top 50 of the live rows (100 questions about live rows, embedded as the service embeds
 queries), before and after the last vacuum.
@@ -43,7 +45,7 @@ import asyncpg
 import numpy as np
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.stores.postgres.codecs import init_connection
-from ibex_context.stores.postgres.graphs import AGENT_GRAPH_OPTIONS
+from ibex_context.stores.postgres.graphs import AGENT_GRAPH_OPTIONS, REINDEX_SQL
 
 from benchmarks.agent_graph import LIMIT, backend_cpu_seconds
 from loadtest import pgcopy
@@ -131,7 +133,7 @@ async def run_arm(
     await conn.execute("SET max_parallel_maintenance_workers = 0")
     started = time.perf_counter()
     await conn.execute(
-        f"CREATE INDEX ON agent USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops) WITH ({graph_options})"
+        f"CREATE INDEX agent_graph ON agent USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops) WITH ({graph_options})"
     )
     build_s = time.perf_counter() - started
     await conn.execute("VACUUM (ANALYZE) agent")
@@ -160,7 +162,7 @@ async def run_arm(
             before_last = await _recall(conn, vectors, questions, live)
         cpu_before = backend_cpu_seconds(pid)
         if reindex_first:
-            await conn.execute("REINDEX TABLE agent")
+            await conn.execute(REINDEX_SQL.format(index="agent_graph"))
         await conn.execute("VACUUM (PARALLEL 0) agent")
         vacuum_cpu.append(backend_cpu_seconds(pid) - cpu_before)
     return Arm(
@@ -183,7 +185,7 @@ def table(arms: list[Arm]) -> list[str]:
     for arm in arms:
         total = sum(arm.vacuum_cpu_s)
         lines.append(
-            f"| {arm.cycles} x {arm.rows_each:,}{', each after a REINDEX' if arm.reindex_first else ''} | {arm.build_s:.1f} | {arm.inserts_cpu_s:.1f}"
+            f"| {arm.cycles} x {arm.rows_each:,}{', each after a rebuild' if arm.reindex_first else ''} | {arm.build_s:.1f} | {arm.inserts_cpu_s:.1f}"
             f" | {total:.1f} ({min(arm.vacuum_cpu_s):.1f}-{max(arm.vacuum_cpu_s):.1f})"
             f" | {1e3 * total / (arm.cycles * arm.rows_each):.1f}"
             f" | {arm.recall_before_last_vacuum[0]:.3f} / {arm.recall_before_last_vacuum[1]:.2f}"

@@ -74,4 +74,4 @@ async def test_an_arm_may_rebuild_the_graph_before_each_vacuum(private_postgres_
     finally:
         await conn.close()
     assert arm.reindex_first and len(arm.vacuum_cpu_s) == 2
-    assert "each after a REINDEX" in table([arm])[-1]
+    assert "each after a rebuild" in table([arm])[-1]
