@@ -19,8 +19,9 @@ rows (deletes that many random rows and inserts as many new ones, the sample's n
 factor's pace, 1 step the default 20 %'s. An arm written ``Nr`` in ``--order`` rebuilds the
 graph before each vacuum as the service rebuilds a churned graph (``graphs.REINDEX_SQL``,
 ``REINDEX INDEX CONCURRENTLY``; pgvector's documentation advises a rebuild for HNSW): the
-vacuum then has nothing to repair. ``2r`` is the service's pace (a rebuild once a tenth of
-the agent's memories were replaced, ``graphs.REBUILD_REPLACED_SHARE``). Per arm: the build's seconds, the backend's CPU
+vacuum then has nothing to repair. ``2r`` is the service's pace with
+``IBEX_COLD_GRAPH_REBUILD_REPLACED_SHARE`` 0.1 (a rebuild once a tenth of the agent's
+memories were replaced; off by default). Per arm: the build's seconds, the backend's CPU
 (``/proc``) of the inserts and of the vacuums, and recall@50 at ``--ef-search`` against the
 exact top 50 of the live rows (100 questions about live rows, embedded as the service embeds
 queries), before and after the last vacuum.

@@ -297,13 +297,17 @@ class Settings(BaseSettings):
         ge=0,
     )
     cold_graph_rebuild_replaced_share: float = _f(
-        0.1,
+        0.0,
         "An agent's own graph is rebuilt in the background (REINDEX CONCURRENTLY: searches and"
-        " writes go on) once more than this share of its memories were deleted or re-embedded"
-        " since it was built, before a vacuum repairs it around each dead vector: on 10k MiniLM"
-        " memories the repair of 2,000 replaced rows took 38-41 s of PostgreSQL's CPU, a rebuild"
-        " and the vacuum after it 13 s (migration 0024, large-agents-2026-12-06.md section 20).",
-        gt=0,
+        " writes go on; at most a quarter of the time) once more than this share of its memories"
+        " were deleted or re-embedded since it was built, before a vacuum repairs it around each"
+        " dead vector; 0 (the default): never, autovacuum repairs it. At 0.1 a 10k agent's churn"
+        " costs PostgreSQL 30-42 % less CPU (30-35 s against 50-51 s for 2,000 replaced rows), but"
+        " the rebuild runs at full speed where autovacuum's repair is throttled: with 100 writes a"
+        " second into that agent and the stores on one core, its writers fell from 80 to 41-46 a"
+        " second and its calls from 95-97 to 84-88 % FULL (migration 0024,"
+        " large-agents-2026-12-06.md section 22). For stores with a core to spare.",
+        ge=0,
         le=1,
     )
     cold_large_agent_memories: int = _f(

@@ -19,6 +19,7 @@ from ibex_context.stores.postgres.graphs import (
     DENSE_GRAPH,
     GRAPH_OPTIONS,
     REBUILD_PAUSE,
+    REBUILD_REPLACED_SHARE,
     SPARSE_GRAPH,
     AgentGraphs,
     GraphBuildTiming,
@@ -31,6 +32,7 @@ from tests.conftest import TEST_EMBEDDING_DIM, Tenant
 from tests.stores.helpers import EF_SEARCH, MakeMemory, near, tenant_in_the_partition_of, unit_vector
 
 LIMIT = 20  # past it, an agent gets its own graph
+REBUILD_SHARE = 0.1  # past it, a churned graph is rebuilt (off by default)
 
 
 REQUEST_POOL = 3  # connections of the request pool in these tests
@@ -45,6 +47,7 @@ async def graph_store(postgres_dsn: str) -> AsyncIterator[PostgresMemoryStore]:
         exact_max_memories=LIMIT,
         agent_graphs=True,
         graph_pool=await create_graph_pool(postgres_dsn, ef_search=EF_SEARCH),
+        graph_rebuild_replaced_share=REBUILD_SHARE,
     )
     yield store
     await store.aclose()
@@ -841,3 +844,18 @@ async def test_a_graph_is_rebuilt_at_most_a_quarter_of_the_time(
     assert await graph_store.graphs.renew(tenant.org_id, tenant.agent_id)
     renewed = await conn.fetchrow(record, *key)
     assert renewed["built_at"] > promoted["built_at"] and 0 < renewed["build_seconds"] < 60
+
+
+async def test_by_default_a_churned_graph_is_left_to_autovacuum(
+    sparse_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
+) -> None:
+    """``cold_graph_rebuild_replaced_share`` 0: deletes queue nothing, and no graph is due a
+    rebuild however much of it was replaced."""
+    assert REBUILD_REPLACED_SHARE == 0
+    memories = await _promoted(sparse_store, tenant, make_memory, unit_vector(14), LIMIT + 10)
+    await _last_built_long_ago(conn, tenant)
+    await sparse_store.delete_memories(tenant.org_id, tenant.agent_id, [m.id for m in memories[:10]])
+    assert sparse_store.graph_builds_queued == 0
+    assert await _replaced(conn, tenant) == 10  # counted all the same
+    assert not await sparse_store.graphs.build_due(tenant.org_id, tenant.agent_id)
+    assert (tenant.org_id, tenant.agent_id) not in await sparse_store.graphs.grown()

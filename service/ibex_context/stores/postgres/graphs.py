@@ -16,11 +16,13 @@ The store starts a build in the background when a write leaves the agent past a 
 on the pool of ``pool.create_graph_pool``, never a request connection); ``promote_grown``
 builds every graph due, e.g. after a bulk load.
 
-A graph whose agent has had a tenth of its memories replaced (deleted, or re-embedded)
-since it was built is rebuilt in place (``REINDEX_SQL``, migration 0024): a vacuum would
-otherwise repair it around each dead vector, at three times the CPU of the rebuild and
-the vacuum after it (large-agents-2026-12-06.md section 20). Deletes and updates queue the
-agent's check as creations do.
+Where ``rebuild_replaced_share`` is set (0, off, by default), a graph whose agent has had
+that share of its memories replaced (deleted, or re-embedded) since it was built is rebuilt
+in place (``REINDEX_SQL``, migration 0024), at most a quarter of the time
+(``REBUILD_PAUSE``): a vacuum would otherwise repair it around each dead vector, at 1.4-2.9
+times the CPU, but throttled, where the rebuild takes a core while it runs
+(large-agents-2026-12-06.md section 22). Deletes and updates then queue the agent's check as
+creations do.
 
 A build that dies (process killed, connection lost) leaves its claim unready and
 possibly an invalid index: a claim older than ``stale_after`` is taken over, and the
@@ -85,7 +87,7 @@ AGENT_GRAPH_OPTIONS = DENSE_GRAPH.options
 REINDEX_SQL = "REINDEX INDEX CONCURRENTLY {index}"
 # The share of an agent's memories replaced (deleted, or re-embedded by an update) since its
 # graph was built past which the graph is rebuilt (``REINDEX_SQL``) rather than left to a
-# vacuum to repair.
+# vacuum to repair; 0 (the default): never.
 REBUILD_REPLACED_SHARE: float = Settings.model_fields["cold_graph_rebuild_replaced_share"].default
 # After a build of T seconds the agent's graph is rebuilt no sooner than REBUILD_PAUSE x T
 # later: at most a quarter of the time. A rebuild runs at full speed where autovacuum's repair
@@ -109,6 +111,9 @@ GraphBuildObserver = Callable[[GraphBuildTiming], None]
 
 @dataclass(slots=True)
 class _Outcome:
+    """A build as ``AgentGraphs._maintenance`` sees it: whether its body built the graph, and
+    its wall time once it is over."""
+
     built: bool = False
     seconds: float = 0.0
 
@@ -147,7 +152,7 @@ _REBUILT_SQL = """
 # A churned graph's rebuild: due once more than $3 of the agent's memories were replaced,
 # and $5 times its last build's seconds after that build.
 _CHURNED = """
-    g.ready AND g.replaced > $3::float8 * s.memories
+    g.ready AND $3::float8 > 0 AND g.replaced > $3::float8 * s.memories
     AND (g.built_at IS NULL OR g.built_at + make_interval(secs => $5 * g.build_seconds) < now())
 """
 _RENEW_CLAIM_SQL = f"""
@@ -236,7 +241,7 @@ class AgentGraphs:
     ``sparse_max_memories``: agents promoted with at most this many memories get the sparse
     graph, rebuilt dense once they grow past it (0: every graph dense). ``rebuild_replaced_share``:
     a graph is rebuilt once more than this share of its agent's memories were replaced since
-    it was built. ``build_memory_mb``: the most memory one build may take
+    it was built (0: never). ``build_memory_mb``: the most memory one build may take
     (``build_memory_mb``). ``observe``: told each build's timing."""
 
     def __init__(

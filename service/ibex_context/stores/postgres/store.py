@@ -107,6 +107,7 @@ class PostgresMemoryStore:
         self._ssl = ssl  # a read replica's pool verifies against the same CA
         self._ef_search = ef_search
         self._agent_graphs = agent_graphs
+        self._rebuild_churned = graph_rebuild_replaced_share > 0
         token_counts = TokenCountsDecoder()
         self.searches = MemorySearches(
             pool,
@@ -260,7 +261,8 @@ class PostgresMemoryStore:
     ) -> list[UpsertResult]:
         results = await self.writes.upsert_memories(org_id, agent_id, memories)
         # Created: the agent grew. Updated: its text, so its vector, may have been replaced.
-        if self._agent_graphs and any(r.outcome in ("created", "updated") for r in results):
+        queued_by = ("created", "updated") if self._rebuild_churned else ("created",)
+        if self._agent_graphs and any(r.outcome in queued_by for r in results):
             self._queue_promotion(org_id, agent_id)
         return results
 
@@ -314,7 +316,7 @@ class PostgresMemoryStore:
 
     async def delete_memories(self, org_id: str, agent_id: str, ids: Sequence[str]) -> int:
         deleted = await self.writes.delete_memories(org_id, agent_id, ids)
-        if self._agent_graphs and deleted:
+        if self._agent_graphs and self._rebuild_churned and deleted:
             self._queue_promotion(org_id, agent_id)  # its graph may be due a rebuild
         return deleted
 

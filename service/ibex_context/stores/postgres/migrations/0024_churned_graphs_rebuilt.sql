@@ -1,5 +1,5 @@
--- An agent's own graph is rebuilt once a tenth of its memories were replaced since it was
--- built, instead of being repaired by a vacuum (issue 40).
+-- An agent's own graph may be rebuilt once a share of its memories were replaced since it
+-- was built, instead of being repaired by a vacuum (issue 40; off by default).
 --
 -- A deleted memory, or one re-embedded by an update, leaves its vector in the agent's HNSW
 -- graph until a vacuum of its partition finds the dead row; the vacuum then repairs the
@@ -12,18 +12,20 @@
 --
 -- agent_graphs.replaced counts the agent's rows deleted or re-embedded since its graph was
 -- built (a statement trigger, one row update per statement, and only for agents with a
--- graph: the join finds no row for the others). stores.postgres.graphs rebuilds a graph
--- whose count passed REBUILD_REPLACED_SHARE of the agent's memories with
+-- graph: the join finds no row for the others). Where Settings.cold_graph_rebuild_replaced_share
+-- is set, stores.postgres.graphs rebuilds a graph whose count passed that share of the
+-- agent's memories with
 -- REINDEX INDEX CONCURRENTLY (searches and writes go on) and subtracts what it counted
 -- when it started. Writers of one agent are serialised by its advisory lock
 -- (stores.postgres.writes.lock_agent), so the row lock taken here orders after it.
 -- Updates that leave the vector alone (feedback, metadata) are HOT and are not counted.
 --
 -- A rebuild runs at full speed where autovacuum's repair is throttled: under 100 writes a
--- second into one 10k agent, back-to-back rebuilds took its writers from 76-82 to 50 a
--- second. built_at and build_seconds record the last build, so a graph is rebuilt at most
--- a quarter of the time (stores.postgres.graphs.REBUILD_PAUSE); autovacuum repairs what
--- is replaced faster than that.
+-- second into one 10k agent with the stores on one core, its writers fell from 80 to 41-50
+-- a second, back to back or paced. built_at and build_seconds record the last build, so a
+-- graph is rebuilt at most a quarter of the time (stores.postgres.graphs.REBUILD_PAUSE);
+-- autovacuum repairs what is replaced faster than that. The rebuild is therefore off by
+-- default (large-agents-2026-12-06.md section 22): for stores with a core to spare.
 
 ALTER TABLE agent_graphs ADD COLUMN IF NOT EXISTS replaced bigint NOT NULL DEFAULT 0;
 ALTER TABLE agent_graphs ADD COLUMN IF NOT EXISTS built_at timestamptz;

@@ -7,9 +7,8 @@
 -- section). A partition of small agents (~1,600 rows) costs milliseconds to vacuum.
 -- A partition holding an agent's own graph keeps the default: its vacuum repairs the
 -- graph around each dead vector, and ten vacuums for the same churn cost 3.5-3.8 times
--- the CPU of one (large-agents-2026-12-06.md section 20); its agent's graph is rebuilt
--- before that instead (0024). stores.postgres.graphs resets the setting on the partition
--- of each graph it builds; memory_terms has had 2 % since 0005.
+-- the CPU of one (large-agents-2026-12-06.md section 20). stores.postgres.graphs resets
+-- the setting on the partition of each graph it builds; memory_terms has had 2 % since 0005.
 
 DO $$
 DECLARE
