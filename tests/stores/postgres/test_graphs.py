@@ -797,32 +797,6 @@ async def test_at_start_an_agent_whose_graph_is_churned_is_due_its_rebuild(
     assert await _replaced(conn, tenant) == 0
 
 
-async def _vacuum_scale_factor(conn: asyncpg.Connection, partition: str) -> str | None:
-    options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass", partition)
-    found = [o for o in options or [] if o.startswith("autovacuum_vacuum_scale_factor=")]
-    return found[0].split("=")[1] if found else None
-
-
-async def test_a_partition_is_vacuumed_at_postgres_pace_once_it_holds_an_agents_graph(
-    graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
-) -> None:
-    """Migration 0025: partitions of small agents at 2 % dead rows; a graph's partition at
-    PostgreSQL's default, since each vacuum repairs the graph."""
-    await graph_store.upsert_memories(
-        tenant.org_id, tenant.agent_id, [make_memory("first", embedding=unit_vector(11))]
-    )
-    key = (uuid.UUID(tenant.org_id), uuid.UUID(tenant.agent_id))
-    partition = await conn.fetchval(
-        "SELECT tableoid::regclass::text FROM memories WHERE org_id = $1 AND agent_id = $2 LIMIT 1", *key
-    )
-    await conn.execute(
-        f"ALTER TABLE {partition} SET (autovacuum_vacuum_scale_factor = 0.02)"
-    )  # as 0025 left it
-    await _promoted(graph_store, tenant, make_memory, unit_vector(12), LIMIT + 10)
-    assert await _graph(conn, tenant.org_id, tenant.agent_id) is not None
-    assert await _vacuum_scale_factor(conn, partition) is None  # the server's setting
-
-
 async def test_a_graph_is_rebuilt_at_most_a_quarter_of_the_time(
     graph_store: PostgresMemoryStore, conn: asyncpg.Connection, tenant: Tenant, make_memory: MakeMemory
 ) -> None:

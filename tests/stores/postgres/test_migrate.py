@@ -626,51 +626,6 @@ async def test_the_churn_migration_counts_each_graphed_agents_replaced_rows_from
         await conn.close()
 
 
-async def test_partitions_without_an_agents_graph_are_vacuumed_at_two_percent(
-    empty_database_dsn: str,
-) -> None:
-    """0025: every partition at 2 % dead rows, but the one holding an agent's own graph."""
-    conn = await asyncpg.connect(empty_database_dsn)
-    try:
-        migrations = load_migrations()
-        await apply_migrations(conn, 8, [m for m in migrations if m.version <= 24])
-        org, agent = uuid.uuid4(), uuid.uuid4()
-        await conn.execute(
-            "INSERT INTO memories (org_id, agent_id, id, content, content_hash, category, embedding)"
-            " VALUES ($1, $2, gen_random_uuid(), 'm', 'm', 'factual', '[1,0,0,0,0,0,0,0]')",
-            org,
-            agent,
-        )
-        graphed = await conn.fetchval("SELECT tableoid::regclass::text FROM memories")
-        await conn.execute(
-            f"CREATE INDEX memories_agent_test ON {graphed}"
-            " USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
-            f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
-        )
-        await conn.execute(
-            "INSERT INTO agent_graphs (org_id, agent_id, index_name, ready, halfvec)"
-            " VALUES ($1, $2, 'memories_agent_test', true, true)",
-            org,
-            agent,
-        )
-
-        assert await apply_migrations(conn, 8, [m for m in migrations if m.version <= 25]) == [
-            "0025_partitions_vacuumed_sooner"
-        ]
-        options = {
-            r["name"]: r["options"]
-            for r in await conn.fetch(
-                "SELECT c.relname AS name, c.reloptions AS options FROM pg_inherits AS i"
-                " JOIN pg_class AS c ON c.oid = i.inhrelid WHERE i.inhparent = 'memories'::regclass"
-            )
-        }
-        assert len(options) == 64
-        assert options.pop(graphed) is None
-        assert set(map(tuple, options.values())) == {("autovacuum_vacuum_scale_factor=0.02",)}
-    finally:
-        await conn.close()
-
-
 async def test_a_migrations_after_commit_statements_run_outside_its_transaction_once(
     empty_database_dsn: str, tmp_path: Path
 ) -> None:

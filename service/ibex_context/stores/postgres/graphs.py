@@ -397,9 +397,6 @@ class AgentGraphs:
                 f" WITH ({build.options})"
                 f" WHERE org_id = '{org}'::uuid AND agent_id = '{agent}'::uuid"
             )
-            # Each vacuum of the partition now repairs the graph: at PostgreSQL's pace,
-            # not at the one migration 0025 gives partitions without a graph.
-            await conn.execute(f"ALTER TABLE {partition} RESET (autovacuum_vacuum_scale_factor)")
             timing.built = True
         return timing.seconds
 
