@@ -91,6 +91,11 @@ class Caller:
     unique_questions: bool = True
 
 
+def unique_question(rng: random.Random, question: str) -> str:
+    """``question`` with a random reference: no two calls share an embedding-cache entry."""
+    return f"{question} (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+
+
 def build_request(workload: Workload, caller: Caller, rng: random.Random, scenario: str) -> Any:
     """One AssembleContextRequest of ``scenario``, drawn with ``rng`` (of ``agent_loop``: the
     turn's first request; ``RequestMix`` sends its tool calls)."""
@@ -114,7 +119,7 @@ def build_request(workload: Workload, caller: Caller, rng: random.Random, scenar
         req.messages.extend(history)
     question: str = rng.choice(agent["queries"])
     if caller.unique_questions:
-        question += f" (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+        question = unique_question(rng, question)
     if scenario == "long_message":
         question = f"{corpus.user_turn(rng, rng.randint(600, 1600))}\n\n{question}"
     req.messages.add(role="user", content=question)

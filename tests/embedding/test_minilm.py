@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -142,7 +143,51 @@ class HeldSession:
         return self._session.run(outputs, inputs)
 
 
-async def test_int8_queries_waiting_together_share_one_inference_and_get_their_own_vectors() -> None:
+class SteppedSession:
+    """An onnxruntime session each of whose runs waits for a permit of its own."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.started: queue.Queue[int] = queue.Queue()
+        self.permits = threading.Semaphore(0)
+
+    def run(self, outputs: list[str], inputs: dict[str, Any]) -> Any:
+        self.started.put(len(inputs["input_ids"]))
+        assert self.permits.acquire(timeout=10)
+        return self._session.run(outputs, inputs)
+
+
+async def test_queued_queries_are_computed_one_an_inference_each_handed_over_when_its_own_is_done() -> None:
+    directory = default_model_dir()
+    graphs = default_graph_dir()
+    stepped = SteppedSession(open_session(ensure_graph(directory, graphs, "int8")))
+    embedder = MiniLMEmbedder(
+        open_session(ensure_graph(directory, graphs)), load_tokenizer(directory), query_session=stepped
+    )
+    try:
+        first = embedder.submit_queries(["Which city did they move to?"], tenant="org-0")
+        assert stepped.started.get(timeout=10) == 1
+        queued = [
+            embedder.submit_queries([q], tenant=f"org-{i}")
+            for i, q in enumerate(["When did Melanie paint a sunrise?", "What is the dog called?"], 1)
+        ]
+        for done, waiting in ((first, queued[0]), (queued[0], queued[1])):
+            stepped.permits.release()
+            await asyncio.wrap_future(done)
+            # The next query runs alone, and is not handed over until its own inference ends.
+            assert stepped.started.get(timeout=10) == 1
+            assert not waiting.done()
+        stepped.permits.release()
+        await asyncio.wrap_future(queued[1])
+    finally:
+        for _ in range(3):
+            stepped.permits.release()
+        await embedder.aclose()
+
+
+async def test_int8_queries_batched_in_one_turn_get_their_own_vectors() -> None:
+    # Turns of several queries (``queries_per_turn``; a job of several query texts is run
+    # in chunks too): each query's vector is the one it gets alone.
     directory = default_model_dir()
     graphs = default_graph_dir()
     held = HeldSession(open_session(ensure_graph(directory, graphs, "int8")))
@@ -152,6 +197,7 @@ async def test_int8_queries_waiting_together_share_one_inference_and_get_their_o
         load_tokenizer(directory),
         query_session=held,
         observe=turns.append,
+        queries_per_turn=4,
     )
     try:
         first = embedder.submit_queries(["Which city did they move to?"], tenant="org-0")

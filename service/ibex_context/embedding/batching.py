@@ -6,7 +6,9 @@ Two things a plain thread pool does not do, both measured on MiniLM (docs/adr/00
   that arrive queue up; the next turn takes all of them (up to ``queries_per_turn``
   texts, by default ``max_batch``) in one inference. A batch of 4 short queries costs
   ~7.5 ms of CPU a text against ~11 ms alone (fp32, on the EPYC), and nobody waits for a
-  batch to fill: a query alone runs alone, at once.
+  batch to fill: a query alone runs alone, at once. (MiniLM's int8 queries run one a
+  turn, ``queries_per_turn=1``: of mixed lengths they saved no CPU together, and each
+  waited for its whole turn; ``embedding.minilm.QUERIES_PER_TURN``.)
 * **Orgs take turns.** Queued queries wait per org (``submit``'s ``tenant``), and a
   turn takes them one at a time from the org served longest ago: an org that floods the
   process queues behind itself, and another org's query goes into the next turn

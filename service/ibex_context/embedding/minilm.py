@@ -6,8 +6,8 @@ onnxruntime with one intra-op thread per inference: on 2 shared cores a second t
 made one query slower, not faster (docs/adr/0011). Inferences run in a small pool of
 worker threads (``workers``, ``embedding.batching``), never on the event loop;
 onnxruntime releases the GIL while it computes, so a worker's inference and the loop's
-own work overlap. Queries that queue while a worker computes run together in its next
-inference (a few texts: cheaper a text, and short enough for a call's deadline); the
+own work overlap. A worker computes one query an inference, the org served longest ago
+first, and hands each vector over as soon as it is computed (``QUERIES_PER_TURN``); the
 texts to store go a few at a time to a store worker of their own, which runs on what the
 calls leave of the core, so a query never waits for a write's inference.
 
@@ -67,10 +67,18 @@ def length_batches(lengths: Sequence[int], max_batch: int) -> list[list[int]]:
     return batches
 
 
-# Texts a worker embeds in one inference: queued queries together, or a write's next few.
-# 4 short queries cost ~7.5 ms of CPU a text against ~11 ms alone (8: ~7.1 ms), and a turn
-# of 4 ends within a call's deadline.
+# Texts to store a worker embeds in one inference: a write's next few. 4 short texts cost
+# ~7.5 ms of CPU a text against ~11 ms alone in fp32 (8: ~7.1 ms), and a turn of 4 ends
+# within a call's deadline.
 TURN_TEXTS = 4
+
+# Queries a worker embeds in one inference: one. Queued queries shared inferences of up to
+# 4 until 2026-12-07; with int8 queries of mixed lengths that saved no CPU (each batch is
+# padded to its longest query: 9.15 ms of CPU a query against 8.86 one at a time), and
+# every query of a turn waited for the whole turn: one a turn, the waits' p95 fell 77.9 ->
+# 54.2 ms and their p99 116 -> 84 ms at 35 calls a second on one core (benchmarks.embedding_turns;
+# benchmarks/results/embedding-turns-2026-12-06.md section 9).
+QUERIES_PER_TURN = 1
 
 
 def _untruncated(tokenizer: Tokenizer) -> Tokenizer:
@@ -93,6 +101,7 @@ class MiniLMEmbedder:
         workers: int = 1,
         max_batch: int = 32,
         turn_texts: int = TURN_TEXTS,
+        queries_per_turn: int = QUERIES_PER_TURN,
         observe: TurnObserver | None = None,
         static_queries: StaticQueries | None = None,
         query_model: QueryModel = "minilm",
@@ -103,8 +112,10 @@ class MiniLMEmbedder:
         """``session`` embeds the texts to store; ``query_session`` the queries (default:
         ``session``); ``observe`` gets each worker turn's timings. ``static_queries``: the
         distilled table, which embeds every query when ``query_model`` is "static" and is
-        the stand-in otherwise (``stand_in_queries``). ``query_expiry``: seconds after which
-        a query still queued is not computed (its caller has moved on to the stand-in).
+        the stand-in otherwise (``stand_in_queries``). ``queries_per_turn`` and ``turn_texts``:
+        the queued queries and the texts to store a worker embeds in one inference.
+        ``query_expiry``: seconds after which a query still queued is not computed (its
+        caller has moved on to the stand-in).
         ``worker_nice`` and ``store_worker_idle``: the workers' priorities
         (``embedding.batching.EmbeddingQueue``)."""
         if workers < 1:
@@ -126,6 +137,7 @@ class MiniLMEmbedder:
             self._embed_or_error,
             workers=workers,
             max_batch=turn_texts,
+            queries_per_turn=queries_per_turn,
             name="minilm",
             observe=observe,
             query_expiry=query_expiry,
@@ -147,6 +159,7 @@ class MiniLMEmbedder:
         stand_in_after: float = 0.0,
         worker_nice: int = 0,
         store_worker_idle: bool = True,
+        queries_per_turn: int = QUERIES_PER_TURN,
     ) -> MiniLMEmbedder:
         """Reads the tokenizer and opens the graphs (under a second each), building a
         graph first when ``graph_dir`` has none (a few seconds, once); call at start-up.
@@ -190,6 +203,7 @@ class MiniLMEmbedder:
             query_expiry=stand_in_after if query_model != "static" and stand_in_after > 0 else None,
             worker_nice=worker_nice,
             store_worker_idle=store_worker_idle,
+            queries_per_turn=queries_per_turn,
         )
 
     @property
