@@ -40,9 +40,8 @@ from ibex_context.embedding.batching import EmbeddingTurn  # noqa: E402
 from ibex_context.embedding.minilm import MiniLMEmbedder  # noqa: E402
 
 from loadtest import corpus  # noqa: E402
+from loadtest.options import chart_worker_nice  # noqa: E402
 from loadtest.workload import unique_question  # noqa: E402
-
-CHART_WORKER_NICE = 10  # charts/ibex-context values.yaml: config.embeddingWorkerNice
 
 
 def question(rng: random.Random) -> str:
@@ -159,12 +158,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slice-ms", type=float, default=0.5)
     parser.add_argument("--seconds", type=float, default=20.0, help="a round's length")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--nice", type=int, default=CHART_WORKER_NICE, help="the query workers' nice value")
+    parser.add_argument(
+        "--nice", type=int, default=None, help="the query workers' nice value (default: the chart's)"
+    )
     parser.add_argument("--cpu", type=int, default=0, help="the core the process is pinned to")
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.turns = [int(n) for n in args.turns.split(",")]
+    if args.nice is None:
+        args.nice = chart_worker_nice()
     return args
 
 
