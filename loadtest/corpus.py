@@ -345,6 +345,35 @@ def pick_weighted(rng: random.Random, items: Sequence[str], weights: Sequence[fl
     return rng.choices(items, weights)[0]
 
 
+# The words that make a load-test question unique (``loadtest.workload.unique_question``):
+# each is one word piece of MiniLM's vocabulary (tests/loadtest/test_workload.py), so three
+# of them add three pieces to a question, and 256 ** 3 tags tell 16.8 million asks of one
+# question apart.
+_TAG_VOCABULARY = """
+    apple anchor arrow autumn badge bakery balcony banner barrel basket beacon berry blanket
+    bottle bridge bucket butter cabin cable camera candle canvas canyon carpet castle cattle
+    cellar chair chalk cherry chimney circle clock cloud coast coffee collar copper corner
+    cotton county cradle crystal curtain cushion dagger desert diamond dinner dragon drawer
+    eagle engine falcon feather fence ferry field finger flame flower forest fountain frame
+    garden garlic glacier glove granite grape gravel guitar hammer harbour harvest helmet honey
+    horizon island ivory jacket jungle kettle kitchen ladder lantern leather lemon library
+    lighthouse linen lizard magnet mango marble market meadow mirror monkey mountain museum
+    needle nickel oasis ocean olive onion orange orchard oyster paddle palace pencil pepper
+    piano pillow pirate planet pocket pond potato powder prairie pumpkin puzzle quarry rabbit
+    radio raven ribbon river rocket saddle salmon satellite scarf shadow shelter shovel silver
+    sketch sleeve spider spoon statue stone storm stream sugar summit sunset tablet temple
+    thunder ticket tiger timber tomato tower tractor trumpet tunnel turtle valley velvet village
+    violin volcano wagon walnut whistle willow window winter wizard wolf wool yacht zebra bamboo
+    bishop blossom bronze cactus carrot cedar cobra comet cricket crown dolphin fabric fossil
+    galaxy goose hazel jasmine jewel knight lagoon lotus maple meteor moss nectar otter parrot
+    pearl penguin pine plum quartz reef robin rose ruby sapphire shell sparrow spruce swan
+    thistle wheat almond badger beetle bison breeze cavern cinnamon clover coral daisy dune elm
+    fern fig flint frost heron iris lark lynx mint moth owl panda peach poppy reed sage seal
+    slate tide trout vine
+"""
+TAG_WORDS: tuple[str, ...] = tuple(_TAG_VOCABULARY.split())
+
+
 # The vocabulary of churn writes (``loadtest/soak``, ``benchmarks.churn_buffers``): a few
 # words, so every write adds postings to the same words, the ones the churn's searches
 # ask for (``benchmarks.churn_buffers``: "rocket garden violin").

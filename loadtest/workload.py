@@ -87,13 +87,17 @@ class Caller:
     session_id: str
     model: str = "gpt-4o"
     constrained_model: str = "gpt-4"
-    # A random suffix per question: no two calls share an embedding-cache entry.
+    # A random tag per question: no two calls share an embedding-cache entry.
     unique_questions: bool = True
 
 
 def unique_question(rng: random.Random, question: str) -> str:
-    """``question`` with a random reference: no two calls share an embedding-cache entry."""
-    return f"{question} (ref {corpus.CATEGORIES[rng.randrange(5)]}-{rng.getrandbits(32):08x})"
+    """``question`` tagged with three random words, so that no two calls share an
+    embedding-cache entry, at the cost of three word pieces: the query costs the service
+    what the question would. (Until 2026-12-08 the tag was a hex reference, eleven pieces
+    that made the queries 58 % longer than their questions and their inference about half
+    as dear again: results/embedding-turns-2026-12-06.md §10.)"""
+    return " ".join((question, *(corpus.TAG_WORDS[rng.randrange(len(corpus.TAG_WORDS))] for _ in range(3))))
 
 
 def build_request(workload: Workload, caller: Caller, rng: random.Random, scenario: str) -> Any:

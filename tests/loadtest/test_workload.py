@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ibex_context.embedding.minilm_reference import default_model_dir, load_tokenizer
 
+from loadtest import corpus
 from loadtest.workload import (
     AGENT_LOOP_TOOL_CALLS,
     TOOL_CALL,
@@ -19,6 +21,7 @@ from loadtest.workload import (
     RequestMix,
     Workload,
     parse_weights,
+    unique_question,
 )
 
 SESSION = "6f1c2a8e-0d3b-4c5e-9f7a-1b2c3d4e5f60"
@@ -159,3 +162,21 @@ def test_the_default_mix_sends_no_long_message(workload: Workload) -> None:
     from loadtest.workload import DEFAULT_WEIGHTS
 
     assert "long_message" not in parse_weights(DEFAULT_WEIGHTS)
+
+
+def test_a_unique_question_costs_the_embedder_three_word_pieces_more_than_the_question() -> None:
+    tokenizer = load_tokenizer(default_model_dir())
+    assert len(set(corpus.TAG_WORDS)) == len(corpus.TAG_WORDS) == 256
+    assert all(len(tokenizer.encode(word, add_special_tokens=False).ids) == 1 for word in corpus.TAG_WORDS)
+    rng = random.Random(11)
+    for memory in (corpus.memory_text(rng, category, 120) for category in corpus.CATEGORIES * 20):
+        question = corpus.query_from_memory(rng, memory)
+        asked = unique_question(rng, question)
+        assert asked.startswith(question)
+        assert len(tokenizer.encode(asked).ids) == len(tokenizer.encode(question).ids) + 3
+
+
+def test_the_same_question_asked_a_thousand_times_is_never_the_same_text_twice() -> None:
+    rng = random.Random(5)
+    question = "What do we know about the Acme renewal?"
+    assert len({unique_question(rng, question) for _ in range(1000)}) == 1000
