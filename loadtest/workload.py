@@ -94,9 +94,9 @@ class Caller:
 def unique_question(rng: random.Random, question: str) -> str:
     """``question`` tagged with three random words, so that no two calls share an
     embedding-cache entry, at the cost of three word pieces: the query costs the service
-    what the question would. (Until 2026-12-08 the tag was a hex reference, eleven pieces
-    that made the queries 58 % longer than their questions and their inference about half
-    as dear again: results/embedding-turns-2026-12-06.md §10.)"""
+    what the question would, give or take three pieces. (Until 2026-12-07 the tag was a hex
+    reference of eleven pieces: the queries were 57 % longer than their questions, and their
+    inference cost a fifth more than now; results/embedding-turns-2026-12-06.md §10.)"""
     return " ".join((question, *(corpus.TAG_WORDS[rng.randrange(len(corpus.TAG_WORDS))] for _ in range(3))))
 
 
