@@ -11,7 +11,8 @@ for ``--loop-ms`` in slices of ``--slice-ms`` (what the server does for a call b
 inference: receiving, the stores' replies, ranking, packing, the answer), then awaits its
 vector. A call's wait is from its submission to the vector's arrival on the loop, as the
 server's embed stage counts it. The questions are made as the load test makes them (a span
-of a seeded memory's words after an opener, with a unique reference: 20-40 word pieces).
+of a seeded memory's words after an opener, tagged with three words to make it unique:
+22 word pieces on average).
 
 Each round draws its arrivals and questions from its own seed and runs them through every
 turn size, the order alternated round by round, so a drift of the machine falls on all
@@ -27,6 +28,7 @@ import os
 import platform
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +47,7 @@ from loadtest.workload import unique_question  # noqa: E402
 
 
 def question(rng: random.Random) -> str:
-    """A question as the load test asks it: about a seeded memory, with a unique reference."""
+    """A question as the load test asks it: about a seeded memory, tagged to make it unique."""
     memory = corpus.memory_text(rng, rng.choice(corpus.CATEGORIES), corpus.target_tokens(rng))
     return unique_question(rng, corpus.query_from_memory(rng, memory))
 
@@ -67,14 +69,38 @@ def work(milliseconds: float) -> None:
         pass
 
 
+@dataclass(eq=False, slots=True)
+class TurnLog:
+    """A worker's turn reports, recorded from its thread. The worker reports a turn just
+    after handing its vectors over, so a caller can have its vector before its turn is
+    counted: ``wait_for`` waits for the count."""
+
+    turns: list[EmbeddingTurn] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def record(self, turn: EmbeddingTurn) -> None:
+        with self.changed:
+            self.turns.append(turn)
+            self.changed.notify_all()
+
+    def wait_for(self, texts: int, timeout: float = 5.0) -> None:
+        """Blocks until the turns of ``texts`` queries are recorded, or ``timeout`` seconds."""
+        with self.changed:
+            self.changed.wait_for(lambda: sum(t.texts for t in self.turns) >= texts, timeout)
+
+
 @dataclass(slots=True)
 class Arm:
     """One turn size's embedder and what its calls waited."""
 
     queries_per_turn: int
     embedder: MiniLMEmbedder
-    turns: list[EmbeddingTurn] = field(default_factory=list)
+    log: TurnLog
     waits_ms: list[float] = field(default_factory=list)
+
+    @property
+    def turns(self) -> list[EmbeddingTurn]:
+        return self.log.turns
 
     @property
     def cpu_ms_a_query(self) -> float:
@@ -105,18 +131,24 @@ async def run_round(arm: Arm, calls: list[tuple[float, str]], loop_ms: float, sl
 async def measure(args: argparse.Namespace) -> list[Arm]:
     arms: list[Arm] = []
     for n in args.turns:
-        turns: list[EmbeddingTurn] = []
-        embedder = MiniLMEmbedder.load(worker_nice=args.nice, observe=turns.append, queries_per_turn=n)
-        arms.append(Arm(n, embedder, turns))
-    for arm in arms:  # warm: first inferences allocate
-        for i in range(5):
+        log = TurnLog()
+        embedder = MiniLMEmbedder.load(worker_nice=args.nice, observe=log.record, queries_per_turn=n)
+        arms.append(Arm(n, embedder, log))
+    warm_up = 5  # the first inferences allocate
+    for arm in arms:
+        for i in range(warm_up):
             await asyncio.wrap_future(arm.embedder.submit_queries([question(random.Random(i))]))
+        await asyncio.to_thread(arm.log.wait_for, warm_up)
         arm.turns.clear()
     try:
+        asked = 0
         for round_ in range(args.rounds):
             calls = arrivals(random.Random(args.seed + round_), args.rate, args.seconds)
+            asked += len(calls)
             for arm in arms if round_ % 2 == 0 else list(reversed(arms)):
                 await run_round(arm, calls, args.loop_ms, args.slice_ms)
+        for arm in arms:
+            await asyncio.to_thread(arm.log.wait_for, asked)
     finally:
         for arm in arms:
             await arm.embedder.aclose()
