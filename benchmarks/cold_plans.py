@@ -18,7 +18,13 @@ connection, sequential, after a warm-up round of at least 30 calls), and writes
 * **own graph**: for agents that have one (``stores.postgres.graphs``), the walk of
   their graph; recall@50 against the exact answer of the same query;
 * **service**: the plan ``choose_plan`` picks (the agent's own graph once ready, else
-  exact; counted per plan).
+  exact; counted per plan);
+* **walked again** (``--rewalk-ef``, for question queries): the service's repeated walk.
+  The call's lexical search (``stores.postgres.LEXICAL_SQL``, the question's words) runs
+  too, and when it found a memory nearer to the question than everything the walk found
+  (``stores.cold_plan.nearer_than_walk``) the walk is repeated at that ``hnsw.ef_search``;
+  its time is the first walk's plus the second's (the service runs the lexical search
+  beside the walk).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import platform
@@ -40,11 +47,12 @@ import numpy as np
 from ibex_context.devtools.embedded import start_postgres
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.settings import Settings
-from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan
-from ibex_context.stores.postgres import SEARCH_SQL, create_pool
+from ibex_context.stores.cold_plan import ColdPlan, GraphSearchWidth, choose_plan, nearer_than_walk
+from ibex_context.stores.postgres import SEARCH_SQL, create_pool, decode_vectors
 from ibex_context.stores.postgres.graphs import AGENT_STATE_SQL, own_graph_plan
+from ibex_context.stores.postgres.searches import LEXICAL_SQL
 
-from loadtest import corpus
+from loadtest import corpus, seed_worker
 from loadtest.vectors import VectorShape, fitted_shape
 
 RESULTS = Path(__file__).parent / "results"
@@ -53,6 +61,8 @@ LIMIT = 50
 WARM_UP_CALLS = 30
 QUERIES = {
     "questions": "the load test's questions (a span of one of the agent's memories), hashing-embedded",
+    "minilm": "the load test's questions (a span of one of the agent's memories), embedded by MiniLM as"
+    " the service embeds queries (int8): for data sets seeded with MiniLM's own vectors",
     "memories": "the normalised mean of two of the agent's memories' vectors",
     "shaped": "one of the agent's stored vectors plus a real MiniLM question's offset from its memory"
     " (loadtest.vectors: for data sets seeded with --vectors shaped)",
@@ -92,6 +102,13 @@ def service_width() -> GraphSearchWidth:
     return GraphSearchWidth.from_settings(Settings.model_construct())
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    milliseconds: float
+    distances: list[float]
+    ids: list[str]
+
+
 async def _timed(
     conn: asyncpg.Connection,
     plan: ColdPlan,
@@ -99,12 +116,14 @@ async def _timed(
     query: np.ndarray,
     width: GraphSearchWidth,
     session_ef_search: int,
-) -> tuple[float, list[float]]:
-    """Milliseconds, and the distances of the rows found. The graph search runs with the
-    width the service would use for this agent (``SET LOCAL`` in a transaction, as the
-    service does, when it differs from the session's)."""
+    *,
+    rewalk: bool = False,
+) -> Found:
+    """Milliseconds, and the distances and ids of the rows found. The graph search runs
+    with the width the service would use for this agent (``rewalk``: for a repeated walk;
+    ``SET LOCAL`` in a transaction when it differs from the session's)."""
     args = (agent["org_id"], agent["agent_id"], query, LIMIT)
-    ef_search = width.for_agent(agent["memories"], LIMIT, plan)
+    ef_search = width.for_agent(agent["memories"], LIMIT, plan, rewalk=rewalk)
     start = time.perf_counter()
     if plan is not ColdPlan.EXACT and ef_search != session_ef_search:
         async with conn.transaction():
@@ -112,7 +131,26 @@ async def _timed(
             rows = await conn.fetch(SEARCH_SQL[plan], *args)
     else:
         rows = await conn.fetch(SEARCH_SQL[plan], *args)
-    return (time.perf_counter() - start) * 1000, [float(r["distance"]) for r in rows]
+    milliseconds = (time.perf_counter() - start) * 1000
+    return Found(milliseconds, [float(r["distance"]) for r in rows], [r["id"] for r in rows])
+
+
+async def _walk_missed(
+    conn: asyncpg.Connection, agent: asyncpg.Record, question: str, query: np.ndarray, walked: Found
+) -> bool:
+    """The service's test of a walk (``nearer_than_walk``) against the call's lexical search."""
+    rows = await conn.fetch(LEXICAL_SQL, agent["org_id"], agent["agent_id"], question, LIMIT)
+    if not rows or not walked.ids:
+        return False
+    vectors, at = decode_vectors([r["embedding"] for r in rows])
+    present = [i for i in range(len(rows)) if at[i] >= 0]
+    return nearer_than_walk(
+        walked.ids,
+        1.0 - min(walked.distances),
+        [rows[i]["id"] for i in present],
+        vectors[at[present]],
+        query,
+    )
 
 
 def recall(exact: list[float], found: list[float]) -> float:
@@ -134,6 +172,7 @@ async def measure(
     queries: str,
     width: GraphSearchWidth,
     graph_warm_up: int = 0,
+    rewalk_widths: tuple[int, ...] = (),
 ) -> list[Measured]:
     """Every query runs under each plan back to back, so recall compares like with like.
 
@@ -147,11 +186,16 @@ async def measure(
     embedder the data was seeded with), ``shaped`` (for vectors drawn from the model of
     MiniLM's: a stored vector plus a real question's offset), ``memories`` (the normalised mean of two of the
     agent's memories' vectors: a point between two memories, the hardest case for a
-    graph) or ``random`` unit vectors.
+    graph), ``minilm`` (the load test's questions embedded by MiniLM as the service embeds
+    them: for data seeded with MiniLM's vectors) or ``random`` unit vectors.
+
+    ``rewalk_widths``: for question queries, each walk that missed is repeated at each
+    width (``Found`` rows "walked again").
     """
     rng = np.random.default_rng(7)
     texts = random.Random(7)
     embedder = HashingEmbedder(dim)
+    minilm = seed_worker.worker_embedder("minilm", dim) if queries == "minilm" else None
     shape = VectorShape.load(fitted_shape()) if queries == "shaped" else None
     vectors: dict[tuple[object, object], np.ndarray] = {}
     contents: dict[tuple[object, object], list[str]] = {}
@@ -167,11 +211,16 @@ async def measure(
             vectors[key] = np.stack([r["embedding"] for r in rows])
             contents[key] = [r["content"] for r in rows]
 
-    def query(agent: asyncpg.Record) -> np.ndarray:
+    def asked(agent: asyncpg.Record) -> tuple[np.ndarray, str]:
+        """A query vector and, for question queries, the question."""
         key = (agent["org_id"], agent["agent_id"])
-        if queries == "questions":
+        question = ""
+        if queries in ("questions", "minilm"):
             question = corpus.query_from_memory(texts, texts.choice(contents[key]))
-            vector = embedder.embed_one(question)
+            if minilm is not None:
+                vector = np.asarray(minilm.embed_sync([question], query=True)[0], dtype=np.float32)
+            else:
+                vector = embedder.embed_one(question)
         elif queries == "shaped":
             assert shape is not None
             pool = vectors[key]
@@ -182,7 +231,10 @@ async def measure(
             vector = pool[a] + pool[b]
         else:
             vector = rng.standard_normal(dim).astype(np.float32)
-        return np.asarray(vector / np.linalg.norm(vector), dtype=np.float32)
+        return np.asarray(vector / np.linalg.norm(vector), dtype=np.float32), question
+
+    def query(agent: asyncpg.Record) -> np.ndarray:
+        return asked(agent)[0]
 
     # Which plan searches each agent's own graph: read as the service reads it.
     with_graph = {
@@ -211,6 +263,9 @@ async def measure(
     sizes = sorted({int(agent["memories"]) for agent in agents})
     mixed = sizes if len(sizes) > 1 else []
     by_size = {size: Measured(f"service's choice, {size:,}-memory agents") for size in mixed}
+    rewalked = {
+        w: Measured(f"own graph, walked again at ef_search {w} when it missed") for w in rewalk_widths
+    }
     exact.plans["exact"] = len(agents)
     for agent in agents:
         chosen = choose_plan(own_graph(agent))
@@ -221,22 +276,38 @@ async def measure(
             by_size[agent["memories"]].plans[chosen.value] += 1
     for _ in range(calls):
         for agent in agents:
-            q = query(agent)
-            exact_ms, truth = await _timed(conn, ColdPlan.EXACT, agent, q, width, width.ef_search)
+            q, question = asked(agent)
+            exact_found = await _timed(conn, ColdPlan.EXACT, agent, q, width, width.ef_search)
+            exact_ms, truth = exact_found.milliseconds, exact_found.distances
             exact.milliseconds.append(exact_ms)
             chosen = choose_plan(own_graph(agent))
             chosen_ms, chosen_recall = exact_ms, 1.0
             if chosen is not ColdPlan.EXACT:
-                chosen_ms, found = await _timed(conn, chosen, agent, q, width, width.ef_search)
-                chosen_recall = recall(truth, found)
+                walked = await _timed(conn, chosen, agent, q, width, width.ef_search)
+                chosen_ms, chosen_recall = walked.milliseconds, recall(truth, walked.distances)
                 own.milliseconds.append(chosen_ms)
                 own.recall.append(chosen_recall)
+                missed = bool(rewalked) and question and await _walk_missed(conn, agent, question, q, walked)
+                for w, row in rewalked.items():
+                    again = walked
+                    if missed:
+                        wider = dataclasses.replace(width, rewalk_ef_search=w)
+                        again = await _timed(conn, chosen, agent, q, wider, width.ef_search, rewalk=True)
+                        row.plans["walked again"] += 1
+                    row.milliseconds.append(chosen_ms + (again.milliseconds if missed else 0.0))
+                    row.recall.append(recall(truth, again.distances))
             service.milliseconds.append(chosen_ms)
             service.recall.append(chosen_recall)
             if agent["memories"] in by_size:
                 by_size[agent["memories"]].milliseconds.append(chosen_ms)
                 by_size[agent["memories"]].recall.append(chosen_recall)
-    return [exact, service, *([own] if own.milliseconds else []), *by_size.values()]
+    return [
+        exact,
+        service,
+        *([own] if own.milliseconds else []),
+        *(row for row in rewalked.values() if row.milliseconds),
+        *by_size.values(),
+    ]
 
 
 def _widths(width: GraphSearchWidth) -> str:
@@ -257,6 +328,7 @@ async def run(
     ef_search: int | None,
     queries: str,
     graph_warm_up: int = 0,
+    rewalk_widths: tuple[int, ...] = (),
 ) -> str:
     # The service's width by agent size, unless one width is asked for every agent.
     width = service_width() if ef_search is None else GraphSearchWidth(ef_search, ef_search, 0)
@@ -289,7 +361,9 @@ async def run(
                 partitions = await conn.fetchval(
                     "SELECT count(*) FROM pg_inherits WHERE inhparent = 'memories'::regclass"
                 )
-                measured = await measure(conn, agents, calls, dim, queries, width, graph_warm_up)
+                measured = await measure(
+                    conn, agents, calls, dim, queries, width, graph_warm_up, rewalk_widths
+                )
         finally:
             await pool.close()
     finally:
@@ -301,7 +375,8 @@ async def run(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
         f"`python -m benchmarks.cold_plans {data_dir}` (--agents {agents_wanted} --calls {calls}"
         f"{'' if ef_search is None else f' --ef-search {ef_search}'}"
-        f" --queries {queries}{f' --graph-warm-up {graph_warm_up}' if graph_warm_up else ''}).",
+        f" --queries {queries}{f' --graph-warm-up {graph_warm_up}' if graph_warm_up else ''}"
+        f"{' --rewalk-ef ' + ','.join(map(str, rewalk_widths)) if rewalk_widths else ''}).",
         "",
         f"Setup: {rows:,} memories in {partitions} partitions; {len(agents)} agents of"
         f" {', '.join(f'{s:,}' for s in sizes)} memories; the service's search statements (LIMIT {LIMIT},"
@@ -309,7 +384,13 @@ async def run(
         + f"; exact until an agent's own graph is ready); queries: {QUERIES[queries]}; each exactly"
         " and, for an agent with a graph of its own, through it, back to back: recall@50 of the graph"
         " against the exact answer (mean / 5th percentile / min);"
-        " one pooled connection, sequential, after >= 30 warm-up calls per plan"
+        + (
+            " walked again: when the lexical search (the question's words, LIMIT 50) found a memory"
+            " nearer than the walk's best, the walk repeated at that width, its time added;"
+            if rewalk_widths
+            else ""
+        )
+        + " one pooled connection, sequential, after >= 30 warm-up calls per plan"
         + (f" and {graph_warm_up} more graph walks per agent with a graph;" if graph_warm_up else ";")
         + f" wall time per call including the Unix-socket round trip. Load average {os.getloadavg()[0]:.2f}"
         f" (2 vCPUs shared). {platform.machine()}; {versions}.",
@@ -346,12 +427,22 @@ def main() -> None:
         help="graph walks per agent with a graph of its own before the timed calls (a large graph's pages"
         " into shared buffers; default 0)",
     )
+    parser.add_argument(
+        "--rewalk-ef",
+        default="",
+        help="comma-separated hnsw.ef_search widths of a repeated walk (question queries): each walk"
+        " that missed by the service's test is repeated at each",
+    )
     parser.add_argument("--label", default="", help="appended to the results file's name")
     args = parser.parse_args()
     if args.queries is None:
         # The seed's plan, in the data set's agents file, says how its vectors were made.
         plan = json.loads((args.data_dir / "agents.json").read_text())["plan"]
-        args.queries = "shaped" if plan.get("vectors") == "shaped" else "questions"
+        if plan.get("vectors") == "shaped":
+            args.queries = "shaped"
+        else:
+            own = plan.get("vectors") == "embedder" and plan.get("embedder") == "minilm"
+            args.queries = "minilm" if own else "questions"
     report = asyncio.run(
         run(
             args.data_dir.resolve(),
@@ -360,6 +451,7 @@ def main() -> None:
             args.ef_search,
             args.queries,
             graph_warm_up=args.graph_warm_up,
+            rewalk_widths=tuple(int(w) for w in filter(None, args.rewalk_ef.split(","))),
         )
     )
     RESULTS.mkdir(exist_ok=True)

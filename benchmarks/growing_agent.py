@@ -708,8 +708,8 @@ async def measure_recall(dsn: str, agent: dict[str, Any], queries: int, seed: in
             values = []
             for question in asked:
                 q = np.asarray(question / np.linalg.norm(question), dtype=np.float32)
-                _, truth = await _timed(conn, ColdPlan.EXACT, record, q, width, width.ef_search)
-                _, found = await _timed(conn, plan, record, q, width, width.ef_search)
+                truth = (await _timed(conn, ColdPlan.EXACT, record, q, width, width.ef_search)).distances
+                found = (await _timed(conn, plan, record, q, width, width.ef_search)).distances
                 values.append(recall(truth, found))
     finally:
         await pool.close()

@@ -284,6 +284,15 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
     )
+    hnsw_ef_search_rewalk: int = _f(
+        0,
+        "hnsw.ef_search of a graph walk repeated because it missed: when the call's lexical search"
+        " finds a memory the walk did not and that is nearer to the question than everything the"
+        " walk found, the walk ran into the wrong neighbourhood, and is repeated this wide within"
+        " the cold deadline (its first answer stands when the second is late); 0: never repeated.",
+        ge=0,
+        le=1000,
+    )
     cold_sparse_graph_max_memories: int = _f(
         0,
         "Agents promoted with at most this many memories get a sparse own graph (m 16,"

@@ -138,6 +138,19 @@ def test_answered_cold_searches_count_by_the_plan_named_in_their_detail() -> Non
     assert plans == {"exact": 1, "agent_halfvec": 2, "agent_sparse": 0, "agent": 0, OTHER: 1}
 
 
+def test_a_repeated_walk_counts_under_its_plan_and_apart() -> None:
+    metrics = Metrics(CollectorRegistry())
+    assert values(metrics)[("ibex_context_cold_search_rewalks_total", frozenset())] == 0
+    for rewalked in (True, False):
+        detail = plan_detail("agent_halfvec", rewalked=rewalked)
+        metrics.record_assembly(
+            an_assembly(sources=(SourceResult("cold", SourceStatus.OK, detail=detail),)), ()
+        )
+    v = values(metrics)
+    assert v[("ibex_context_cold_search_plans_total", frozenset({("plan", "agent_halfvec")}))] == 2
+    assert v[("ibex_context_cold_search_rewalks_total", frozenset())] == 1
+
+
 def test_calls_searched_with_the_stand_ins_vector_are_counted() -> None:
     metrics = Metrics(CollectorRegistry())
     for detail in (STAND_IN_DETAIL, "", STAND_IN_DETAIL):

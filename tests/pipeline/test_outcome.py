@@ -18,6 +18,7 @@ from ibex_context.pipeline.outcome import (
     outcome_of,
     plan_detail,
     plan_of,
+    rewalked,
 )
 
 
@@ -61,6 +62,13 @@ def test_the_outcome_label_of_each_degradation(
 def test_the_plan_travels_in_the_cold_source_detail_and_back() -> None:
     assert plan_of(plan_detail("agent_halfvec")) == "agent_halfvec"
     assert plan_of("") is None and plan_of("timed out after 35 ms") is None
+
+
+def test_a_repeated_walk_is_said_in_the_detail_and_keeps_its_plan() -> None:
+    detail = plan_detail("agent_halfvec", rewalked=True)
+    assert detail == "plan: agent_halfvec, walked again wider"
+    assert plan_of(detail) == "agent_halfvec" and rewalked(detail)
+    assert not rewalked(plan_detail("agent_halfvec")) and not rewalked("walked again wider")
 
 
 def test_timings_sum_a_repeated_stage_and_span_the_sources() -> None:

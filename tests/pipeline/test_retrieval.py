@@ -11,10 +11,10 @@ import numpy as np
 from ibex_context.candidates import Candidates
 from ibex_context.embedding.cache import CachedEmbedder
 from ibex_context.embedding.hashing import HashingEmbedder
-from ibex_context.errors import EmbeddingError, QueryExpired
-from ibex_context.models import Directive, FloatVector
+from ibex_context.errors import EmbeddingError, QueryExpired, StoreError, StoreUnavailable
+from ibex_context.models import Directive, FloatVector, MemoryRecord
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
-from ibex_context.pipeline.outcome import STAND_IN_DETAIL, SourceStatus
+from ibex_context.pipeline.outcome import STAND_IN_DETAIL, SourceStatus, plan_detail
 from ibex_context.pipeline.retrieval import (
     RetrievalPlan,
     RetrievalState,
@@ -302,3 +302,143 @@ async def test_each_skipped_source_says_why_first_the_query_then_the_budget_then
         "cold": "cold_limit is 0",
         "lexical": "lexical_limit is 0",
     }
+
+
+# ---------------------------------------------------------------- a graph walk that missed
+
+QUESTION = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+
+
+class _FixedEmbedder(_StuckEmbedder):
+    """Embeds every text as ``QUESTION``."""
+
+    name = "fixed"
+
+    async def embed(self, texts: Sequence[str]) -> list[FloatVector]:
+        return [QUESTION for _ in texts]
+
+
+def _matches(similarities: dict[str, float], plan: ColdPlan = ColdPlan.AGENT_HALFVEC) -> ColdMatches:
+    records = [MemoryRecord(i, i, "factual", similarity=s) for i, s in similarities.items()]
+    return ColdMatches.of(Candidates.from_records(records), plan)
+
+
+def _with_vectors(vectors: dict[str, Sequence[float]]) -> Candidates:
+    records = [
+        MemoryRecord(i, i, "factual", embedding=np.array(v, dtype=np.float32)) for i, v in vectors.items()
+    ]
+    return Candidates.from_records(records)
+
+
+class _Graph:
+    """An agent's own graph: the first walk finds ``walked``, a wider one ``wider`` (None:
+    it never answers; an exception: it raises it); the lexical search finds ``lexical``
+    after ``lexical_delay``."""
+
+    def __init__(
+        self,
+        walked: ColdMatches,
+        wider: ColdMatches | StoreError | None,
+        lexical: Candidates,
+        *,
+        lexical_delay: float = 0.0,
+    ) -> None:
+        self.walked, self.wider, self.lexical = walked, wider, lexical
+        self.lexical_delay = lexical_delay
+        self.walks: list[bool] = []  # each search's ``wider``
+
+    async def search(
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        with_vectors: bool = False,
+        wider: bool = False,
+    ) -> Candidates:
+        self.walks.append(wider)
+        if not wider:
+            return self.walked
+        if self.wider is None:
+            await asyncio.Event().wait()
+        if isinstance(self.wider, StoreError):
+            raise self.wider
+        assert self.wider is not None
+        return self.wider
+
+    async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates:
+        await asyncio.sleep(self.lexical_delay)
+        return self.lexical
+
+
+async def _retrieve(graph: _Graph, *, rewalk: bool = True, cold_timeout: float = 5.0) -> RetrievalState:
+    state = RetrievalState()
+    retriever = Retriever(
+        directives=_Directives(),
+        hot_memories=_Hot(),
+        cold_memories=graph,
+        embedder=_FixedEmbedder(),
+        rewalk=rewalk,
+    )
+    plan = dataclasses.replace(_plan(cold_timeout=cold_timeout), lexical_limit=5)
+    tasks = retriever.start(plan, state)
+    await asyncio.wait_for(asyncio.gather(*(t.task for t in tasks)), timeout=10)
+    return state
+
+
+# The walk's best is 0.55; the question's words found "x", at cosine 0.70.
+WALKED = {"a": 0.55, "b": 0.52}
+NEARER_BY_WORDS = {"far": [0.0, 1.0, 0.0], "x": [0.7, 0.714, 0.0]}
+
+
+async def test_a_walk_that_missed_what_the_words_found_is_repeated_wider_and_says_so() -> None:
+    wider = _matches({"x": 0.70, "y": 0.66, "a": 0.55})
+    graph = _Graph(_matches(WALKED), wider, _with_vectors(NEARER_BY_WORDS))
+    state = await _retrieve(graph)
+    assert graph.walks == [False, True]
+    assert list(state.cold.ids) == ["x", "y", "a"]
+    assert state.sources["cold"].status is SourceStatus.OK
+    assert state.sources["cold"].found == 3
+    assert state.sources["cold"].detail == plan_detail("agent_halfvec", rewalked=True)
+
+
+async def test_the_walk_waits_for_the_lexical_search_to_judge_it() -> None:
+    wider = _matches({"x": 0.70})
+    graph = _Graph(_matches(WALKED), wider, _with_vectors(NEARER_BY_WORDS), lexical_delay=0.05)
+    state = await _retrieve(graph)
+    assert graph.walks == [False, True] and list(state.cold.ids) == ["x"]
+
+
+async def test_a_walk_nearer_than_all_the_words_found_is_not_repeated() -> None:
+    graph = _Graph(_matches({"a": 0.75}), _matches({"x": 0.70}), _with_vectors(NEARER_BY_WORDS))
+    state = await _retrieve(graph)
+    assert graph.walks == [False]
+    assert list(state.cold.ids) == ["a"] and state.sources["cold"].detail == plan_detail("agent_halfvec")
+
+
+async def test_the_exact_scan_and_a_service_without_rewalks_never_walk_again() -> None:
+    exact = _Graph(_matches(WALKED, ColdPlan.EXACT), _matches({"x": 0.7}), _with_vectors(NEARER_BY_WORDS))
+    await _retrieve(exact)
+    assert exact.walks == [False]
+    off = _Graph(_matches(WALKED), _matches({"x": 0.7}), _with_vectors(NEARER_BY_WORDS))
+    state = await _retrieve(off, rewalk=False)
+    assert off.walks == [False] and list(state.cold.ids) == ["a", "b"]
+
+
+async def test_a_repeated_walk_that_is_late_leaves_the_first_answer_before_the_cold_deadline() -> None:
+    graph = _Graph(_matches(WALKED), None, _with_vectors(NEARER_BY_WORDS))
+    started = time.perf_counter()
+    state = await _retrieve(graph, cold_timeout=0.1)
+    assert graph.walks == [False, True]
+    assert state.sources["cold"].status is SourceStatus.OK, "the first walk's answer stands"
+    assert list(state.cold.ids) == ["a", "b"]
+    assert state.sources["cold"].detail == plan_detail("agent_halfvec")
+    assert time.perf_counter() - started < 5.0
+
+
+async def test_a_repeated_walk_that_fails_leaves_the_first_answer() -> None:
+    graph = _Graph(_matches(WALKED), StoreUnavailable("replica gone"), _with_vectors(NEARER_BY_WORDS))
+    state = await _retrieve(graph)
+    assert graph.walks == [False, True]
+    assert state.sources["cold"].status is SourceStatus.OK and list(state.cold.ids) == ["a", "b"]

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 from ibex_context.candidates import Candidates
 from ibex_context.models import MemoryRecord
 from ibex_context.settings import Settings
-from ibex_context.stores.cold_plan import AgentSizes, ColdMatches, ColdPlan, GraphSearchWidth, choose_plan
+from ibex_context.stores.cold_plan import (
+    WALK_MISS_MARGIN,
+    AgentSizes,
+    ColdMatches,
+    ColdPlan,
+    GraphSearchWidth,
+    choose_plan,
+    nearer_than_walk,
+    walk_missed,
+)
 
 
 def test_an_agent_without_a_ready_graph_of_its_own_is_searched_exactly() -> None:
@@ -140,3 +150,82 @@ def test_the_widths_come_from_the_settings() -> None:
         width.for_agent(large, 50, ColdPlan.AGENT_HALFVEC)
         == Settings.model_fields["hnsw_ef_search_own_graph_large_agents"].default
     )
+    rewalking = GraphSearchWidth.from_settings(Settings.model_construct(hnsw_ef_search_rewalk=600))
+    assert rewalking.for_agent(large, 50, ColdPlan.AGENT_HALFVEC, rewalk=True) == 600
+
+
+def test_a_repeated_walk_is_never_narrower_than_the_first_and_at_most_pgvectors_limit() -> None:
+    width = GraphSearchWidth(
+        ef_search=200,
+        large_agent_ef_search=400,
+        large_agent_memories=50_000,
+        own_graph_ef_search=100,
+        own_graph_large_agent_ef_search=200,
+        rewalk_ef_search=300,
+    )
+    assert width.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC) == 200
+    assert width.for_agent(100_000, 50, ColdPlan.AGENT_HALFVEC, rewalk=True) == 300
+    assert width.for_agent(100_000, 50, ColdPlan.AGENT, rewalk=True) == 400  # the first is wider
+    assert width.for_agent(100_000, 5_000, ColdPlan.AGENT_HALFVEC, rewalk=True) == 1000
+    unset = GraphSearchWidth(ef_search=200, large_agent_ef_search=400, large_agent_memories=50_000)
+    assert unset.for_agent(100_000, 50, rewalk=True) == unset.for_agent(100_000, 50)
+
+
+def _unit(*values: float) -> np.ndarray:
+    vector = np.array(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+QUESTION = _unit(1, 0, 0)
+
+
+def _walked(similarities: dict[str, float]) -> ColdMatches:
+    found = Candidates.from_records(
+        [MemoryRecord(i, i, "factual", similarity=s) for i, s in similarities.items()]
+    )
+    return ColdMatches.of(found, ColdPlan.AGENT_HALFVEC)
+
+
+def _lexical(vectors: dict[str, np.ndarray]) -> Candidates:
+    return Candidates.from_records([MemoryRecord(i, i, "factual", embedding=v) for i, v in vectors.items()])
+
+
+def test_a_walk_missed_when_the_words_found_a_memory_nearer_than_all_it_found() -> None:
+    walked = _walked({"a": 0.55, "b": 0.52})
+    nearer = _unit(0.7, 0.714, 0)  # cosine 0.70 to the question
+    assert walk_missed(walked, _lexical({"far": _unit(0, 1, 0), "x": nearer}), QUESTION)
+
+
+def test_a_walk_did_not_miss_when_the_words_found_nothing_nearer_than_its_best() -> None:
+    walked = _walked({"a": 0.72, "b": 0.52})
+    assert not walk_missed(walked, _lexical({"x": _unit(0.7, 0.714, 0)}), QUESTION)
+
+
+def test_a_memory_the_walk_found_itself_does_not_count_as_a_miss() -> None:
+    # "a" is nearer by its full-precision vector than by the graph's half-precision one.
+    walked = _walked({"a": 0.69, "b": 0.52})
+    assert not walk_missed(walked, _lexical({"a": _unit(0.7, 0.714, 0)}), QUESTION)
+
+
+def test_nearer_by_less_than_the_rounding_of_half_precision_is_not_a_miss() -> None:
+    best = 0.7
+    just = _unit(best, np.sqrt(1 - best**2), 0)
+    assert not nearer_than_walk(["a"], best - WALK_MISS_MARGIN / 2, ["x"], just[None, :], QUESTION)
+    assert nearer_than_walk(["a"], best - 2 * WALK_MISS_MARGIN, ["x"], just[None, :], QUESTION)
+
+
+def test_no_lexical_matches_or_vectors_of_another_model_never_make_a_miss() -> None:
+    walked = _walked({"a": 0.1})
+    assert not walk_missed(walked, Candidates.empty(), QUESTION)
+    assert not walk_missed(_walked({}), _lexical({"x": QUESTION}), QUESTION)
+    other_model = Candidates.from_records([MemoryRecord("x", "x", "factual", embedding=_unit(1, 0, 0, 0))])
+    assert not walk_missed(walked, other_model, QUESTION)
+    without_vector = Candidates.from_records([MemoryRecord("x", "x", "factual")])
+    assert not walk_missed(walked, without_vector, QUESTION)
+
+
+def test_matches_say_whether_their_walk_was_repeated() -> None:
+    walked = _walked({"a": 0.5})
+    assert not walked.rewalked
+    again = ColdMatches.of(walked, ColdPlan.AGENT_HALFVEC, rewalked=True)
+    assert again.rewalked and again.plan is ColdPlan.AGENT_HALFVEC and list(again.ids) == ["a"]

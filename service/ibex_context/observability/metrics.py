@@ -47,6 +47,7 @@ from ibex_context.pipeline.outcome import (
     SourceStatus,
     StageSpan,
     plan_of,
+    rewalked,
 )
 from ibex_context.stores.cold_plan import ColdPlan
 from ibex_context.stores.postgres.graphs import DENSE_GRAPH, SPARSE_GRAPH, GraphBuildTiming
@@ -212,6 +213,11 @@ class Metrics:
             "Vector searches that answered, by the plan the service chose for the agent's size"
             " (exact scan or the partition's HNSW graph; ADR-0009).",
             ["plan"],
+        )
+        self.cold_rewalks = declare.counter(
+            "ibex_context_cold_search_rewalks",
+            "Graph walks repeated wider because the lexical search found a memory nearer to the"
+            " question than everything the walk found (IBEX_HNSW_EF_SEARCH_REWALK), and answered.",
         )
         self.embedding_stand_ins = declare.counter(
             "ibex_context_embedding_stand_ins",
@@ -476,6 +482,8 @@ class Metrics:
                 plan = plan_of(source.detail)
                 if plan is not None:
                     self._by_plan[plan if plan in COLD_PLANS else OTHER].inc()
+                    if rewalked(source.detail):
+                        self.cold_rewalks.inc()
             elif source.source == SourceName.EMBED and source.detail == STAND_IN_DETAIL:
                 self.embedding_stand_ins.inc()
         composed = assembly.composed

@@ -156,8 +156,11 @@ class Timings(NamedTuple):
 
 
 # The cold source's ``detail`` when it answered: which plan searched (stores.cold_plan),
-# e.g. "plan: agent_halfvec". On the wire as SourceOutcome.detail; counted by plan in metrics.
+# e.g. "plan: agent_halfvec", and whether its graph walk was repeated wider after it missed
+# ("plan: agent_halfvec, walked again wider"). On the wire as SourceOutcome.detail; counted
+# by plan in metrics, and the repeated walks apart.
 _PLAN_PREFIX = "plan: "
+_REWALKED_SUFFIX = ", walked again wider"
 
 
 # The embed source's detail when the call searched with the stand-in's query vector (its
@@ -165,13 +168,20 @@ _PLAN_PREFIX = "plan: "
 STAND_IN_DETAIL = "stand-in: static table"
 
 
-def plan_detail(plan: str) -> str:
-    return _PLAN_PREFIX + plan
+def plan_detail(plan: str, *, rewalked: bool = False) -> str:
+    return _PLAN_PREFIX + plan + (_REWALKED_SUFFIX if rewalked else "")
 
 
 def plan_of(detail: str) -> str | None:
     """The plan named by a ``plan_detail``, else None."""
-    return detail[len(_PLAN_PREFIX) :] if detail.startswith(_PLAN_PREFIX) else None
+    if not detail.startswith(_PLAN_PREFIX):
+        return None
+    return detail[len(_PLAN_PREFIX) :].removesuffix(_REWALKED_SUFFIX)
+
+
+def rewalked(detail: str) -> bool:
+    """Whether a ``plan_detail`` says the graph walk was repeated wider."""
+    return detail.startswith(_PLAN_PREFIX) and detail.endswith(_REWALKED_SUFFIX)
 
 
 class SourceResult(NamedTuple):

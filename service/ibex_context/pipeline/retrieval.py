@@ -24,7 +24,7 @@ import numpy as np
 from ibex_context.candidates import Candidates, merge
 from ibex_context.embedding.base import Embedder
 from ibex_context.embedding.cache import CachedEmbedder, embed_for_org
-from ibex_context.errors import EmbeddingError
+from ibex_context.errors import EmbeddingError, StoreError
 from ibex_context.models import Directive, FloatVector
 from ibex_context.pipeline.deadlines import RetrievalDeadlines
 from ibex_context.pipeline.outcome import (
@@ -35,7 +35,7 @@ from ibex_context.pipeline.outcome import (
     plan_detail,
 )
 from ibex_context.stores.base import ColdMemorySearch, DirectiveReader, HotMemoryReader
-from ibex_context.stores.cold_plan import ColdMatches
+from ibex_context.stores.cold_plan import ColdMatches, walk_missed
 
 T = TypeVar("T")
 
@@ -72,6 +72,8 @@ class RetrievalState:
     cold: Candidates = field(default_factory=Candidates.empty)
     lexical: Candidates = field(default_factory=Candidates.empty)
     query_embedding: FloatVector | None = None
+    # Set when the lexical search ended, however (the vector search may wait for it).
+    lexical_ended: asyncio.Event = field(default_factory=asyncio.Event)
     # The query's embedding when it was started before the sources (shared: shield it).
     pending_embedding: asyncio.Future[FloatVector] | None = None
     sources: dict[SourceName, SourceResult] = field(default_factory=dict)
@@ -110,6 +112,9 @@ class StandIn:
 FIRST_STAGE_POOL = 2
 # pgvector's hnsw.ef_search tops out at 1,000 (the assembler's MAX_SEARCH_LIMIT).
 _MOST_ROWS = 1000
+# A repeated graph walk must end this long before the cold source's own timer, so that the
+# first walk's answer stands when the second is late.
+_REWALK_MARGIN = 0.001
 
 
 class _QueryVector(NamedTuple):
@@ -128,12 +133,16 @@ class Retriever:
         cold_memories: ColdMemorySearch,
         embedder: Embedder,
         stand_in: StandIn | None = None,
+        rewalk: bool = False,
     ) -> None:
+        """``rewalk``: a graph walk that missed (``stores.cold_plan.walk_missed``) is
+        repeated wider (the store's ``GraphSearchWidth.rewalk_ef_search``)."""
         self._directives = directives
         self._hot = hot_memories
         self._cold = cold_memories
         self._embedder = embedder
         self._stand_in = stand_in
+        self._rewalk = rewalk
         self._begin = embedder.begin if isinstance(embedder, CachedEmbedder) else None
         # What the cache embeds of a query (normalised, its tail when long): the stand-in
         # embeds the same text.
@@ -206,19 +215,23 @@ class Retriever:
 
     async def _lexical(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """BM25 over the agent's memories; needs no embedding, so it runs from the start."""
-        why_not = _NO_QUERY if not plan.query else _why_not_search(plan, plan.lexical_limit, "lexical_limit")
-        if why_not:
-            _skip(state, SourceName.LEXICAL, why_not)
-            return
-        found = await _run_source(
-            state,
-            SourceName.LEXICAL,
-            deadline - time.perf_counter(),
-            lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, plan.lexical_limit),
-            count=len,
-        )
-        if not isinstance(found, _Failed):
-            state.lexical = found
+        try:
+            limit = plan.lexical_limit
+            why_not = _NO_QUERY if not plan.query else _why_not_search(plan, limit, "lexical_limit")
+            if why_not:
+                _skip(state, SourceName.LEXICAL, why_not)
+                return
+            found = await _run_source(
+                state,
+                SourceName.LEXICAL,
+                deadline - time.perf_counter(),
+                lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, plan.lexical_limit),
+                count=len,
+            )
+            if not isinstance(found, _Failed):
+                state.lexical = found
+        finally:
+            state.lexical_ended.set()
 
     async def _embed_and_search(self, plan: RetrievalPlan, state: RetrievalState, deadline: float) -> None:
         """Embeds the query, then searches; ``deadline`` covers both together."""
@@ -255,12 +268,33 @@ class Retriever:
             state,
             SourceName.COLD,
             remaining,
-            lambda: self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit),
+            lambda: self._search(plan, state, embedding, deadline),
             count=len,
             describe=_chosen_plan,
         )
         if not isinstance(cold, _Failed):
             state.cold = cold
+
+    async def _search(
+        self, plan: RetrievalPlan, state: RetrievalState, embedding: FloatVector, deadline: float
+    ) -> Candidates:
+        """The vector search; a graph walk that missed (``walk_missed``: the lexical search,
+        awaited here, found a memory nearer to the question than all the walk found) is
+        repeated wider when there is time, else its first answer stands."""
+        found = await self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit)
+        if not (self._rewalk and isinstance(found, ColdMatches) and found.plan.walks_graph):
+            return found
+        try:
+            async with asyncio.timeout(deadline - _REWALK_MARGIN - time.perf_counter()):
+                await state.lexical_ended.wait()
+                if not walk_missed(found, state.lexical, embedding):
+                    return found
+                wider = await self._cold.search(
+                    plan.org_id, plan.agent_id, embedding, plan.cold_limit, wider=True
+                )
+        except (TimeoutError, StoreError):
+            return found
+        return ColdMatches.of(wider, wider.plan, rewalked=True) if isinstance(wider, ColdMatches) else wider
 
     async def _search_first(
         self, plan: RetrievalPlan, state: RetrievalState, deadline: float, stand_in: StandIn
@@ -435,7 +469,7 @@ def _vector_detail(found: _QueryVector) -> str:
 
 def _chosen_plan(found: Candidates) -> str:
     """The cold source's detail: the plan the store chose, into the metadata and metrics."""
-    return plan_detail(found.plan.value) if isinstance(found, ColdMatches) else ""
+    return plan_detail(found.plan.value, rewalked=found.rewalked) if isinstance(found, ColdMatches) else ""
 
 
 _NO_QUERY = "no user message to search with"

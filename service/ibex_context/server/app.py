@@ -244,6 +244,7 @@ class ContextService:
                 cold_memories=repository,
                 embedder=query_embedder,
                 stand_in=_stand_in(embedder, s),
+                rewalk=s.hnsw_ef_search_rewalk > 0,
             ),
             encodings=encodings,
             message_counter=MessageTokenCounter(

@@ -194,10 +194,18 @@ class HotMemoryReader(Protocol):
 
 class ColdMemorySearch(Protocol):
     async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int, *, with_vectors: bool = False
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        with_vectors: bool = False,
+        wider: bool = False,
     ) -> Candidates:
         """The nearest memories by cosine with their ``similarity``; ``with_vectors``: with
-        their stored vectors too, for scoring with another query vector."""
+        their stored vectors too, for scoring with another query vector; ``wider``: a graph
+        walk repeated after it missed, at its wider width."""
         ...
 
     async def search_lexical(self, org_id: str, agent_id: str, query: str, limit: int) -> Candidates: ...

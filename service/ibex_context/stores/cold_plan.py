@@ -20,11 +20,15 @@ from __future__ import annotations
 import enum
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from ibex_context.candidates import Candidates
+from ibex_context.models import FloatVector
 
 if TYPE_CHECKING:
     from ibex_context.settings import Settings
@@ -86,6 +90,8 @@ class GraphSearchWidth:
     own_graph_large_agent_ef_search: int | None = None
     # The sparse own graphs, whatever the agent's size; by default as the dense ones.
     sparse_graph_ef_search: int | None = None
+    # A walk repeated because it missed (``walk_missed``); 0: never repeated.
+    rewalk_ef_search: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GraphSearchWidth:
@@ -97,12 +103,20 @@ class GraphSearchWidth:
             own_graph_ef_search=settings.hnsw_ef_search_own_graph,
             own_graph_large_agent_ef_search=settings.hnsw_ef_search_own_graph_large_agents,
             sparse_graph_ef_search=settings.hnsw_ef_search_sparse_graph,
+            rewalk_ef_search=settings.hnsw_ef_search_rewalk,
         )
 
-    def for_agent(self, memories: int, limit: int, plan: ColdPlan | None = None) -> int:
+    def for_agent(
+        self, memories: int, limit: int, plan: ColdPlan | None = None, *, rewalk: bool = False
+    ) -> int:
         """The ef_search for a search of ``limit`` rows among ``memories`` through
         ``plan``'s graph: never below ``limit`` (the graph keeps at most ef_search
-        candidates), at most pgvector's 1000."""
+        candidates), at most pgvector's 1000. ``rewalk``: for the walk repeated after a
+        miss, never narrower than the first."""
+        first = self._first_walk(memories, limit, plan)
+        return min(MAX_EF_SEARCH, max(self.rewalk_ef_search, first)) if rewalk else first
+
+    def _first_walk(self, memories: int, limit: int, plan: ColdPlan | None) -> int:
         large = memories > self.large_agent_memories
         if plan is ColdPlan.AGENT_SPARSE and self.sparse_graph_ef_search is not None:
             return min(MAX_EF_SEARCH, max(self.sparse_graph_ef_search, limit))
@@ -114,20 +128,70 @@ class GraphSearchWidth:
         return min(MAX_EF_SEARCH, max(width, limit))
 
 
+# How much nearer than the walk's best a lexical match must be to count as a miss: a
+# graph in half precision rounds its similarities by up to ~1e-3.
+WALK_MISS_MARGIN = 0.002
+
+
+def walk_missed(walked: Candidates, lexical: Candidates, query: FloatVector) -> bool:
+    """Whether the lexical search found a memory that the graph walk did not and that is
+    nearer to the question than everything the walk found (``nearer_than_walk``)."""
+    if len(walked) == 0 or len(lexical) == 0:
+        return False
+    present = lexical.vector_rows >= 0
+    return nearer_than_walk(
+        walked.ids,
+        float(np.nanmax(walked.similarity)),
+        [i for i, has in zip(lexical.ids, present, strict=True) if has],
+        lexical.vectors[lexical.vector_rows[present]],
+        query,
+    )
+
+
+def nearer_than_walk(
+    walked_ids: Collection[str],
+    walked_best: float,
+    lexical_ids: Sequence[str],
+    lexical_vectors: npt.NDArray[np.float32],
+    query: FloatVector,
+) -> bool:
+    """Whether a lexical match (``lexical_vectors[i]`` is ``lexical_ids[i]``'s) that the walk
+    did not find is nearer to ``query`` by cosine than the walk's best, ``walked_best``, by
+    more than ``WALK_MISS_MARGIN``.
+
+    A greedy walk that ends in the wrong neighbourhood returns its nearest memories there:
+    on a 100k agent's graph a few questions in a hundred got few or none of their exact top
+    50, the neighbours sitting in a tight group the walk reaches only with a wider beam
+    (large-agents-2026-12-06.md section 21). The walk cannot tell; a memory the question's
+    words found, nearer than the walk's best, shows it. Vectors of another dimension than
+    the query's (stored by another model) are not compared.
+    """
+    if not len(lexical_ids) or lexical_vectors.ndim != 2 or lexical_vectors.shape[1] != query.shape[-1]:
+        return False
+    walked = set(walked_ids)
+    unseen = [i for i, memory in enumerate(lexical_ids) if memory not in walked]
+    if not unseen:
+        return False
+    return float(np.max(lexical_vectors[unseen] @ query)) > walked_best + WALK_MISS_MARGIN
+
+
 @dataclass(slots=True)
 class ColdMatches(Candidates):
     """The vector search's candidates, nearest first, with the plan that found them.
 
     ``Candidates`` like every store's search result; the retrieval reads ``plan``
-    (when present) into the cold source's metadata.
+    (when present) into the cold source's metadata, and ``rewalked``: the graph walk was
+    repeated wider after it missed (``walk_missed``).
     """
 
     plan: ColdPlan = ColdPlan.EXACT
+    rewalked: bool = False
 
     @staticmethod
-    def of(found: Candidates, plan: ColdPlan) -> ColdMatches:
+    def of(found: Candidates, plan: ColdPlan, *, rewalked: bool = False) -> ColdMatches:
         matches = ColdMatches(*(getattr(found, name) for name in _CANDIDATE_FIELDS))
         matches.plan = plan
+        matches.rewalked = rewalked
         return matches
 
 

@@ -128,15 +128,24 @@ class ContextRepository:
         return records
 
     async def search(
-        self, org_id: str, agent_id: str, embedding: FloatVector, limit: int, *, with_vectors: bool = False
+        self,
+        org_id: str,
+        agent_id: str,
+        embedding: FloatVector,
+        limit: int,
+        *,
+        with_vectors: bool = False,
+        wider: bool = False,
     ) -> Candidates:
         if self._routing is None:
-            return await self._postgres.search(org_id, agent_id, embedding, limit, with_vectors=with_vectors)
+            return await self._postgres.search(
+                org_id, agent_id, embedding, limit, with_vectors=with_vectors, wider=wider
+            )
         return await self._routing.routed(
             org_id,
             agent_id,
             lambda on: self._postgres.search(
-                org_id, agent_id, embedding, limit, with_vectors=with_vectors, on=on
+                org_id, agent_id, embedding, limit, with_vectors=with_vectors, wider=wider, on=on
             ),
         )
 

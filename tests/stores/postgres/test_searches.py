@@ -125,7 +125,7 @@ async def test_the_plan_follows_the_agents_own_graph_once_it_is_ready(
         await store.aclose()
 
 
-async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer(
+async def test_a_large_agents_graph_search_and_a_repeated_walk_run_wider_and_find_the_exact_answer(
     postgres_dsn: str, tenant: Tenant, make_memory: MakeMemory
 ) -> None:
     """Above ``large_agent_memories`` the search passes its own graph the larger width;
@@ -137,6 +137,7 @@ async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer
         large_agent_memories=4,
         own_graph_ef_search=EF_SEARCH,
         own_graph_large_agent_ef_search=EF_SEARCH + 36,
+        rewalk_ef_search=EF_SEARCH + 136,
     )
     store = PostgresMemoryStore(pool, ef_search=EF_SEARCH, exact_max_memories=0, graph_width=width)
     try:
@@ -153,6 +154,10 @@ async def test_a_large_agents_graph_search_runs_wider_and_finds_the_exact_answer
         assert isinstance(found, ColdMatches) and found.plan is ColdPlan.AGENT_HALFVEC
         assert isinstance(exact, ColdMatches) and exact.plan is ColdPlan.EXACT
         assert list(found.contents) == list(exact.contents) == [f"w {i}" for i in range(5)]
+        # A repeated walk, wider still, through the same graph.
+        again = await store.search(tenant.org_id, tenant.agent_id, query, 5, wider=True)
+        assert isinstance(again, ColdMatches) and again.plan is ColdPlan.AGENT_HALFVEC
+        assert list(again.contents) == list(exact.contents)
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == str(EF_SEARCH)
     finally:

@@ -146,13 +146,15 @@ class MemorySearches:
         limit: int,
         *,
         with_vectors: bool = False,
+        wider: bool = False,
         on: asyncpg.Pool | None = None,
     ) -> Candidates:
         """The ``limit`` memories nearest to ``embedding`` by cosine, nearest first, with
         their ``similarity`` (and their vectors, ``with_vectors``): a ``ColdMatches`` that
         names the plan chosen for the agent (``stores.cold_plan``: its own graph once ready,
-        else the exact scan). ``on``: a read replica's pool with the same session settings
-        (``stores.postgres.read_routing``); default this store's pool."""
+        else the exact scan). ``wider``: a graph walk at the width of a repeated walk
+        (``GraphSearchWidth.rewalk_ef_search``). ``on``: a read replica's pool with the same
+        session settings (``stores.postgres.read_routing``); default this store's pool."""
         if limit <= 0:
             return ColdMatches.of(Candidates.empty(), ColdPlan.EXACT)
         org, agent = as_uuid(org_id, "org_id"), as_uuid(agent_id, "agent_id")
@@ -160,8 +162,9 @@ class MemorySearches:
             size = await self._agent_size(conn, org, agent)
             plan = choose_plan(self._agent_sizes.own_graph((org, agent)))
             statement = (SEARCH_WITH_VECTORS_SQL if with_vectors else SEARCH_ARRAYS_SQL)[plan]
-            width = (self._graph_width.for_agent(size, limit, plan),) if plan.walks_graph else ()
-            row = await conn.fetchrow(statement, org, agent, embedding, limit, *width)
+            width = self._graph_width.for_agent(size, limit, plan, rewalk=wider)
+            widths = (width,) if plan.walks_graph else ()
+            row = await conn.fetchrow(statement, org, agent, embedding, limit, *widths)
         if row is None or row[0] is None:  # no rows: every aggregate is NULL
             return ColdMatches.of(Candidates.empty(), plan)
         (distances, *embeddings), found = candidate_columns(row, self._token_counts)

@@ -227,11 +227,12 @@ class PostgresMemoryStore:
         limit: int,
         *,
         with_vectors: bool = False,
+        wider: bool = False,
         on: asyncpg.Pool | None = None,
     ) -> Candidates:
         """``on``: a pool from ``open_read_pool``; default the primary's."""
         return await self.searches.search(
-            org_id, agent_id, embedding, limit, with_vectors=with_vectors, on=on
+            org_id, agent_id, embedding, limit, with_vectors=with_vectors, wider=wider, on=on
         )
 
     async def search_lexical(
