@@ -194,23 +194,40 @@ def _migrate(dsn: str, dim: int) -> list[str]:
     return asyncio.run(migrate(dsn, dim))
 
 
+# What a data set is seeded with: a data dir holds the data set of one set of them.
+SEED_PARAMETERS = (
+    "agents",
+    "memories",
+    "large_agents",
+    "large_memories",
+    "vectors",
+    "seed_embedder",
+    "seed",
+    "dim",
+    "embedding_storage",
+)
+
+
+def seed_parameters(args: argparse.Namespace) -> dict[str, object]:
+    return {name: getattr(args, name) for name in SEED_PARAMETERS}
+
+
+class DataSetMismatch(RuntimeError):
+    """The data dir holds a data set seeded with other parameters than the run's."""
+
+
 def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any) -> tuple[Path, str]:
+    """The data dir's data set when it was seeded with the run's parameters, else seeded now.
+
+    A data dir that holds a data set of other parameters is not seeded over unless the run
+    says ``--reseed`` (``DataSetMismatch``): a 100k agent embedded by MiniLM takes half an
+    hour, and a run that left out one of its options (a scenario's own ``--vectors``, say)
+    must not empty it. The marker goes before a seed starts and comes back when it ends:
+    an interrupted seed is seeded again, never reused half done.
+    """
     agents_file = data_dir / "agents.json"
     marker = data_dir / "seeded.json"
-    wanted = {
-        k: getattr(args, k)
-        for k in (
-            "agents",
-            "memories",
-            "large_agents",
-            "large_memories",
-            "vectors",
-            "seed_embedder",
-            "seed",
-            "dim",
-            "embedding_storage",
-        )
-    }
+    wanted = seed_parameters(args)
     previous = json.loads(marker.read_text()) if marker.exists() and agents_file.exists() else {}
     previous.get("params", {}).setdefault("embedding_storage", "schema")  # markers written before the option
     if not args.reseed and previous.get("params") == wanted:
@@ -221,6 +238,18 @@ def seed_if_needed(args: argparse.Namespace, dsn: str, data_dir: Path, log: Any)
         if applied:
             log(f"  migrated the reused data: {', '.join(applied)}")
         return agents_file, str(previous.get("output", ""))
+    held = previous.get("params")
+    if held and not args.reseed:
+        differ = ", ".join(
+            f"{key} {held.get(key)!r} there, {value!r} asked"
+            for key, value in wanted.items()
+            if held.get(key) != value
+        )
+        raise DataSetMismatch(
+            f"{data_dir} holds a data set seeded with other parameters ({differ}): ask for its own,"
+            " pass --reseed to replace it, or give another --data-dir"
+        )
+    marker.unlink(missing_ok=True)
     cmd = [
         PYTHON,
         "-m",

@@ -15,7 +15,8 @@ toy (its vectors carry words, not meaning) for isolating what the rest of the ca
 
 Steps: start Redis and PostgreSQL+pgvector (``ibex_context.devtools.embedded``) in a data dir,
 migrate and seed (``loadtest.seed``; a data dir seeded with the same parameters is
-reused; Redis and PostgreSQL pinned to the load generator's CPU), start
+reused, one seeded with others is refused unless ``--reseed``; Redis and PostgreSQL pinned
+to the load generator's CPU), start
 ``ibex-context serve`` pinned to CPU 0 (``taskset``), run locust headless pinned to
 CPU 1 at a constant arrival rate, scrape the service's own
 ``/metrics`` after the warm-up and at the end (per-stage histogram deltas -> mean and
@@ -281,7 +282,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="record a py-spy profile of the server")
     p.add_argument("--profile-seconds", type=float, default=30.0)
     p.add_argument("--data-dir", type=Path, default=None)
-    p.add_argument("--reseed", action="store_true")
+    p.add_argument(
+        "--reseed",
+        action="store_true",
+        help="seed the data dir again, even if it holds a data set (of these parameters or others)",
+    )
     p.add_argument("--out-dir", default=str(ROOT / "loadtest" / "out"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results" / "loadtest"))
     p.add_argument("--no-results", action="store_true", help="do not write a results file")

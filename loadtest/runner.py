@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from loadtest.datastores import (  # noqa: E402
+    DataSetMismatch,
     PgActivitySampler,
     pin_stores,
     seed_if_needed,
@@ -231,7 +232,7 @@ def run_and_report(args: argparse.Namespace) -> tuple[RunResult | None, Path | N
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         result, _ = run_and_report(parse_args(argv))
-    except RunCannotStart as exc:
+    except (RunCannotStart, DataSetMismatch) as exc:
         print(f"loadtest/run cannot start: {exc}", file=sys.stderr)
         return 2
     except RunProducedNothing as exc:
