@@ -66,7 +66,6 @@ import numpy as np
 if __package__ in (None, ""):  # run as ``python loadtest/seed.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ibex_context.memory_api.writes import STORED_ENCODINGS
-from ibex_context.stores.postgres.searches import DEFAULT_EXACT_MAX_MEMORIES
 
 from loadtest import bulkload, corpus, pgcopy, seed_worker
 from loadtest import vectors as vectors_module
@@ -454,9 +453,14 @@ async def seed(
     clock = PhaseClock(await _server_pid(conn))
     try:
         if reset:
+            # The agents' own graphs go too: TRUNCATE would keep each one's index, empty,
+            # and the COPY would insert every row into it one by one (100k rows: 20 min of
+            # PostgreSQL's CPU, for a graph built otherwise than the service builds it).
+            for name in await _own_graph_indexes(conn):
+                await conn.execute(f"DROP INDEX IF EXISTS {name}")
             await conn.execute(
                 "TRUNCATE memories, directives, memory_feedback, memory_usage, memory_terms, memory_stats,"
-                " memory_lexicon, org_usage"
+                " memory_lexicon, org_usage, agent_graphs"
             )
             # Emptied tables: the postings and stats are derived once after the COPY
             # (loadtest.bulkload), not by the triggers statement by statement.
@@ -509,7 +513,7 @@ async def seed(
             await conn.execute("ANALYZE memories")
         with clock.phase("VACUUM postings and memories"):
             await _vacuum_postings(conn)
-        if max(plan.memories, plan.large_memories) > DEFAULT_EXACT_MAX_MEMORIES:
+        if max(plan.memories, plan.large_memories) > _exact_max_memories():
             with clock.phase("agents' own graphs"):
                 report.agent_graphs = await _agent_graphs(dsn)
         # Partitioned (0008): the sizes are the partitions' sums.
@@ -529,6 +533,21 @@ async def seed(
     report.total_seconds = time.perf_counter() - started
     write_agents_file(agents_file, plan, loaded.entries)
     return report
+
+
+def _exact_max_memories() -> int:
+    """Past this an agent gets a graph of its own: the service's setting (``IBEX_*``)."""
+    from ibex_context.settings import Settings
+
+    return Settings().cold_exact_max_memories
+
+
+async def _own_graph_indexes(conn: asyncpg.Connection) -> list[str]:
+    """Every index the agents' own graphs may have, leftovers of a rebuild included."""
+    from ibex_context.stores.postgres.graphs import graph_index_names
+
+    rows = await conn.fetch("SELECT org_id, agent_id FROM agent_graphs")
+    return [name for row in rows for name in graph_index_names(row["org_id"], row["agent_id"])]
 
 
 async def _agent_graphs(dsn: str) -> int:

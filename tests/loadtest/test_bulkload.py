@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import asyncpg
+import pytest
 from ibex_context.embedding.hashing import HashingEmbedder
 from ibex_context.memory_api.writes import MemoryWriteApi
 from ibex_context.models import NewMemory
@@ -161,3 +162,39 @@ def test_the_first_slice_of_an_agent_draws_from_the_agents_own_stream() -> None:
     agent_stream = random.Random(f"{plan.seed}:{agent.agent_id}").random()
     assert seed.slice_random(first, plan).random() == agent_stream
     assert seed.slice_random(second, plan).random() != agent_stream
+
+
+async def test_a_reseed_builds_the_agents_own_graphs_again_instead_of_filling_the_old_ones(
+    private_postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Agents past 20 memories get a graph of their own, as the service would give them.
+    monkeypatch.setenv("IBEX_COLD_EXACT_MAX_MEMORIES", "20")
+    plan = seed.SeedPlan(agents=1, memories=40, orgs=1, queries_per_agent=2)
+
+    async def seeded() -> tuple[int, list[str]]:
+        report = await asyncio.wait_for(
+            seed.seed(
+                private_postgres_dsn,
+                plan,
+                tmp_path / "agents.json",
+                jobs=1,
+                reset=True,
+                slice_memories=SLICE,
+                log=lambda _line: None,
+            ),
+            timeout=180,
+        )
+        conn = await asyncpg.connect(private_postgres_dsn)
+        try:
+            graphs = await conn.fetch(
+                "SELECT c.relname FROM pg_class AS c JOIN pg_am AS a ON a.oid = c.relam"
+                " WHERE a.amname = 'hnsw'"
+            )
+        finally:
+            await conn.close()
+        return report.agent_graphs, [g["relname"] for g in graphs]
+
+    first_built, first = await seeded()
+    again_built, again = await seeded()
+    assert first_built == again_built == 1, "the reseed built the agent's graph itself"
+    assert len(first) == 1 and again == first
