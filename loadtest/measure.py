@@ -50,6 +50,8 @@ class RunResult:
     embedding: dict[str, dict[str, float | None]] = field(default_factory=dict)
     # Calls whose vector search ran with the static table's query vector (the stand-in).
     stand_ins: float = 0.0
+    # Graph walks repeated wider because the lexical search showed they missed.
+    rewalks: float = 0.0
 
     def ms_per_request(self, cpu_s: float) -> float | None:
         """``cpu_s`` of CPU over the window as milliseconds per request (None: no request)."""
@@ -160,6 +162,7 @@ def window_figures(before: Reading, after: Reading) -> dict[str, Any]:
         "degradation_server": _counter_by(before, after, "ibex_context_assembly_degradation", "level"),
         "embedding_cache": _counter_by(before, after, "ibex_context_query_embedding_lookups", "result"),
         "stand_ins": sum(_counter_by(before, after, "ibex_context_embedding_stand_ins", "").values()),
+        "rewalks": sum(_counter_by(before, after, "ibex_context_cold_search_rewalks", "").values()),
         "server_cpu_s": after.server_cpu_s - before.server_cpu_s,
         "server_runqueue_wait_s": after.server_runqueue_wait_s - before.server_runqueue_wait_s,
         "stolen_s": {cpu: after.stolen_s[cpu] - before.stolen_s.get(cpu, 0.0) for cpu in after.stolen_s},

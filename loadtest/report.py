@@ -64,6 +64,8 @@ def render_report(args: argparse.Namespace, result: RunResult) -> str:
         f"- Query-embedding cache (server): {_cache_line(result)}.",
         f"- Query vectors stood in for by the static table (IBEX_EMBEDDING_STAND_IN_MS): {int(result.stand_ins):,}"
         f" ({_fmt(_share(result.stand_ins, s.get('requests')), 2)} % of requests).",
+        f"- Graph walks repeated wider (IBEX_HNSW_EF_SEARCH_REWALK): {int(result.rewalks):,}"
+        f" ({_fmt(_share(result.rewalks, s.get('requests')), 2)} % of requests).",
         f"- Server CPU: {result.server_cpu_s:.1f} s over {result.wall_s:.1f} s = **{100 * server_util:.0f} % of one "
         f"core** ({_fmt(result.ms_per_request(result.server_cpu_s), 2)} ms CPU per request); locust: "
         f"{100 * locust_util:.0f} % of one core.",
