@@ -21,8 +21,8 @@ connection, sequential, after a warm-up round of at least 30 calls), and writes
   exact; counted per plan);
 * **walked again** (``--rewalk-ef``, for question queries): the service's repeated walk.
   The call's lexical search (``stores.postgres.LEXICAL_SQL``, the question's words) runs
-  too, and when it found a memory nearer to the question than everything the walk found
-  (``stores.cold_plan.nearer_than_walk``) the walk is repeated at that ``hnsw.ef_search``;
+  too, and when it found a memory the walk did not return, nearer to the question than one
+  it did (``stores.cold_plan.nearer_than_walk``), the walk is repeated at that ``hnsw.ef_search``;
   its time is the first walk's plus the second's (the service runs the lexical search
   beside the walk).
 """
@@ -146,7 +146,7 @@ async def _walk_missed(
     present = [i for i in range(len(rows)) if at[i] >= 0]
     return nearer_than_walk(
         walked.ids,
-        1.0 - min(walked.distances),
+        1.0 - max(walked.distances),
         [rows[i]["id"] for i in present],
         vectors[at[present]],
         query,
@@ -386,7 +386,8 @@ async def run(
         " against the exact answer (mean / 5th percentile / min);"
         + (
             " walked again: when the lexical search (the question's words, LIMIT 50) found a memory"
-            " nearer than the walk's best, the walk repeated at that width, its time added;"
+            " the walk did not return, nearer than one it did, the walk repeated at that width, its"
+            " time added;"
             if rewalk_widths
             else ""
         )

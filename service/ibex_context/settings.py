@@ -285,11 +285,13 @@ class Settings(BaseSettings):
         le=1000,
     )
     hnsw_ef_search_rewalk: int = _f(
-        0,
+        600,
         "hnsw.ef_search of a graph walk repeated because it missed: when the call's lexical search"
-        " finds a memory the walk did not and that is nearer to the question than everything the"
-        " walk found, the walk ran into the wrong neighbourhood, and is repeated this wide within"
-        " the cold deadline (its first answer stands when the second is late); 0: never repeated.",
+        " finds a memory the walk did not return and that is nearer to the question than one it"
+        " did, the walk is repeated this wide within the cold deadline (its first answer stands"
+        " when the second is late); 0: never. On a real 100k-memory agent it repeats 5 % of the"
+        " walks (17 ms each) and lifts recall@50 from 0.974 mean / 0.88 p5 to 0.987 / 0.96"
+        " (large-agents-2026-12-06.md section 24).",
         ge=0,
         le=1000,
     )

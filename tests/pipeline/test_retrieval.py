@@ -342,9 +342,10 @@ class _Graph:
         lexical: Candidates,
         *,
         lexical_delay: float = 0.0,
+        walk_seconds: float = 0.0,
     ) -> None:
         self.walked, self.wider, self.lexical = walked, wider, lexical
-        self.lexical_delay = lexical_delay
+        self.lexical_delay, self.walk_seconds = lexical_delay, walk_seconds
         self.walks: list[bool] = []  # each search's ``wider``
 
     async def search(
@@ -359,6 +360,7 @@ class _Graph:
     ) -> Candidates:
         self.walks.append(wider)
         if not wider:
+            await asyncio.sleep(self.walk_seconds)
             return self.walked
         if self.wider is None:
             await asyncio.Event().wait()
@@ -387,7 +389,7 @@ async def _retrieve(graph: _Graph, *, rewalk: bool = True, cold_timeout: float =
     return state
 
 
-# The walk's best is 0.55; the question's words found "x", at cosine 0.70.
+# The walk returned memories at 0.55 and 0.52; the question's words found "x", at cosine 0.70.
 WALKED = {"a": 0.55, "b": 0.52}
 NEARER_BY_WORDS = {"far": [0.0, 1.0, 0.0], "x": [0.7, 0.714, 0.0]}
 
@@ -410,7 +412,7 @@ async def test_the_walk_waits_for_the_lexical_search_to_judge_it() -> None:
     assert graph.walks == [False, True] and list(state.cold.ids) == ["x"]
 
 
-async def test_a_walk_nearer_than_all_the_words_found_is_not_repeated() -> None:
+async def test_a_walk_whose_farthest_is_nearer_than_all_the_words_found_is_not_repeated() -> None:
     graph = _Graph(_matches({"a": 0.75}), _matches({"x": 0.70}), _with_vectors(NEARER_BY_WORDS))
     state = await _retrieve(graph)
     assert graph.walks == [False]
@@ -441,4 +443,13 @@ async def test_a_repeated_walk_that_fails_leaves_the_first_answer() -> None:
     graph = _Graph(_matches(WALKED), StoreUnavailable("replica gone"), _with_vectors(NEARER_BY_WORDS))
     state = await _retrieve(graph)
     assert graph.walks == [False, True]
+    assert state.sources["cold"].status is SourceStatus.OK and list(state.cold.ids) == ["a", "b"]
+
+
+async def test_a_walk_that_missed_is_not_repeated_when_a_second_could_not_end_in_time() -> None:
+    # The first walk took 0.2 s; 0.3 s are left of the cold deadline, a second walk may
+    # take twice the first.
+    graph = _Graph(_matches(WALKED), _matches({"x": 0.7}), _with_vectors(NEARER_BY_WORDS), walk_seconds=0.2)
+    state = await _retrieve(graph, cold_timeout=0.5)
+    assert graph.walks == [False]
     assert state.sources["cold"].status is SourceStatus.OK and list(state.cold.ids) == ["a", "b"]

@@ -190,14 +190,18 @@ def _lexical(vectors: dict[str, np.ndarray]) -> Candidates:
     return Candidates.from_records([MemoryRecord(i, i, "factual", embedding=v) for i, v in vectors.items()])
 
 
-def test_a_walk_missed_when_the_words_found_a_memory_nearer_than_all_it_found() -> None:
-    walked = _walked({"a": 0.55, "b": 0.52})
+def test_a_walk_missed_when_the_words_found_a_memory_nearer_than_one_it_returned() -> None:
     nearer = _unit(0.7, 0.714, 0)  # cosine 0.70 to the question
-    assert walk_missed(walked, _lexical({"far": _unit(0, 1, 0), "x": nearer}), QUESTION)
+    # Nearer than everything the walk returned: it ended in the wrong neighbourhood.
+    assert walk_missed(
+        _walked({"a": 0.55, "b": 0.52}), _lexical({"far": _unit(0, 1, 0), "x": nearer}), QUESTION
+    )
+    # Nearer than its farthest only: its answer is not the nearest memories either.
+    assert walk_missed(_walked({"a": 0.80, "b": 0.52}), _lexical({"x": nearer}), QUESTION)
 
 
-def test_a_walk_did_not_miss_when_the_words_found_nothing_nearer_than_its_best() -> None:
-    walked = _walked({"a": 0.72, "b": 0.52})
+def test_a_walk_did_not_miss_when_the_words_found_nothing_nearer_than_its_farthest() -> None:
+    walked = _walked({"a": 0.80, "b": 0.72})
     assert not walk_missed(walked, _lexical({"x": _unit(0.7, 0.714, 0)}), QUESTION)
 
 

@@ -216,8 +216,8 @@ class Metrics:
         )
         self.cold_rewalks = declare.counter(
             "ibex_context_cold_search_rewalks",
-            "Graph walks repeated wider because the lexical search found a memory nearer to the"
-            " question than everything the walk found (IBEX_HNSW_EF_SEARCH_REWALK), and answered.",
+            "Graph walks repeated wider because the lexical search found a memory the walk did not"
+            " return, nearer to the question than one it did (IBEX_HNSW_EF_SEARCH_REWALK), and answered.",
         )
         self.embedding_stand_ins = declare.counter(
             "ibex_context_embedding_stand_ins",

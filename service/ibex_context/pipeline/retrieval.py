@@ -113,8 +113,13 @@ FIRST_STAGE_POOL = 2
 # pgvector's hnsw.ef_search tops out at 1,000 (the assembler's MAX_SEARCH_LIMIT).
 _MOST_ROWS = 1000
 # A repeated graph walk must end this long before the cold source's own timer, so that the
-# first walk's answer stands when the second is late.
-_REWALK_MARGIN = 0.001
+# first walk's answer stands when the second is late (the timers fire in order only while
+# the event loop runs less late than this).
+_REWALK_MARGIN = 0.003
+# A repeated walk (ef_search 600) takes up to this many times the first (200) on a 100k
+# agent's graph (large-agents §24: 14.7-21 ms against 9-10.6): one that cannot end before
+# the cold deadline is not started, its work would be thrown away on stores already slow.
+_REWALK_COST = 2.0
 
 
 class _QueryVector(NamedTuple):
@@ -225,7 +230,7 @@ class Retriever:
                 state,
                 SourceName.LEXICAL,
                 deadline - time.perf_counter(),
-                lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, plan.lexical_limit),
+                lambda: self._cold.search_lexical(plan.org_id, plan.agent_id, plan.query, limit),
                 count=len,
             )
             if not isinstance(found, _Failed):
@@ -279,16 +284,27 @@ class Retriever:
         self, plan: RetrievalPlan, state: RetrievalState, embedding: FloatVector, deadline: float
     ) -> Candidates:
         """The vector search; a graph walk that missed (``walk_missed``: the lexical search,
-        awaited here, found a memory nearer to the question than all the walk found) is
-        repeated wider when there is time, else its first answer stands."""
+        awaited here, found a memory the walk did not return, nearer to the question than one
+        it did) is repeated wider when there is time, else its first answer stands."""
+        started = time.perf_counter()
         found = await self._cold.search(plan.org_id, plan.agent_id, embedding, plan.cold_limit)
+        walked = time.perf_counter() - started
         if not (self._rewalk and isinstance(found, ColdMatches) and found.plan.walks_graph):
             return found
+        ends_at = deadline - _REWALK_MARGIN
+        # The last moment a second walk could start and end in time: the lexical search is
+        # waited for until then, no longer (waiting to the deadline itself would race the
+        # source's own timer, and lose the first answer when the loop runs late).
+        latest_start = ends_at - _REWALK_COST * walked
         try:
-            async with asyncio.timeout(deadline - _REWALK_MARGIN - time.perf_counter()):
+            async with asyncio.timeout(latest_start - time.perf_counter()):
                 await state.lexical_ended.wait()
-                if not walk_missed(found, state.lexical, embedding):
-                    return found
+        except TimeoutError:
+            return found
+        if not walk_missed(found, state.lexical, embedding) or time.perf_counter() > latest_start:
+            return found
+        try:
+            async with asyncio.timeout(ends_at - time.perf_counter()):
                 wider = await self._cold.search(
                     plan.org_id, plan.agent_id, embedding, plan.cold_limit, wider=True
                 )
